@@ -1,0 +1,38 @@
+# facetrain: `make demo` runs the main job on the built-in synthetic dataset, `make test` runs the suite.
+# Both create .venv in the checkout and install what they need.
+PYTHON ?= python3
+VENV := .venv
+BIN := $(VENV)/bin
+STAMP := $(VENV)/.installed
+# Extra arguments for pytest, e.g. `make test PYTEST_ARGS="-m 'not slow'"`.
+PYTEST_ARGS ?=
+
+.PHONY: install test demo bench lint clean
+
+install: $(STAMP)
+
+$(STAMP): pyproject.toml
+	$(PYTHON) -m venv $(VENV)
+	$(BIN)/python -m pip install --upgrade --quiet pip
+	$(BIN)/python -m pip install --quiet -e ".[test]"
+	touch $(STAMP)
+
+test: $(STAMP)
+	$(BIN)/python -m pytest -q -ra $(PYTEST_ARGS)
+
+demo: $(STAMP)
+	bash tools/demo.sh
+
+bench: $(STAMP)
+	$(BIN)/facetrain bench head
+	$(BIN)/facetrain bench data
+	$(BIN)/facetrain bench train
+	$(BIN)/facetrain bench eval
+	$(BIN)/facetrain bench pipeline
+
+lint: $(STAMP)
+	$(BIN)/ruff check facetrain tests tools
+	$(BIN)/ruff format --check facetrain tests tools
+
+clean:
+	rm -rf $(VENV) runs data/synth

@@ -1,0 +1,3 @@
+from facetrain.cli import main
+
+main()

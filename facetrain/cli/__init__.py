@@ -1,0 +1,69 @@
+"""The `facetrain` command line.
+
+Subcommands live in their own modules and are imported only when invoked, so `facetrain --help`
+stays fast and a broken optional dependency of one command never breaks the others.
+"""
+
+from __future__ import annotations
+
+import importlib
+import sys
+
+import click
+
+from facetrain.errors import FacetrainError
+
+# name -> "module:attribute" of the click command
+COMMANDS = {
+    "train": "facetrain.cli.train_cmd:train",
+    "eval": "facetrain.cli.eval_cmd:eval_command",
+    "export": "facetrain.cli.export_cmd:export",
+    "embed": "facetrain.cli.export_cmd:embed",
+    "compare": "facetrain.cli.export_cmd:compare",
+    "synth": "facetrain.cli.data_cmd:synth",
+    "data": "facetrain.cli.data_cmd:data",
+    "bench": "facetrain.cli.bench_cmd:bench",
+    "config": "facetrain.cli.config_cmd:config",
+}
+
+
+class LazyGroup(click.Group):
+    """A group whose commands are imported on first use; user errors print as one line."""
+
+    def __init__(self, *args, lazy_commands: dict[str, str], **kwargs):
+        super().__init__(*args, **kwargs)
+        self.lazy_commands = lazy_commands
+
+    def list_commands(self, ctx: click.Context) -> list[str]:
+        return sorted(set(super().list_commands(ctx)) | set(self.lazy_commands))
+
+    def get_command(self, ctx: click.Context, name: str) -> click.Command | None:
+        if name in self.lazy_commands:
+            module_name, attribute = self.lazy_commands[name].split(":")
+            return getattr(importlib.import_module(module_name), attribute)
+        return super().get_command(ctx, name)
+
+    def invoke(self, ctx: click.Context):
+        try:
+            return super().invoke(ctx)
+        except FacetrainError as error:
+            click.echo(f"error: {error}", err=True)
+            sys.exit(2)
+
+
+@click.group(
+    cls=LazyGroup,
+    lazy_commands=COMMANDS,
+    context_settings={"help_option_names": ["-h", "--help"], "max_content_width": 100},
+)
+@click.version_option(package_name="facetrain")
+def main() -> None:
+    """facetrain: train face recognition and re-id models whose classifier is sharded over ranks.
+
+    \b
+    Examples:
+      facetrain synth data/synth                     # make the built-in dataset
+      facetrain train -c configs/demo.yaml --nproc 2  # train on 2 CPU processes
+      facetrain eval runs/demo/checkpoints/last --pairs data/synth/heldout/pairs.txt
+      facetrain export runs/demo/checkpoints/best -o runs/demo/export
+    """

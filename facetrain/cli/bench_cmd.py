@@ -1,0 +1,25 @@
+"""`facetrain bench ...`: the benchmarks whose figures go into docs/benchmarks.md."""
+
+import click
+
+from facetrain.cli import LazyGroup
+
+BENCHMARKS = {
+    "head": "facetrain.bench.head:head_command",
+    "data": "facetrain.bench.data:data_command",
+    "train": "facetrain.bench.train:train_command",
+    "eval": "facetrain.bench.eval:eval_command",
+    "pipeline": "facetrain.bench.pipeline:pipeline_command",
+}
+
+
+@click.group(cls=LazyGroup, lazy_commands=BENCHMARKS)
+def bench() -> None:
+    """Measure facetrain: each benchmark prints a table and writes JSON (and plots) to --out.
+
+    \b
+    Examples:
+      facetrain bench head --classes 100000 --world-sizes 1,2
+      facetrain bench data
+      facetrain bench pipeline --repeats 3
+    """

@@ -1,0 +1,126 @@
+"""Load YAML into the typed config tree, strictly: unknown keys and wrong types are one-line errors."""
+
+from __future__ import annotations
+
+import dataclasses
+import types
+import typing
+from pathlib import Path
+from typing import Any, TypeVar, Union
+
+import yaml
+
+from facetrain.config.schema import Config
+from facetrain.errors import FacetrainError
+
+T = TypeVar("T")
+
+
+def load_config(path: str | Path | None = None, overrides: list[str] | tuple[str, ...] = ()) -> Config:
+    """The config from `path` (or the defaults) with `section.key=value` overrides applied."""
+    raw: dict[str, Any] = {}
+    source = "defaults"
+    if path is not None:
+        source = str(path)
+        try:
+            text = Path(path).read_text()
+        except OSError as error:
+            raise FacetrainError(f"cannot read config {path}: {error.strerror}") from None
+        try:
+            raw = yaml.safe_load(text) or {}
+        except yaml.YAMLError as error:
+            mark = getattr(error, "problem_mark", None)
+            where = f" line {mark.line + 1}" if mark else ""
+            raise FacetrainError(f"config {path}{where}: not valid YAML") from None
+        if not isinstance(raw, dict):
+            raise FacetrainError(f"config {path}: the top level must be a mapping of sections")
+    for override in overrides:
+        apply_override(raw, override)
+    return from_dict(Config, raw, source=source)
+
+
+def apply_override(raw: dict[str, Any], override: str) -> None:
+    """Set `section.key=value` in a raw config mapping; the value is parsed as YAML."""
+    dotted, sep, value = override.partition("=")
+    if not sep or not dotted.strip():
+        raise FacetrainError(f"--set {override!r}: expected section.key=value")
+    keys = dotted.strip().split(".")
+    node = raw
+    for key in keys[:-1]:
+        node = node.setdefault(key, {})
+        if not isinstance(node, dict):
+            raise FacetrainError(f"--set {override!r}: {key} is not a section")
+    try:
+        node[keys[-1]] = yaml.safe_load(value)
+    except yaml.YAMLError:
+        raise FacetrainError(f"--set {override!r}: the value is not valid YAML") from None
+
+
+def from_dict(cls: type[T], raw: Any, source: str = "config", prefix: str = "") -> T:
+    """Build dataclass `cls` from a mapping, checking every key and type."""
+    where = prefix.rstrip(".") or "the top level"
+    if not isinstance(raw, dict):
+        raise FacetrainError(f"config {source}: {where} must be a mapping")
+    hints = typing.get_type_hints(cls)
+    names = {f.name for f in dataclasses.fields(cls)}
+    unknown = sorted(set(raw) - names)
+    if unknown:
+        raise FacetrainError(
+            f"config {source}: unknown key {prefix}{unknown[0]}; valid keys here: {', '.join(sorted(names))}"
+        )
+    values = {name: _convert(hints[name], raw[name], source, f"{prefix}{name}") for name in raw}
+    return cls(**values)
+
+
+def _convert(hint: Any, value: Any, source: str, key: str) -> Any:
+    if dataclasses.is_dataclass(hint):
+        return from_dict(hint, value, source, key + ".")
+    origin = typing.get_origin(hint)
+    args = typing.get_args(hint)
+    if origin in (Union, types.UnionType):
+        if value is None and type(None) in args:
+            return None
+        options = [a for a in args if a is not type(None)]
+        return _convert(options[0], value, source, key)
+    if origin is list:
+        if not isinstance(value, list | tuple):
+            _type_error(source, key, "a list", value)
+        return [_convert(args[0], v, source, f"{key}[{i}]") for i, v in enumerate(value)]
+    if origin is dict:
+        if not isinstance(value, dict):
+            _type_error(source, key, "a mapping", value)
+        return {str(k): _convert(args[1], v, source, f"{key}.{k}") for k, v in value.items()}
+    if hint is bool:
+        if not isinstance(value, bool):
+            _type_error(source, key, "true or false", value)
+        return value
+    if hint is int:
+        if isinstance(value, bool) or not isinstance(value, int):
+            _type_error(source, key, "an integer", value)
+        return value
+    if hint is float:
+        if isinstance(value, bool) or not isinstance(value, int | float):
+            _type_error(source, key, "a number", value)
+        return float(value)
+    if hint is str:
+        if not isinstance(value, str):
+            _type_error(source, key, "a string", value)
+        return value
+    raise TypeError(f"unsupported config type {hint} for {key}")
+
+
+def _type_error(source: str, key: str, expected: str, value: Any) -> None:
+    raise FacetrainError(f"config {source}: {key} must be {expected}, got {value!r}")
+
+
+def to_dict(config: Any) -> dict[str, Any]:
+    return dataclasses.asdict(config)
+
+
+def save_config(config: Any, path: str | Path) -> None:
+    """Write the resolved config as YAML (atomically, so a crash never leaves half a file)."""
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_suffix(path.suffix + ".tmp")
+    tmp.write_text(yaml.safe_dump(to_dict(config), sort_keys=False))
+    tmp.replace(path)

@@ -1,0 +1,9 @@
+"""Errors a user can cause and fix.
+
+The CLI prints these as a single line with no traceback, so the message itself must name the file,
+key or line at fault and say what to do.
+"""
+
+
+class FacetrainError(Exception):
+    """A user-fixable problem (bad config, bad path, bad file, bad setting)."""
