@@ -50,7 +50,9 @@ def run_distributed(fn: Callable, world_size: int, *args: Any, timeout: float = 
             while len(outcomes) < world_size:
                 remaining = deadline - time.monotonic()
                 if remaining <= 0:
-                    raise AssertionError(f"workers {sorted(set(range(world_size)) - set(outcomes))} timed out")
+                    raise AssertionError(
+                        f"workers {sorted(set(range(world_size)) - set(outcomes))} timed out"
+                    )
                 try:
                     rank, ok, payload = results.get(timeout=min(remaining, 1.0))
                     outcomes[rank] = (ok, payload)

@@ -61,7 +61,9 @@ class HeadConfig:
     margin: str = "arcface"  # arcface | cosface | am_softmax | sphereface | combined | softmax
     scale: float = 64.0
     sample_rate: float = 1.0  # Partial-FC negative sampling; 1.0 is the full head
-    margin_params: dict[str, float] = field(default_factory=dict)  # e.g. {m: 0.5} or {m1: 1, m2: 0.3, m3: 0.2}
+    margin_params: dict[str, float] = field(
+        default_factory=dict
+    )  # e.g. {m: 0.5} or {m1: 1, m2: 0.3, m3: 0.2}
 
 
 @dataclass

@@ -158,7 +158,9 @@ class _GatherColumnsToRoot(torch.autograd.Function):
     @staticmethod
     def forward(ctx, tensor: torch.Tensor, group):
         n, me = world_size(group), rank(group)
-        widths = [int(w) for w in all_gather_equal(torch.tensor([tensor.shape[1]], device=tensor.device), group)]
+        widths = [
+            int(w) for w in all_gather_equal(torch.tensor([tensor.shape[1]], device=tensor.device), group)
+        ]
         ctx.group, ctx.widths = group, widths
         width = max(widths)
         padded = tensor.new_zeros((tensor.shape[0], width))

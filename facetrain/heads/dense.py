@@ -1,0 +1,44 @@
+"""The plain single-device margin head: the reference the sharded head must equal, and the
+"DDP-replicated full FC" baseline of the benchmarks (every rank holds all C classes)."""
+
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from facetrain.heads.margins import build_margin
+
+
+def margin_logits(cos: torch.Tensor, labels: torch.Tensor, margin, scale: float) -> torch.Tensor:
+    """scale * cos with each row's target cosine replaced by margin(cos), by plain autograd ops."""
+    target = cos.gather(1, labels[:, None])
+    return cos.scatter(1, labels[:, None], margin(target)) * scale
+
+
+class DenseMarginHead(nn.Module):
+    """normalize + linear + margin + cross_entropy over the full weight, with autograd doing the rest."""
+
+    def __init__(
+        self,
+        num_classes: int,
+        embedding_size: int,
+        margin: str = "arcface",
+        scale: float = 64.0,
+        **margin_params: float,
+    ):
+        super().__init__()
+        self.num_classes = num_classes
+        self.embedding_size = embedding_size
+        self.margin = build_margin(margin, **margin_params)
+        self.scale = float(scale)
+        self.weight = nn.Parameter(torch.empty(num_classes, embedding_size))
+        nn.init.normal_(self.weight, std=0.01)
+        self.register_buffer("accuracy", torch.zeros(()), persistent=False)
+
+    def forward(self, embeddings: torch.Tensor, labels: torch.Tensor) -> torch.Tensor:
+        cos = F.linear(F.normalize(embeddings), F.normalize(self.weight))
+        cos = cos.to(torch.promote_types(cos.dtype, torch.float32))  # statistics never below fp32
+        logits = margin_logits(cos, labels, self.margin, self.scale)
+        self.accuracy = (cos.argmax(dim=1) == labels).float().mean().detach()
+        return F.cross_entropy(logits, labels)

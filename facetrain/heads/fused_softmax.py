@@ -1,0 +1,110 @@
+"""Margin softmax cross-entropy over a class shard, with a hand-written backward.
+
+The forward keeps one (B x c) buffer, turns it in place into exp(logit - row max), and keeps it for
+the backward, which turns it in place into the logit gradient. Only batch-sized statistics cross
+ranks: the row max, then [sum of exponentials, target logit, hit] in one all-reduce. The three GEMMs
+(logits, embedding gradient, weight gradient) dominate; everything else is one or two passes over
+the buffer, which is what lets the step stay close to the cost of its GEMMs.
+"""
+
+from __future__ import annotations
+
+import torch
+
+from facetrain.heads.margins import Margin
+from facetrain.parallel import comm
+
+_EPS = 1e-12
+
+
+def _compute_dtype(device: torch.device, dtype: torch.dtype) -> torch.dtype:
+    """The dtype of the GEMMs: autocast's when it is on, else the embeddings'."""
+    if torch.is_autocast_enabled(device.type):
+        return torch.get_autocast_dtype(device.type)
+    return dtype
+
+
+class ShardedMarginSoftmax(torch.autograd.Function):
+    """loss = mean over the global batch of CE(scale * margin(cos), target), computed shard by shard.
+
+    Inputs: `embeddings` (B x D, the global batch), `weight` (c x D, this rank's classes),
+    `target_column` (B,) the column of each row's target within `weight`, or -1 where another rank
+    owns it. Returns the loss (identical on every rank) and the global top-1 hit count (no gradient).
+    """
+
+    @staticmethod
+    def forward(ctx, embeddings, weight, target_column, margin: Margin, scale: float, group):
+        compute_dtype = _compute_dtype(embeddings.device, embeddings.dtype)
+        # statistics in fp32 (fp64 only when the caller works in fp64, as exactness tests do)
+        stat_dtype = torch.float64 if embeddings.dtype == torch.float64 else torch.float32
+        with torch.autocast(embeddings.device.type, enabled=False):
+            x = embeddings.to(stat_dtype)
+            x_norm = torch.linalg.vector_norm(x, dim=1, keepdim=True).clamp_min(_EPS)
+            x_unit = x / x_norm
+            w = weight.to(stat_dtype)
+            w_inv_norm = torch.linalg.vector_norm(w, dim=1).clamp_min(_EPS).reciprocal()
+
+            logits = torch.mm(x_unit.to(compute_dtype), w.to(compute_dtype).t())
+            logits = logits.to(stat_dtype)
+            logits.mul_(w_inv_norm * scale)  # now scale * cos(theta)
+
+            rows = torch.nonzero(target_column >= 0).squeeze(1)
+            columns = target_column[rows]
+            target_cos = logits[rows, columns] / scale
+            with torch.enable_grad():
+                cos_leaf = target_cos.detach().requires_grad_()
+                penalised = margin(cos_leaf)
+                (margin_slope,) = torch.autograd.grad(penalised.sum(), cos_leaf)
+            target_logit_local = penalised.detach() * scale
+            logits[rows, columns] = target_logit_local
+
+            row_max = (
+                logits.max(dim=1).values if logits.shape[1] else logits.new_full((logits.shape[0],), -1e30)
+            )
+            comm.all_reduce_(row_max, "max", group)
+
+            exps = logits.sub_(row_max[:, None]).exp_()
+            batch = exps.shape[0]
+            stats = exps.new_zeros((3, batch))
+            torch.sum(exps, dim=1, out=stats[0])
+            stats[1, rows] = target_logit_local
+            # top-1 without another pass: margins only lower the target logit, so the plain target
+            # logit reaches the row max exactly when no other class beats it.
+            stats[2, rows] = (target_cos * scale >= row_max[rows]).to(stats.dtype)
+            comm.all_reduce_(stats, "sum", group)
+            sum_exp, target_logit, hits = stats
+
+            loss = (sum_exp.log() + row_max - target_logit).mean()
+
+        ctx.save_for_backward(exps, sum_exp, x_unit, x_norm, w, w_inv_norm, rows, columns, margin_slope)
+        ctx.scale, ctx.group, ctx.compute_dtype = scale, group, compute_dtype
+        ctx.embedding_dtype, ctx.weight_dtype = embeddings.dtype, weight.dtype
+        hit_count = hits.sum()
+        ctx.mark_non_differentiable(hit_count)
+        return loss, hit_count
+
+    @staticmethod
+    @torch.autograd.function.once_differentiable
+    def backward(ctx, grad_loss, _grad_hits):
+        exps, sum_exp, x_unit, x_norm, w, w_inv_norm, rows, columns, margin_slope = ctx.saved_tensors
+        scale, compute_dtype = ctx.scale, ctx.compute_dtype
+        batch = exps.shape[0]
+        with torch.autocast(exps.device.type, enabled=False):
+            # d loss / d logit = (softmax - onehot) * grad / B. The row factor grad / (B * sum_exp)
+            # is applied to the (B x D) GEMM operands below instead of the (B x c) buffer, so the
+            # targets are corrected in unscaled units: softmax - 1 = (exp - sum_exp) / sum_exp.
+            row_factor = grad_loss.to(sum_exp.dtype) / (batch * sum_exp)
+            exps[rows, columns] = (exps[rows, columns] - sum_exp[rows]) * margin_slope
+            # d logit / d raw dot product = scale / |w|, per column: one pass over the buffer.
+            grad_raw = exps.mul_(w_inv_norm * scale).to(compute_dtype)
+
+            grad_x_unit = torch.mm(grad_raw, w.to(compute_dtype)).to(w.dtype).mul_(row_factor[:, None])
+            scaled_x = (x_unit * row_factor[:, None]).to(compute_dtype)
+            grad_w = torch.mm(grad_raw.t(), scaled_x).to(w.dtype)
+            # through 1/|w|: remove the component along w, per class
+            along = torch.einsum("cd,cd->c", grad_w, w).mul_(w_inv_norm.square())
+            grad_w.addcmul_(w, along[:, None], value=-1.0)
+
+            radial = torch.einsum("bd,bd->b", grad_x_unit, x_unit)
+            grad_x = (grad_x_unit - x_unit * radial[:, None]) / x_norm
+        return grad_x.to(ctx.embedding_dtype), grad_w.to(ctx.weight_dtype), None, None, None, None

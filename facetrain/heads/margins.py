@@ -1,0 +1,123 @@
+"""Angular margins, by name. Each maps the target class's cosine to the logit that replaces it.
+
+A margin is a plain differentiable function of the cosine: the sharded head takes its exact derivative
+with autograd on the batch-sized vector of target cosines, and the dense reference differentiates the
+same function, so the two agree to rounding.
+"""
+
+from __future__ import annotations
+
+import math
+
+import torch
+
+from facetrain.errors import FacetrainError
+from facetrain.registry import Registry
+
+# acos has an infinite slope at +-1; keep target cosines a hair inside so gradients stay finite.
+_COS_LIMIT = 1.0 - 1e-6
+
+
+class Margin:
+    """Maps cos(theta) of the target class to the penalised target logit (before scaling)."""
+
+    name = "margin"
+    params: dict[str, float] = {}
+
+    def __init__(self, **params: float):
+        unknown = set(params) - set(self.params)
+        if unknown:
+            raise FacetrainError(
+                f"margin {self.name!r} takes {', '.join(sorted(self.params)) or 'no parameters'}, "
+                f"not {', '.join(sorted(unknown))} (head.margin_params)"
+            )
+        self.values = {**self.params, **{k: float(v) for k, v in params.items()}}
+        for key, value in self.values.items():
+            setattr(self, key, value)
+
+    def __call__(self, cos: torch.Tensor) -> torch.Tensor:
+        raise NotImplementedError
+
+    def __repr__(self) -> str:
+        args = ", ".join(f"{k}={v}" for k, v in self.values.items())
+        return f"{self.name}({args})"
+
+
+MARGINS: Registry[Margin] = Registry("margin")
+
+
+def _angle(cos: torch.Tensor) -> torch.Tensor:
+    return torch.acos(cos.clamp(-_COS_LIMIT, _COS_LIMIT))
+
+
+@MARGINS.register("arcface")
+class ArcFace(Margin):
+    """cos(theta + m); past theta + m > pi it continues as cos(theta) - m sin(m), staying monotonic."""
+
+    name = "arcface"
+    params = {"m": 0.5}
+
+    def __call__(self, cos: torch.Tensor) -> torch.Tensor:
+        theta = _angle(cos)
+        penalised = torch.cos(theta + self.m)
+        fallback = cos - self.m * math.sin(self.m)
+        return torch.where(theta + self.m <= math.pi, penalised, fallback)
+
+
+@MARGINS.register("cosface", "am_softmax")
+class CosFace(Margin):
+    """cos(theta) - m: an additive cosine margin (CosFace, AM-Softmax)."""
+
+    name = "cosface"
+    params = {"m": 0.35}
+
+    def __call__(self, cos: torch.Tensor) -> torch.Tensor:
+        return cos - self.m
+
+
+@MARGINS.register("sphereface")
+class SphereFace(Margin):
+    """A-Softmax's psi(theta) = (-1)^k cos(m theta) - 2k for theta in [k pi/m, (k+1) pi/m].
+
+    The piecewise extension keeps the target logit monotonically decreasing in theta for any m >= 1,
+    including non-integer m such as the default 1.7, on normalised embeddings.
+    """
+
+    name = "sphereface"
+    params = {"m": 1.7}
+
+    def __init__(self, **params: float):
+        super().__init__(**params)
+        if self.m < 1:
+            raise FacetrainError(f"sphereface margin m must be >= 1, got {self.m} (head.margin_params.m)")
+
+    def __call__(self, cos: torch.Tensor) -> torch.Tensor:
+        m_theta = self.m * _angle(cos)
+        k = torch.floor(m_theta / math.pi).detach()
+        sign = 1.0 - 2.0 * torch.remainder(k, 2.0)
+        return sign * torch.cos(m_theta) - 2.0 * k
+
+
+@MARGINS.register("combined")
+class Combined(Margin):
+    """cos(m1 theta + m2) - m3: SphereFace, ArcFace and CosFace margins in one (insightface's form)."""
+
+    name = "combined"
+    params = {"m1": 1.0, "m2": 0.3, "m3": 0.2}
+
+    def __call__(self, cos: torch.Tensor) -> torch.Tensor:
+        return torch.cos(self.m1 * _angle(cos) + self.m2) - self.m3
+
+
+@MARGINS.register("softmax")
+class NormalizedSoftmax(Margin):
+    """No margin: normalised softmax with the scale alone."""
+
+    name = "softmax"
+
+    def __call__(self, cos: torch.Tensor) -> torch.Tensor:
+        return cos
+
+
+def build_margin(name: str, **params: float) -> Margin:
+    return MARGINS.build(name, **params)
