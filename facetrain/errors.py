@@ -7,3 +7,7 @@ key or line at fault and say what to do.
 
 class FacetrainError(Exception):
     """A user-fixable problem (bad config, bad path, bad file, bad setting)."""
+
+
+class PeerFailed(FacetrainError):
+    """Raised on the other ranks when one rank hit a user error; that rank already printed it."""

@@ -7,11 +7,12 @@ stays fast and a broken optional dependency of one command never breaks the othe
 from __future__ import annotations
 
 import importlib
+import os
 import sys
 
 import click
 
-from facetrain.errors import FacetrainError
+from facetrain.errors import FacetrainError, PeerFailed
 
 # name -> "module:attribute" of the click command
 COMMANDS = {
@@ -46,8 +47,12 @@ class LazyGroup(click.Group):
     def invoke(self, ctx: click.Context):
         try:
             return super().invoke(ctx)
+        except PeerFailed:
+            sys.exit(2)  # the rank that failed has printed why
         except FacetrainError as error:
-            click.echo(f"error: {error}", err=True)
+            rank = os.environ.get("RANK", "0")
+            prefix = f"[rank {rank}] " if rank != "0" else ""
+            click.echo(f"{prefix}error: {error}", err=True)
             sys.exit(2)
 
 

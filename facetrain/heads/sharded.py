@@ -57,8 +57,28 @@ class ShardedMarginHead(nn.Module):
         self.sample_rate = float(sample_rate)
         self.class_start, self.class_count = class_range(num_classes, self.world_size, self.rank)
         self.weight = nn.Parameter(torch.empty(self.class_count, embedding_size))
-        nn.init.normal_(self.weight, std=0.01)
+        self.reset_parameters()
         self.register_buffer("accuracy", torch.zeros(()), persistent=False)
+
+    def reset_parameters(self, seed: int | None = None, block: int = 4096) -> None:
+        """N(0, 0.01) class weights; with a seed, the same full weight whatever the world size.
+
+        Rows are drawn in fixed blocks of classes, each from its own seeded generator, so a rank draws
+        only the blocks overlapping its range and a run on N ranks starts where one on M ranks would.
+        """
+        if seed is None:
+            nn.init.normal_(self.weight, std=0.01)
+            return
+        with torch.no_grad():
+            first, last = self.class_start // block, (self.class_stop - 1) // block
+            for index in range(first, last + 1):
+                generator = torch.Generator().manual_seed(seed * 1_000_003 + index)
+                low, high = index * block, min((index + 1) * block, self.num_classes)
+                rows = torch.randn(high - low, self.embedding_size, generator=generator) * 0.01
+                start, stop = max(low, self.class_start), min(high, self.class_stop)
+                self.weight[start - self.class_start : stop - self.class_start] = rows[
+                    start - low : stop - low
+                ]
 
     @property
     def class_stop(self) -> int:

@@ -204,3 +204,28 @@ def check_same_everywhere(value: int, what: str, group: ProcessGroup | None = No
 def barrier(group: ProcessGroup | None = None) -> None:
     if is_active(group):
         dist.barrier(group=group)
+
+
+def primary_first(fn, also_others: bool = True, group: ProcessGroup | None = None):
+    """Run `fn` on rank 0, then (with `also_others`) on the other ranks; elsewhere return None.
+
+    For work that must happen once before the others may start (generating a dataset, say). If rank 0
+    fails with a user error, every other rank raises PeerFailed at once instead of waiting forever.
+    """
+    from facetrain.errors import PeerFailed
+
+    result, failure = None, None
+    if rank(group) == 0:
+        try:
+            result = fn()
+        except FacetrainError as error:
+            failure = error
+    flag = torch.tensor([0 if failure is None else 1], dtype=torch.int64)
+    broadcast_(flag, 0, group)
+    if failure is not None:
+        raise failure
+    if int(flag) == 1:
+        raise PeerFailed("rank 0 failed")
+    if rank(group) == 0:
+        return result
+    return fn() if also_others else None

@@ -1,0 +1,125 @@
+"""Checkpoints: atomic, complete, weights-only, and resharded onto another number of ranks."""
+
+from __future__ import annotations
+
+import pickle
+
+import pytest
+import torch
+
+from facetrain.config import Config
+from facetrain.errors import FacetrainError
+from facetrain.heads import ShardedMarginHead
+from facetrain.train.checkpoint import (
+    TrainState,
+    load_checkpoint,
+    load_full_head,
+    resolve_checkpoint,
+    save_checkpoint,
+)
+from facetrain.train.optim import build_optimizer
+from tests.distributed import run_distributed
+
+NUM_CLASSES, DIM = 11, 6
+
+
+def build(seed=0):
+    torch.manual_seed(seed)
+    backbone = torch.nn.Sequential(torch.nn.Linear(4, DIM))
+    head = ShardedMarginHead(NUM_CLASSES, DIM, margin="cosface")
+    head.reset_parameters(seed=seed)
+    optimizer = build_optimizer(Config().optim, backbone, head)
+    return backbone, head, optimizer
+
+
+def take_steps(backbone, head, optimizer, steps=2):
+    for _ in range(steps):
+        loss = head(backbone(torch.randn(4, 4)), torch.randint(0, NUM_CLASSES, (4,)))
+        optimizer.zero_grad()
+        loss.backward()
+        optimizer.step()
+
+
+def save_worker(rank, world_size, run_dir):
+    backbone, head, optimizer = build()
+    take_steps(backbone, head, optimizer)
+    state = TrainState(step=7, epoch=1, consumed=40)
+    save_checkpoint(
+        run_dir, state, Config(), backbone, head, optimizer, None, [str(i) for i in range(NUM_CLASSES)]
+    )
+    momentum = optimizer.state[head.weight]["momentum_buffer"]
+    return head.class_start, head.weight.detach(), momentum, backbone[0].weight.detach()
+
+
+def load_worker(rank, world_size, run_dir):
+    backbone, head, optimizer = build(seed=1)
+    state = load_checkpoint(run_dir, backbone, head, optimizer, None)
+    momentum = optimizer.state[head.weight]["momentum_buffer"]
+    return state, head.class_start, head.weight.detach(), momentum, backbone[0].weight.detach()
+
+
+@pytest.fixture(scope="module")
+def two_rank_checkpoint(tmp_path_factory):
+    run_dir = tmp_path_factory.mktemp("run")
+    saved = run_distributed(save_worker, 2, run_dir)
+    full_weight = torch.cat([w for _, w, _, _ in saved])
+    full_momentum = torch.cat([m for _, _, m, _ in saved])
+    return run_dir, full_weight, full_momentum, saved[0][3]
+
+
+@pytest.mark.parametrize("world_size", [1, 3])
+def test_two_rank_checkpoint_resumes_on_other_world_sizes(two_rank_checkpoint, world_size):
+    run_dir, full_weight, full_momentum, backbone_weight = two_rank_checkpoint
+    if world_size == 1:
+        loaded = [load_worker(0, 1, run_dir)]
+    else:
+        loaded = run_distributed(load_worker, world_size, run_dir)
+    assert torch.equal(torch.cat([w for _, _, w, _, _ in loaded]), full_weight)
+    assert torch.equal(torch.cat([m for _, _, _, m, _ in loaded]), full_momentum)
+    for state, _, _, _, backbone in loaded:
+        assert (state.step, state.epoch, state.consumed) == (7, 1, 40)
+        assert torch.equal(backbone, backbone_weight)
+
+
+def test_full_head_gathers_all_shards(two_rank_checkpoint):
+    run_dir, full_weight, _, _ = two_rank_checkpoint
+    assert torch.equal(load_full_head(run_dir), full_weight)
+
+
+def test_pointers_and_layout(two_rank_checkpoint):
+    run_dir, *_ = two_rank_checkpoint
+    checkpoint = resolve_checkpoint(run_dir)
+    assert checkpoint.name == "step_00000007"
+    assert resolve_checkpoint(run_dir / "checkpoints" / "last") == checkpoint
+    assert {"meta.json", "config.yaml", "classes.json", ".metadata"} <= {p.name for p in checkpoint.iterdir()}
+    assert not list((run_dir / "checkpoints").glob("*.tmp"))
+
+
+def test_incomplete_checkpoint_is_never_taken_for_a_good_one(tmp_path):
+    (tmp_path / "checkpoints" / "step_00000005.tmp").mkdir(parents=True)
+    with pytest.raises(FacetrainError, match="no checkpoint"):
+        resolve_checkpoint(tmp_path)
+
+
+def test_keeps_the_last_k(tmp_path):
+    backbone, head, optimizer = build()
+    for step in range(1, 6):
+        save_checkpoint(
+            tmp_path, TrainState(step=step), Config(), backbone, head, optimizer, None, [], keep=2
+        )
+    kept = sorted(p.name for p in (tmp_path / "checkpoints").glob("step_*"))
+    assert kept == ["step_00000004", "step_00000005"]
+
+
+class _Exploit:
+    def __reduce__(self):
+        return (open, ("/tmp/facetrain-exploit-ran", "w"))
+
+
+def test_tampered_index_is_refused_without_running_it(tmp_path):
+    backbone, head, optimizer = build()
+    checkpoint = save_checkpoint(tmp_path, TrainState(step=1), Config(), backbone, head, optimizer, None, [])
+    (checkpoint / ".metadata").write_bytes(pickle.dumps(_Exploit()))
+    with pytest.raises(FacetrainError, match="not allowed"):
+        load_full_head(checkpoint)
+    assert not __import__("os").path.exists("/tmp/facetrain-exploit-ran")
