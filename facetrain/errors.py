@@ -11,3 +11,10 @@ class FacetrainError(Exception):
 
 class PeerFailed(FacetrainError):
     """Raised on the other ranks when one rank hit a user error; that rank already printed it."""
+
+
+class EveryRankError(FacetrainError):
+    """A user error that every rank detects identically (from shared settings or gathered inputs).
+
+    Only rank 0 prints it, so N ranks do not repeat the same line N times.
+    """

@@ -12,7 +12,7 @@ import sys
 
 import click
 
-from facetrain.errors import FacetrainError, PeerFailed
+from facetrain.errors import EveryRankError, FacetrainError, PeerFailed
 
 # name -> "module:attribute" of the click command
 COMMANDS = {
@@ -51,6 +51,8 @@ class LazyGroup(click.Group):
             sys.exit(2)  # the rank that failed has printed why
         except FacetrainError as error:
             rank = os.environ.get("RANK", "0")
+            if rank != "0" and isinstance(error, EveryRankError):
+                sys.exit(2)  # rank 0 prints the same message
             prefix = f"[rank {rank}] " if rank != "0" else ""
             click.echo(f"{prefix}error: {error}", err=True)
             sys.exit(2)

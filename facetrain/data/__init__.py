@@ -1,0 +1,95 @@
+"""Training data: sources by name, one dataset type, resumable samplers. No torch.distributed here."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import torch
+from torch.utils.data import DataLoader
+
+from facetrain.config import DataConfig
+from facetrain.data.dataset import FaceDataset, SampleTable
+from facetrain.data.folder import scan_image_folder
+from facetrain.data.listfile import scan_list_file
+from facetrain.data.market1501 import scan_market1501_train
+from facetrain.data.recordio import scan_recordio
+from facetrain.data.samplers import IdentitySampler, ResumableDistributedSampler
+from facetrain.data.transforms import build_train_transform
+from facetrain.errors import FacetrainError
+from facetrain.registry import Registry
+
+SOURCES: Registry[SampleTable] = Registry("data source")
+
+
+@SOURCES.register("folder")
+def _folder(cfg: DataConfig) -> SampleTable:
+    return scan_image_folder(cfg.path)
+
+
+@SOURCES.register("list")
+def _list(cfg: DataConfig) -> SampleTable:
+    return scan_list_file(cfg.path)
+
+
+@SOURCES.register("recordio")
+def _recordio(cfg: DataConfig) -> SampleTable:
+    return scan_recordio(cfg.path)
+
+
+@SOURCES.register("market1501")
+def _market(cfg: DataConfig) -> SampleTable:
+    return scan_market1501_train(cfg.path)
+
+
+@SOURCES.register("synthetic")
+def _synthetic(cfg: DataConfig) -> SampleTable:
+    from facetrain.data.synthetic import generate_synthetic
+
+    root = Path(cfg.path)
+    if not (root / "train").is_dir():
+        print(f"generating the synthetic face set in {root} (data.synth)")
+        generate_synthetic(root, cfg.synth)
+    return scan_image_folder(root / "train")
+
+
+def build_train_dataset(cfg: DataConfig) -> FaceDataset:
+    """The training set named by data.source and data.path, decoded and augmented on access."""
+    table = SOURCES.build(cfg.source, cfg)
+    return FaceDataset(table, build_train_transform(cfg.image_size, cfg.augment), cfg.skip_bad_images)
+
+
+def build_train_loader(
+    dataset: FaceDataset, cfg: DataConfig, batch_size: int, rank: int, world_size: int, seed: int
+) -> tuple[DataLoader, ResumableDistributedSampler | IdentitySampler]:
+    """A loader of this rank's full batches and its sampler (whose `set_epoch(epoch, consumed)` resumes)."""
+    if cfg.sampler == "distributed":
+        sampler = ResumableDistributedSampler(len(dataset), rank, world_size, seed=seed)
+    elif cfg.sampler == "identity":
+        sampler = IdentitySampler(dataset.labels, batch_size, cfg.images_per_identity, rank, world_size, seed)
+    else:
+        raise FacetrainError(f"data.sampler must be distributed or identity, got {cfg.sampler!r}")
+    workers = cfg.num_workers
+    loader = DataLoader(
+        dataset,
+        batch_size=batch_size,
+        sampler=sampler,
+        drop_last=True,
+        num_workers=workers,
+        pin_memory=cfg.pin_memory,
+        persistent_workers=cfg.persistent_workers and workers > 0,
+        prefetch_factor=cfg.prefetch_factor if workers > 0 else None,
+        # its own generator, so making an iterator never draws from the global RNG that a resumed run
+        # restores (worker seeds derive from it)
+        generator=torch.Generator().manual_seed(seed + 31 * rank),
+    )
+    return loader, sampler
+
+
+__all__ = [
+    "SOURCES",
+    "FaceDataset",
+    "IdentitySampler",
+    "ResumableDistributedSampler",
+    "build_train_dataset",
+    "build_train_loader",
+]

@@ -10,7 +10,7 @@ from __future__ import annotations
 import torch
 from torch import nn
 
-from facetrain.errors import FacetrainError
+from facetrain.errors import EveryRankError, FacetrainError
 from facetrain.heads.fused_softmax import ShardedMarginSoftmax
 from facetrain.heads.margins import build_margin
 from facetrain.heads.partition import class_range
@@ -46,7 +46,7 @@ class ShardedMarginHead(nn.Module):
         self.world_size = comm.world_size(group)
         self.rank = comm.rank(group)
         if num_classes < self.world_size:
-            raise FacetrainError(
+            raise EveryRankError(
                 f"{num_classes} classes cannot be sharded over {self.world_size} ranks; use at most "
                 f"{num_classes} ranks"
             )
@@ -117,23 +117,23 @@ class ShardedMarginHead(nn.Module):
         ).tolist()
         for rank, (rows, rank_width) in enumerate(sizes):
             if rows < 0:
-                raise FacetrainError(
+                raise EveryRankError(
                     f"rank {rank}: head input must be embeddings (B x D) and labels (B); got "
                     f"{tuple(embeddings.shape)} and {tuple(labels.shape)}"
                 )
             if rank_width != self.embedding_size:
-                raise FacetrainError(
+                raise EveryRankError(
                     f"rank {rank}: embeddings are {rank_width} wide but the head expects "
                     f"{self.embedding_size} (model.embedding_size)"
                 )
         counts = [rows for rows, _ in sizes]
         if sum(counts) == 0:
-            raise FacetrainError("the global batch is empty: every rank passed zero embeddings")
+            raise EveryRankError("the global batch is empty: every rank passed zero embeddings")
         labels = labels.to(device=embeddings.device, dtype=torch.int64)
         global_labels = comm.all_gather_rows(labels, counts, self.group)
         bad = (global_labels < 0) | (global_labels >= self.num_classes)
         if bool(bad.any()):
-            raise FacetrainError(
+            raise EveryRankError(
                 f"label {int(global_labels[bad][0])} is outside [0, {self.num_classes}); "
                 "labels must index the head's classes"
             )

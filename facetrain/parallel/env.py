@@ -60,11 +60,15 @@ def init_distributed(
     With WORLD_SIZE unset or 1 no group is created: every collective in facetrain is then a no-op,
     so the same code runs as a plain single process.
     """
+    if dist.is_available() and dist.is_initialized():  # joined already, e.g. by a test harness
+        rank, world_size = dist.get_rank(), dist.get_world_size()
+        local_rank = _int_env("LOCAL_RANK", rank)
+        return DistEnv(rank, world_size, local_rank, pick_device(local_rank))
     rank = _int_env("RANK", 0) if rank is None else rank
     world_size = _int_env("WORLD_SIZE", 1) if world_size is None else world_size
     local_rank = _int_env("LOCAL_RANK", rank)
     device = pick_device(local_rank)
-    if world_size <= 1 or dist.is_initialized():
+    if world_size <= 1:
         return DistEnv(rank, max(world_size, 1), local_rank, device)
     if backend == "auto":
         backend = "nccl" if device.type == "cuda" else "gloo"
@@ -80,6 +84,10 @@ def init_distributed(
         timeout=timedelta(seconds=timeout_s),
     )
     return DistEnv(rank, world_size, local_rank, device)
+
+
+def is_initialized() -> bool:
+    return dist.is_available() and dist.is_initialized()
 
 
 def destroy_distributed() -> None:

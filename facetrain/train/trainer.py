@@ -18,10 +18,11 @@ from tqdm import tqdm
 
 from facetrain.config import Config, save_config
 from facetrain.data import build_train_dataset, build_train_loader
-from facetrain.errors import FacetrainError
+from facetrain.errors import EveryRankError, FacetrainError
 from facetrain.heads import ShardedMarginHead
 from facetrain.models import build_backbone
-from facetrain.parallel import comm, destroy_distributed, init_distributed
+from facetrain.parallel import comm
+from facetrain.parallel.env import destroy_distributed, init_distributed, is_initialized
 from facetrain.parallel.data_parallel import wrap_data_parallel
 from facetrain.train.checkpoint import (
     TrainState,
@@ -39,11 +40,13 @@ AUTOCAST_DTYPES = {"fp32": None, "bf16": torch.bfloat16, "fp16": torch.float16}
 
 def train(cfg: Config, resume: str | None = None) -> dict:
     """Train with the config; `resume` is None, "auto" or a checkpoint path. Returns the summary."""
+    owns_group = not is_initialized()  # a caller that set up the group keeps it
     env = init_distributed(cfg.parallel.backend, cfg.parallel.timeout_s)
     try:
         return _train(cfg, resume, env)
     finally:
-        destroy_distributed()
+        if owns_group:
+            destroy_distributed()
 
 
 def _train(cfg: Config, resume: str | None, env) -> dict:
@@ -127,7 +130,7 @@ def _train(cfg: Config, resume: str | None, env) -> dict:
             if not math.isfinite(step_loss):
                 nonfinite_in_a_row += 1
                 if not scaler.is_enabled() or nonfinite_in_a_row > cfg.train.max_nonfinite_steps:
-                    raise FacetrainError(
+                    raise EveryRankError(
                         f"the loss became {step_loss} at step {state.step + 1}; last good checkpoint: "
                         f"{last_checkpoint or 'none'}; lower optim.lr or use train.precision=fp32"
                     )

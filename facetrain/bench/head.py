@@ -1,0 +1,243 @@
+"""`facetrain bench head`: the sharded head against the dense (DDP-replicated) and naive model-parallel FC.
+
+Every (C, N, head) configuration runs in N spawned CPU processes joined by gloo. The sharded head's
+claims are measured, not assumed: its step time against its three GEMMs alone, the balance of peak
+memory over ranks, and bytes per step that do not depend on the class count.
+"""
+
+from __future__ import annotations
+
+import os
+from dataclasses import asdict, dataclass
+from pathlib import Path
+
+import click
+from tqdm import tqdm
+
+from facetrain.bench.common import (
+    WorkerError,
+    WorkerPool,
+    machine_info,
+    mean_of_max_over_ranks,
+    parse_int_list,
+    parse_name_list,
+    refuse_to_overwrite,
+)
+from facetrain.bench.head_cases import BENCH_HEADS, HeadCase, measure_case
+from facetrain.bench.head_report import OUTPUT_NAMES, evaluate_targets, write_outputs
+from facetrain.errors import FacetrainError
+
+GIB = 2**30
+# RSS of one worker after importing torch and joining gloo, before any head exists (measured ~0.53 GiB).
+PROCESS_BASELINE_BYTES = int(0.6 * GIB)
+
+METHODS = {
+    "step_time": "forward + backward (+ the dense baseline's gradient all-reduce); ranks meet at a "
+    "barrier before each step; mean over timed steps of the slowest rank",
+    "gemm_time": "sharded only: torch.mm for logits (B x D @ D x c), embedding gradient (B x c @ c x D) "
+    "and weight gradient ((B x c)^T @ B x D) on the same shapes in the same worker, timed like a step",
+    "peak_memory": "per rank: peak RSS growth over the process's RSS before the head and data were "
+    "created; the kernel's exact high-water mark VmHWM, reset through /proc/self/clear_refs "
+    "(memory_method vmhwm-reset), or /proc/self/statm sampled every 1 ms (statm-sampling)",
+    "bytes_sent": "per rank per step, counted by facetrain.parallel.comm (ring model: all-gather sends "
+    "(N-1)/N of the result, all-reduce twice its buffer's (N-1)/N)",
+}
+
+
+@dataclass(frozen=True)
+class HeadBenchSettings:
+    classes: tuple[int, ...] = (100_000, 1_000_000)
+    world_sizes: tuple[int, ...] = (1, 2, 4)
+    batch: int = 256
+    dim: int = 512
+    heads: tuple[str, ...] = ("sharded", "dense", "naive")
+    steps: int = 3
+    warmup: int = 1
+    memory_limit_gb: float = 18.0
+    seed: int = 0
+
+    def cases(self) -> list[HeadCase]:
+        return [
+            HeadCase(head, num_classes, world_size, self.batch, self.dim)
+            for world_size in self.world_sizes
+            for num_classes in self.classes
+            for head in self.heads
+        ]
+
+    def validate(self) -> None:
+        for world_size in self.world_sizes:
+            if self.batch % world_size:
+                raise FacetrainError(
+                    f"--batch {self.batch} does not split evenly over {world_size} ranks; "
+                    "use a multiple of every world size"
+                )
+        if min(self.classes) < max(self.world_sizes):
+            raise FacetrainError(
+                f"--classes {min(self.classes)} is fewer than {max(self.world_sizes)} ranks; "
+                "every rank needs at least one class"
+            )
+
+
+def estimated_bytes_per_rank(case: HeadCase) -> list[int]:
+    """Peak growth expected on each rank, from the tensors each head keeps alive (see head_cases)."""
+    return BENCH_HEADS.build(case.head).estimate_bytes_per_rank(case)
+
+
+def estimated_total_bytes(case: HeadCase) -> int:
+    """What the machine must hold: every rank's growth plus every worker process's own baseline."""
+    return sum(estimated_bytes_per_rank(case)) + PROCESS_BASELINE_BYTES * case.world_size
+
+
+def summarize(case: HeadCase, ranks: list[dict]) -> dict:
+    """Figures over ranks: the step of the slowest rank, memory spread, and bytes of each rank."""
+    memory = [rank["peak_memory_bytes"] for rank in ranks]
+    step_ms = 1000 * mean_of_max_over_ranks([rank["step_s"] for rank in ranks])
+    summary = {
+        "status": "ok",
+        "threads_per_rank": ranks[0]["threads"],
+        "step_ms": step_ms,
+        "step_ms_each": [1000 * max(step) for step in zip(*(rank["step_s"] for rank in ranks))],
+        "gemm_ms": None,
+        "step_over_gemm": None,
+        "peak_memory_bytes_per_rank": memory,
+        "peak_memory_min_bytes": min(memory),
+        "peak_memory_max_bytes": max(memory),
+        "peak_memory_max_over_min": max(memory) / max(min(memory), 1),
+        "memory_method": ranks[0]["memory_method"],
+        "bytes_sent_per_rank_per_step": [max(rank["bytes_sent_per_step"]) for rank in ranks],
+        "bytes_by_op_per_rank": [rank["bytes_by_op"] for rank in ranks],
+    }
+    if ranks[0]["gemm_s"] is not None:
+        summary["gemm_ms"] = 1000 * mean_of_max_over_ranks([rank["gemm_s"] for rank in ranks])
+        summary["step_over_gemm"] = step_ms / summary["gemm_ms"]
+    return summary
+
+
+def run_head_benchmark(settings: HeadBenchSettings, progress: bool = True) -> dict:
+    """Measure every configuration that fits under the memory limit; return the full report."""
+    settings.validate()
+    limit_bytes = settings.memory_limit_gb * GIB
+    rows = []
+    cases = settings.cases()
+    pools: dict[int, WorkerPool] = {}
+    try:
+        for case in tqdm(cases, desc="bench head", unit="config", disable=not progress):
+            estimate = estimated_total_bytes(case)
+            row = {
+                **asdict(case),
+                "local_batch": case.local_batch,
+                "shard_classes_per_rank": [case.shard_classes(r) for r in range(case.world_size)],
+                "estimated_bytes_per_rank": estimated_bytes_per_rank(case),
+                "estimated_total_bytes": estimate,
+            }
+            if estimate > limit_bytes:
+                rows.append({**row, "status": "skipped"})
+                continue
+            for world_size in [n for n in pools if n != case.world_size]:
+                pools.pop(world_size).close()
+            if case.world_size not in pools:
+                threads = max(1, (os.cpu_count() or 1) // case.world_size)
+                pools[case.world_size] = WorkerPool(case.world_size, threads)
+            try:
+                ranks = pools[case.world_size].run(
+                    measure_case, case, settings.steps, settings.warmup, settings.seed
+                )
+            except WorkerError as error:
+                pools.pop(case.world_size)
+                tqdm.write(f"{case.head} C={case.num_classes} N={case.world_size} failed: {error}")
+                rows.append({**row, "status": "failed", "error": str(error)})
+                continue
+            rows.append({**row, **summarize(case, ranks)})
+    finally:
+        for pool in pools.values():
+            pool.close()
+    return {
+        "benchmark": "head",
+        "machine": machine_info(),
+        "settings": {
+            **asdict(settings),
+            "memory_limit_bytes": int(limit_bytes),
+            "process_baseline_bytes": PROCESS_BASELINE_BYTES,
+            "dtype": "float32",
+            "device": "cpu",
+            "margin": "arcface",
+            "scale": 64.0,
+        },
+        "methods": METHODS,
+        "results": rows,
+        "targets": evaluate_targets(rows),
+    }
+
+
+@click.command("head")
+@click.option(
+    "--classes", default="100000,1000000", show_default=True, help="Class counts C, comma-separated."
+)
+@click.option(
+    "--world-sizes", default="1,2,4", show_default=True, help="Ranks N (CPU processes), comma-separated."
+)
+@click.option("--batch", default=256, show_default=True, type=click.IntRange(min=1), help="Global batch B.")
+@click.option("--dim", default=512, show_default=True, type=click.IntRange(min=1), help="Embedding size D.")
+@click.option("--heads", default="sharded,dense,naive", show_default=True, help="Heads to compare.")
+@click.option("--steps", default=3, show_default=True, type=click.IntRange(min=1), help="Timed steps.")
+@click.option(
+    "--warmup", default=1, show_default=True, type=click.IntRange(min=0), help="Untimed steps first."
+)
+@click.option(
+    "--memory-limit-gb",
+    default=18.0,
+    show_default=True,
+    type=click.FloatRange(min=0, min_open=True),
+    help="Skip configurations whose estimated memory over all ranks exceeds this.",
+)
+@click.option(
+    "--out",
+    default="runs/bench/head",
+    show_default=True,
+    type=click.Path(file_okay=False, path_type=Path),
+    help="Folder for bench_head.json, .png and .md.",
+)
+@click.option("--overwrite", is_flag=True, help="Replace the outputs of an earlier run in --out.")
+def head_command(
+    classes: str,
+    world_sizes: str,
+    batch: int,
+    dim: int,
+    heads: str,
+    steps: int,
+    warmup: int,
+    memory_limit_gb: float,
+    out: Path,
+    overwrite: bool,
+) -> None:
+    """Compare the sharded margin head with the dense (DDP) and naive model-parallel FC on CPU.
+
+    For each class count C, world size N and head, N gloo processes each take B/N random fp32
+    embeddings and time forward + backward, measure per-rank peak memory and bytes sent per step,
+    and (sharded) the step's three GEMMs alone. Prints a table and PASS/MISS for the targets;
+    writes JSON, a PNG plot and the markdown table to --out.
+
+    \b
+    Examples:
+      facetrain bench head                                   # the issue's sizes (long)
+      facetrain bench head --classes 100000 --world-sizes 1,2
+      facetrain bench head --classes 1000,5000 --batch 16 --dim 32 --steps 1 --out /tmp/head
+      facetrain bench head --heads sharded --memory-limit-gb 8 --overwrite
+    """
+    settings = HeadBenchSettings(
+        classes=tuple(parse_int_list(classes, "--classes")),
+        world_sizes=tuple(parse_int_list(world_sizes, "--world-sizes")),
+        batch=batch,
+        dim=dim,
+        heads=tuple(parse_name_list(heads, "--heads", BENCH_HEADS.names())),
+        steps=steps,
+        warmup=warmup,
+        memory_limit_gb=memory_limit_gb,
+    )
+    settings.validate()
+    if not overwrite:
+        refuse_to_overwrite([out / name for name in OUTPUT_NAMES.values()])
+    report = run_head_benchmark(settings)
+    table = write_outputs(report, out)
+    click.echo(table)
+    click.echo(f"wrote {', '.join(str(out / name) for name in OUTPUT_NAMES.values())}")

@@ -1,0 +1,186 @@
+"""The heads `facetrain bench head` compares, and what one rank does to measure one of them.
+
+Each head kind says how to build itself for a configuration, what a training step adds after the
+backward (the dense baseline all-reduces its full weight gradient, as DDP would), and how much memory
+each rank needs, so that configurations that cannot fit are skipped instead of exhausting the machine.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, replace
+
+import torch
+from torch import nn
+
+from facetrain.bench.common import PeakRss, timed_repeats
+from facetrain.heads import DenseMarginHead, NaiveModelParallelHead, ShardedMarginHead, class_range
+from facetrain.parallel import comm
+from facetrain.registry import Registry
+
+FLOAT_BYTES = 4
+
+
+@dataclass(frozen=True)
+class HeadCase:
+    """One configuration: a head kind, C classes over N ranks, a global batch of B embeddings of D."""
+
+    head: str
+    num_classes: int
+    world_size: int
+    batch: int
+    dim: int
+
+    @property
+    def local_batch(self) -> int:
+        return self.batch // self.world_size
+
+    def shard_classes(self, rank: int) -> int:
+        return class_range(self.num_classes, self.world_size, rank).count
+
+
+class BenchHead:
+    """A head kind as the benchmark sees it; subclasses fill in the three differences."""
+
+    times_gemms = False
+
+    def build(self, case: HeadCase) -> nn.Module:
+        raise NotImplementedError
+
+    def after_backward(self, head: nn.Module, case: HeadCase) -> None:
+        """Work a real training step does between the backward and the optimizer."""
+
+    def estimate_bytes_per_rank(self, case: HeadCase) -> list[int]:
+        raise NotImplementedError
+
+
+BENCH_HEADS: Registry[BenchHead] = Registry("benchmark head")
+
+# Peaks per rank in units of one fp32 tensor of the named shape, measured with the benchmark itself
+# (B=256, D=16 and 512, C=1e5 and 2e5, N=1 and 2). Autograd heads peak either in the weight-gradient
+# phase (weight, normalised weight, their gradients: ~6 C x D) or in the logits phase (logits, margin
+# logits, log-softmax and their gradients: ~4.5 rows x C), whichever is larger.
+WEIGHT_PHASE_COPIES = 6.0
+LOGIT_PHASE_COPIES = 4.5
+SHARD_LOGIT_PHASE_COPIES = 2.5
+
+
+def _autograd_peak(weight_rows: int, logit_rows: int, logit_copies: float, case: HeadCase) -> int:
+    weight_phase = WEIGHT_PHASE_COPIES * weight_rows * case.dim
+    logit_phase = logit_copies * logit_rows + weight_rows * case.dim
+    return int(FLOAT_BYTES * max(weight_phase, logit_phase))
+
+
+@BENCH_HEADS.register("sharded")
+class ShardedBench(BenchHead):
+    """Weight and gradient of the shard, one B x c buffer, the gathered batch and its gradient."""
+
+    times_gemms = True
+
+    def build(self, case: HeadCase) -> nn.Module:
+        return ShardedMarginHead(case.num_classes, case.dim)
+
+    def estimate_bytes_per_rank(self, case: HeadCase) -> list[int]:
+        return [
+            FLOAT_BYTES * (2 * c * case.dim + case.batch * c + 4 * case.batch * case.dim)
+            for c in map(case.shard_classes, range(case.world_size))
+        ]
+
+
+@BENCH_HEADS.register("dense")
+class DenseBench(BenchHead):
+    """Every rank holds all C classes and the b x C logits of its local rows."""
+
+    def build(self, case: HeadCase) -> nn.Module:
+        return DenseMarginHead(case.num_classes, case.dim)
+
+    def after_backward(self, head: nn.Module, case: HeadCase) -> None:
+        if case.world_size > 1:
+            comm.all_reduce_(head.weight.grad, "sum").div_(case.world_size)
+
+    def estimate_bytes_per_rank(self, case: HeadCase) -> list[int]:
+        logits = case.local_batch * case.num_classes
+        return [_autograd_peak(case.num_classes, logits, LOGIT_PHASE_COPIES, case)] * case.world_size
+
+
+@BENCH_HEADS.register("naive")
+class NaiveBench(BenchHead):
+    """Shard-sized weights everywhere, but rank 0 also holds the gathered B x C logits and their grads."""
+
+    def build(self, case: HeadCase) -> nn.Module:
+        return NaiveModelParallelHead(case.num_classes, case.dim)
+
+    def estimate_bytes_per_rank(self, case: HeadCase) -> list[int]:
+        estimates = []
+        for rank in range(case.world_size):
+            shard = case.shard_classes(rank)
+            if rank == 0:
+                estimates.append(
+                    _autograd_peak(shard, case.batch * case.num_classes, LOGIT_PHASE_COPIES, case)
+                )
+            else:
+                logits = case.batch * shard
+                estimates.append(_autograd_peak(shard, logits, SHARD_LOGIT_PHASE_COPIES, case))
+        return estimates
+
+
+def _time_shard_gemms(case: HeadCase, rank: int, steps: int, warmup: int) -> list[float]:
+    """The sharded head's three GEMMs alone, with its operand layouts: what its step cannot beat."""
+    classes = case.shard_classes(rank)
+    embeddings = torch.randn(case.batch, case.dim)
+    weight = torch.randn(classes, case.dim)
+    logit_grad = torch.randn(case.batch, classes)
+
+    def gemms() -> None:
+        torch.mm(embeddings, weight.t())
+        torch.mm(logit_grad, weight)
+        torch.mm(logit_grad.t(), embeddings)
+
+    return timed_repeats(gemms, steps, warmup, before_each=comm.barrier)
+
+
+def _timed_steps(
+    kind: BenchHead, case: HeadCase, steps: int, warmup: int
+) -> tuple[list[float], list[int], dict]:
+    """Build the head and its data, time the steps; everything it made is freed when it returns."""
+    head = kind.build(case)
+    embeddings = torch.randn(case.local_batch, case.dim).requires_grad_()
+    labels = torch.randint(0, case.num_classes, (case.local_batch,))
+    sent_per_step: list[int] = []
+
+    def prepare() -> None:
+        embeddings.grad = None
+        head.zero_grad(set_to_none=True)
+        comm.traffic.reset()
+        comm.barrier()
+
+    def step() -> None:
+        head(embeddings, labels).backward()
+        kind.after_backward(head, case)
+        sent_per_step.append(comm.traffic.bytes_sent)
+
+    step_s = timed_repeats(step, steps, warmup, before_each=prepare)
+    return step_s, sent_per_step[warmup:], dict(comm.traffic.by_op)
+
+
+def measure_case(rank: int, world_size: int, case: HeadCase, steps: int, warmup: int, seed: int) -> dict:
+    """One rank's figures for `case`: step times, peak memory growth, bytes sent, GEMM times.
+
+    Runs inside a benchmark worker; ranks line up at a barrier before every step, so each step's
+    time on the slowest rank is the step time of the group.
+    """
+    kind = BENCH_HEADS.build(case.head)
+    torch.manual_seed(seed + rank)
+    # a tiny run first, outside the window: thread pools and library workspaces start lazily
+    _timed_steps(kind, replace(case, num_classes=case.world_size), steps=1, warmup=0)
+    with PeakRss() as memory:
+        step_s, sent_per_step, by_op = _timed_steps(kind, case, steps, warmup)
+    return {
+        "rank": rank,
+        "threads": torch.get_num_threads(),
+        "step_s": step_s,
+        "bytes_sent_per_step": sent_per_step,
+        "bytes_by_op": by_op,
+        "peak_memory_bytes": memory.growth_bytes,
+        "memory_method": memory.method,
+        "gemm_s": _time_shard_gemms(case, rank, steps, warmup) if kind.times_gemms else None,
+    }

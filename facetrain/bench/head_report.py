@@ -1,0 +1,183 @@
+"""What `facetrain bench head` reports: the targets, a markdown table, a plot, and the JSON behind them."""
+
+from __future__ import annotations
+
+import json
+from collections import defaultdict
+from pathlib import Path
+
+from matplotlib.backends.backend_agg import FigureCanvasAgg
+from matplotlib.figure import Figure
+
+from facetrain.bench.common import write_atomic
+
+OUTPUT_NAMES = {"json": "bench_head.json", "plot": "bench_head.png", "table": "bench_head.md"}
+STEP_OVER_GEMM_TARGET = 1.3
+MEMORY_BALANCE_TARGET = 1.1
+GEMM_TARGET_CASE = {"head": "sharded", "world_size": 1, "num_classes": 100_000}
+
+
+def _measured(rows: list[dict], head: str) -> list[dict]:
+    return [row for row in rows if row["head"] == head and row["status"] == "ok"]
+
+
+def _target(name: str, threshold: str, measured, passed: bool | None, detail: str) -> dict:
+    status = "N/A" if passed is None else ("PASS" if passed else "MISS")
+    return {"name": name, "threshold": threshold, "measured": measured, "status": status, "detail": detail}
+
+
+def _step_over_gemm_target(rows: list[dict]) -> dict:
+    name = "sharded step time / its GEMM time at N=1, C=100000"
+    matches = [
+        row for row in _measured(rows, "sharded") if all(row[k] == v for k, v in GEMM_TARGET_CASE.items())
+    ]
+    if not matches:
+        return _target(name, f"<= {STEP_OVER_GEMM_TARGET}", None, None, "configuration not measured")
+    ratio = matches[0]["step_over_gemm"]
+    detail = f"{ratio:.2f}x ({matches[0]['step_ms']:.1f} ms step, {matches[0]['gemm_ms']:.1f} ms GEMMs)"
+    return _target(name, f"<= {STEP_OVER_GEMM_TARGET}", ratio, ratio <= STEP_OVER_GEMM_TARGET, detail)
+
+
+def _memory_balance_target(rows: list[dict]) -> dict:
+    name = "sharded per-rank peak memory max/min"
+    multi_rank = [row for row in _measured(rows, "sharded") if row["world_size"] > 1]
+    if not multi_rank:
+        return _target(name, f"<= {MEMORY_BALANCE_TARGET}", None, None, "no sharded run with N > 1")
+    worst = max(multi_rank, key=lambda row: row["peak_memory_max_over_min"])
+    ratio = worst["peak_memory_max_over_min"]
+    detail = f"worst {ratio:.3f} at C={worst['num_classes']}, N={worst['world_size']}"
+    return _target(name, f"<= {MEMORY_BALANCE_TARGET}", ratio, ratio <= MEMORY_BALANCE_TARGET, detail)
+
+
+def _bytes_independent_of_classes_target(rows: list[dict]) -> dict:
+    name = "sharded bytes per rank per step independent of C"
+    by_world_size: dict[int, dict[int, list[int]]] = defaultdict(dict)
+    for row in _measured(rows, "sharded"):
+        by_world_size[row["world_size"]][row["num_classes"]] = row["bytes_sent_per_rank_per_step"]
+    compared = {n: per_c for n, per_c in by_world_size.items() if len(per_c) > 1}
+    if not compared:
+        return _target(name, "identical for every C", None, None, "fewer than two C measured at any N")
+    passed = all(len({tuple(sent) for sent in per_c.values()}) == 1 for per_c in compared.values())
+    measured = {str(n): {str(c): sent for c, sent in per_c.items()} for n, per_c in compared.items()}
+    detail = "; ".join(
+        f"N={n}: " + ", ".join(f"C={c} {_bytes_range(sent)}" for c, sent in per_c.items())
+        for n, per_c in compared.items()
+    )
+    return _target(name, "identical for every C", measured, passed, detail)
+
+
+def evaluate_targets(rows: list[dict]) -> list[dict]:
+    return [
+        _step_over_gemm_target(rows),
+        _memory_balance_target(rows),
+        _bytes_independent_of_classes_target(rows),
+    ]
+
+
+def format_bytes(value: float) -> str:
+    units = ["B", "KiB", "MiB", "GiB"]
+    index = 0
+    while abs(value) >= 1024 and index < len(units) - 1:
+        value /= 1024
+        index += 1
+    return f"{value:.0f} B" if index == 0 else f"{value:.1f} {units[index]}"
+
+
+def _bytes_range(values: list[int]) -> str:
+    low, high = format_bytes(min(values)), format_bytes(max(values))
+    return low if low == high else f"{low} - {high}"
+
+
+def _table_row(row: dict) -> list[str]:
+    head = [f"{row['num_classes']:,}", str(row["world_size"]), row["head"]]
+    if row["status"] == "skipped":
+        return head + [f"skipped: estimated {format_bytes(row['estimated_total_bytes'])} in all"] + [""] * 6
+    if row["status"] == "failed":
+        return head + ["failed (see JSON)"] + [""] * 6
+    gemm = "" if row["gemm_ms"] is None else f"{row['gemm_ms']:.1f}"
+    ratio = "" if row["step_over_gemm"] is None else f"{row['step_over_gemm']:.2f}"
+    return head + [
+        f"{row['step_ms']:.1f}",
+        gemm,
+        ratio,
+        format_bytes(row["peak_memory_min_bytes"]),
+        format_bytes(row["peak_memory_max_bytes"]),
+        f"{row['peak_memory_max_over_min']:.2f}",
+        _bytes_range(row["bytes_sent_per_rank_per_step"]),
+    ]
+
+
+def markdown_table(report: dict) -> str:
+    columns = [
+        "C",
+        "N",
+        "head",
+        "step ms",
+        "GEMM ms",
+        "step/GEMM",
+        "peak mem/rank min",
+        "peak mem/rank max",
+        "max/min",
+        "sent/rank/step",
+    ]
+    lines = ["| " + " | ".join(columns) + " |", "|" + "---|" * len(columns)]
+    lines += ["| " + " | ".join(_table_row(row)) + " |" for row in report["results"]]
+    lines.append("")
+    lines += [f"- {t['status']}: {t['name']} {t['threshold']}: {t['detail']}" for t in report["targets"]]
+    machine = report["machine"]
+    lines.append("")
+    lines.append(
+        f"{machine['cpu_model']}, {machine['cores']} cores, torch {machine['torch']}, {machine['date']}, "
+        f"load average {' '.join(f'{x:.2f}' for x in machine['load_average_1_5_15'])}"
+    )
+    return "\n".join(lines) + "\n"
+
+
+def plot(report: dict, path: Path) -> None:
+    """Step time and per-rank peak memory (max, with the min as a lower bar) against N, one column per C."""
+    rows = [row for row in report["results"] if row["status"] == "ok"]
+    classes = report["settings"]["classes"]
+    figure = Figure(figsize=(5 * len(classes), 8), layout="constrained")
+    FigureCanvasAgg(figure)
+    axes = figure.subplots(2, len(classes), squeeze=False)
+    for column, num_classes in enumerate(classes):
+        time_axis, memory_axis = axes[0][column], axes[1][column]
+        for head in report["settings"]["heads"]:
+            points = sorted(
+                (r["world_size"], r) for r in rows if r["head"] == head and r["num_classes"] == num_classes
+            )
+            if not points:
+                continue
+            sizes = [n for n, _ in points]
+            time_axis.plot(sizes, [r["step_ms"] for _, r in points], marker="o", label=head)
+            high = [r["peak_memory_max_bytes"] / 2**20 for _, r in points]
+            low = [r["peak_memory_min_bytes"] / 2**20 for _, r in points]
+            memory_axis.errorbar(
+                sizes,
+                high,
+                yerr=[[h - lo for h, lo in zip(high, low)], [0] * len(high)],
+                marker="o",
+                capsize=3,
+                label=head,
+            )
+        time_axis.set_title(f"C = {num_classes:,}: step time (forward + backward)")
+        time_axis.set_ylabel("ms (slowest rank)")
+        memory_axis.set_title(f"C = {num_classes:,}: peak memory per rank (max, bar to min)")
+        memory_axis.set_ylabel("MiB")
+        for axis in (time_axis, memory_axis):
+            axis.set_xlabel("world size N")
+            axis.set_xticks(report["settings"]["world_sizes"])
+            axis.set_yscale("log")
+            axis.grid(True, which="both", alpha=0.3)
+            if axis.has_data():
+                axis.legend()
+    figure.savefig(path, dpi=100)
+
+
+def write_outputs(report: dict, out: Path) -> str:
+    """Write JSON, plot and table atomically into `out`; return the table."""
+    table = markdown_table(report)
+    write_atomic(out / OUTPUT_NAMES["json"], lambda tmp: tmp.write_text(json.dumps(report, indent=2) + "\n"))
+    write_atomic(out / OUTPUT_NAMES["plot"], lambda tmp: plot(report, tmp))
+    write_atomic(out / OUTPUT_NAMES["table"], lambda tmp: tmp.write_text(table))
+    return table

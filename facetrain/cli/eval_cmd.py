@@ -1,0 +1,125 @@
+"""`facetrain eval`: how good is a model, on verification pairs or on Market-1501 retrieval."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import click
+
+from facetrain.errors import FacetrainError
+
+
+@click.command()
+@click.argument("model", type=click.Path(path_type=Path))
+@click.option(
+    "--pairs",
+    "pairs_path",
+    type=click.Path(path_type=Path),
+    help="LFW pairs.txt, a pairs CSV (path1,path2,same[,fold]) or an insightface .bin.",
+)
+@click.option(
+    "--images",
+    "images_root",
+    type=click.Path(path_type=Path),
+    help="Image root of --pairs (default: the pairs file's folder).",
+)
+@click.option("--skip-missing", is_flag=True, help="Drop pairs whose images are missing (and report them).")
+@click.option(
+    "--market",
+    "market_root",
+    type=click.Path(path_type=Path),
+    help="Market-1501 root with query/ and bounding_box_test/, for re-id retrieval instead of --pairs.",
+)
+@click.option("--no-flip", is_flag=True, help="Skip the flip test (embedding each image's mirror too).")
+@click.option(
+    "--batch-size", type=click.IntRange(min=1), default=128, show_default=True, help="Images per batch."
+)
+@click.option(
+    "--workers", type=click.IntRange(min=0), default=0, show_default=True, help="Image decoding processes."
+)
+@click.option("--device", default=None, help="cpu, cuda or cuda:N (default: cuda when available, else cpu).")
+@click.option(
+    "--out",
+    "out_dir",
+    type=click.Path(path_type=Path),
+    help="Report folder (default: MODEL/eval, or eval/ beside a model file).",
+)
+@click.option("--quiet", is_flag=True, help="No progress bars.")
+def eval_command(
+    model: Path,
+    pairs_path: Path | None,
+    images_root: Path | None,
+    skip_missing: bool,
+    market_root: Path | None,
+    no_flip: bool,
+    batch_size: int,
+    workers: int,
+    device: str | None,
+    out_dir: Path | None,
+    quiet: bool,
+) -> None:
+    """Evaluate MODEL: face verification on --pairs, or person re-id retrieval on --market.
+
+    MODEL is a training checkpoint (written by any number of ranks; a last/best pointer or run
+    directory works too), an export directory, or an exported model file. Verification prints
+    10-fold accuracy (thresholds chosen on the other 9 folds; the folds of pairs.txt when it has
+    them), the best threshold, ROC AUC, EER, TAR at FAR 1e-1/1e-2/1e-3 and XNorm, and writes
+    NAME.json, NAME_folds.csv and NAME_roc.png to --out, NAME being the pairs file's stem.
+    Re-id prints CMC rank-1/5/10 and mAP (Market-1501 protocol) and writes market1501.json.
+    Running the same evaluation again replaces its own report files in --out.
+
+    \b
+    Examples:
+      facetrain eval runs/demo/checkpoints/last --pairs data/synth/heldout/pairs.txt
+      facetrain eval runs/lfw/export --pairs lfw/pairs.txt --images lfw/aligned --skip-missing
+      facetrain eval runs/ms1m/checkpoints/best --pairs faces_emore/agedb_30.bin --no-flip
+      facetrain eval runs/reid/export --market data/Market-1501 --batch-size 256 --out reports/reid
+    """
+    import torch
+
+    from facetrain.eval.report import (
+        retrieval_table,
+        verification_table,
+        write_retrieval_report,
+        write_verification_report,
+    )
+    from facetrain.export.loading import load_model
+
+    if (pairs_path is None) == (market_root is None):
+        raise click.UsageError("give exactly one of --pairs (verification) or --market (re-id retrieval)")
+    if market_root is not None and (images_root is not None or skip_missing):
+        raise click.UsageError("--images and --skip-missing apply to --pairs only")
+    device = device or ("cuda" if torch.cuda.is_available() else "cpu")
+    if device.startswith("cuda") and not torch.cuda.is_available():
+        raise FacetrainError(f"--device {device}: no CUDA device is available here; use --device cpu")
+    out_dir = out_dir or (model if model.is_dir() else model.parent) / "eval"
+    options = {
+        "batch_size": batch_size,
+        "flip": not no_flip,
+        "device": device,
+        "progress": not quiet,
+        "num_workers": workers,
+    }
+    extra = {"model": str(model)}
+
+    if pairs_path is not None:
+        from facetrain.eval.verification import load_pairs, verify
+
+        pairs = load_pairs(pairs_path, images_root, skip_missing)
+        if pairs.skipped_pairs:
+            click.echo(
+                f"skipped {pairs.skipped_pairs} pairs: {len(pairs.missing)} images missing, e.g. {pairs.missing[0]}",
+                err=True,
+            )
+        loaded = load_model(model, device=device)
+        result = verify(pairs, loaded.module, loaded.image_size, **options)
+        click.echo(verification_table(result))
+        written = write_verification_report(result, out_dir, extra)
+    else:
+        from facetrain.eval.retrieval import evaluate_market1501
+
+        loaded = load_model(model, device=device)
+        result = evaluate_market1501(loaded.module, market_root, loaded.image_size, **options)
+        click.echo(retrieval_table(result))
+        written = write_retrieval_report(result, out_dir, extra)
+    click.echo("wrote " + ", ".join(str(path) for path in written))

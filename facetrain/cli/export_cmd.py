@@ -1,0 +1,172 @@
+"""`facetrain export`, `facetrain embed` and `facetrain compare`: using a trained model."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import click
+
+from facetrain.errors import FacetrainError
+
+MODEL_HELP = "Training checkpoint (dir, last/best, run dir), export directory, or model file."
+
+
+def _human_size(num_bytes: int) -> str:
+    size = float(num_bytes)
+    for unit in ("B", "KiB", "MiB", "GiB"):
+        if size < 1024 or unit == "GiB":
+            return f"{size:.0f} {unit}" if unit == "B" else f"{size:.1f} {unit}"
+        size /= 1024
+    raise AssertionError("unreachable")
+
+
+def _resolve_device(device: str | None) -> str:
+    import torch
+
+    if device is None:
+        return "cuda" if torch.cuda.is_available() else "cpu"
+    if device.startswith("cuda") and not torch.cuda.is_available():
+        raise FacetrainError(f"--device {device}: no CUDA device is available here; use --device cpu")
+    return device
+
+
+def _parse_formats(value: str) -> list[str]:
+    return [name.strip() for name in value.split(",") if name.strip()]
+
+
+@click.command()
+@click.argument("checkpoint", type=click.Path(path_type=Path))
+@click.option("-o", "--out", "out_dir", type=click.Path(path_type=Path), required=True, help="Output folder.")
+@click.option(
+    "--formats",
+    default="safetensors,torchscript,onnx",
+    show_default=True,
+    help="Comma-separated: safetensors, torchscript, onnx.",
+)
+@click.option(
+    "--with-head", is_flag=True, help="Also write the full classifier head, gathered from its shards."
+)
+@click.option("--overwrite", is_flag=True, help="Replace model files already in the output folder.")
+@click.option("--quiet", is_flag=True, help="No progress bar.")
+def export(
+    checkpoint: Path, out_dir: Path, formats: str, with_head: bool, overwrite: bool, quiet: bool
+) -> None:
+    """Export a trained backbone for inference, with a JSON model card.
+
+    CHECKPOINT is a checkpoint directory written by any number of ranks, a last/best pointer, or a
+    run directory. Writes OUT/model.safetensors (canonical, loads with `-m OUT`), OUT/model.json
+    (the card: architecture, input size and normalization, training config, evaluation results and
+    threshold), OUT/model.torchscript.pt and OUT/model.onnx (dynamic batch, checked against PyTorch
+    with onnxruntime to 1e-4), and with --with-head OUT/head.safetensors.
+
+    \b
+    Examples:
+      facetrain export runs/demo/checkpoints/best -o runs/demo/export
+      facetrain export runs/demo -o exported --formats safetensors,onnx --overwrite
+      facetrain export runs/demo/checkpoints/last -o exported --with-head
+    """
+    from facetrain.export.exporter import export_model
+
+    result = export_model(
+        checkpoint, out_dir, _parse_formats(formats), with_head, overwrite, progress=not quiet
+    )
+    click.echo(
+        f"exported {result.card['architecture']} ({result.card['embedding_size']}-d) to {result.out_dir}"
+    )
+    checks = {entry["file"]: entry.get("max_abs_diff") for entry in result.card["files"].values()}
+    for path in result.files:
+        diff = checks.get(path.name)
+        check = "" if diff is None else f"  max |diff| vs PyTorch {diff:.2e}"
+        click.echo(f"  {path.name:<24} {_human_size(path.stat().st_size):>10}{check}")
+    threshold = result.card.get("threshold")
+    if threshold is not None:
+        click.echo(f"verification threshold (cosine): {threshold:.4f}")
+
+
+@click.command()
+@click.argument("paths", nargs=-1, required=True, type=click.Path(path_type=Path))
+@click.option("-m", "--model", "model_path", type=click.Path(path_type=Path), required=True, help=MODEL_HELP)
+@click.option(
+    "-o",
+    "--out",
+    type=click.Path(path_type=Path),
+    required=True,
+    help="Output: .npy (+ .paths.txt), .parquet or .csv.",
+)
+@click.option("--batch-size", default=64, show_default=True, type=click.IntRange(min=1))
+@click.option(
+    "--flip/--no-flip", default=None, help="Add the mirrored image's embedding [default: as evaluated]."
+)
+@click.option("--device", default=None, help="cpu, cuda or cuda:N (default: cuda when available, else cpu).")
+@click.option("--overwrite", is_flag=True, help="Replace the output file if it exists.")
+def embed(
+    paths: tuple[Path, ...],
+    model_path: Path,
+    out: Path,
+    batch_size: int,
+    flip: bool | None,
+    device: str | None,
+    overwrite: bool,
+) -> None:
+    """Write L2-normalized embeddings of images, and of every image under folders.
+
+    Rows follow the order of PATHS, folders expanded in sorted order. Tables (.parquet, .csv) have a
+    `path` column then e0, e1, ...; a .npy gets the paths in a .paths.txt beside it.
+
+    \b
+    Examples:
+      facetrain embed data/synth/heldout -m runs/demo/export -o embeddings.npy
+      facetrain embed a.jpg b.jpg -m runs/demo/checkpoints/best -o faces.csv
+      facetrain embed photos/ -m exported/model.torchscript.pt -o faces.parquet --batch-size 128
+    """
+    from facetrain.eval.embedding import embed_images
+    from facetrain.export.compare import default_flip
+    from facetrain.export.embedding_files import embeddings_writer
+    from facetrain.export.inputs import collect_images
+    from facetrain.export.loading import load_model
+
+    write = embeddings_writer(out, overwrite)
+    images = collect_images(paths)
+    model = load_model(model_path, device=_resolve_device(device))
+    flip = default_flip(model.card) if flip is None else flip
+    vectors = embed_images(model.module, images, model.image_size, batch_size=batch_size, flip=flip)
+    written = write([str(path) for path in images], vectors)
+    click.echo(f"wrote {len(images)} embeddings of size {vectors.shape[1]} to {', '.join(map(str, written))}")
+
+
+@click.command()
+@click.argument("first", type=click.Path(path_type=Path, exists=True, dir_okay=False))
+@click.argument("second", type=click.Path(path_type=Path, exists=True, dir_okay=False))
+@click.option("-m", "--model", "model_path", type=click.Path(path_type=Path), required=True, help=MODEL_HELP)
+@click.option(
+    "--threshold", type=float, help="Cosine similarity to call a pair the same [default: the card's]."
+)
+@click.option(
+    "--flip/--no-flip", default=None, help="Add the mirrored image's embedding [default: as evaluated]."
+)
+@click.option("--device", default=None, help="cpu, cuda or cuda:N (default: cuda when available, else cpu).")
+def compare(
+    first: Path,
+    second: Path,
+    model_path: Path,
+    threshold: float | None,
+    flip: bool | None,
+    device: str | None,
+) -> None:
+    """Say whether two face images show the same person.
+
+    Prints the cosine similarity of their embeddings and the decision at the threshold that
+    evaluation found (stored in the model card), or at --threshold.
+
+    \b
+    Examples:
+      facetrain compare a.jpg b.jpg -m runs/demo/export
+      facetrain compare a.jpg b.jpg -m runs/demo/checkpoints/best --threshold 0.3
+    """
+    from facetrain.export.compare import compare_images
+    from facetrain.export.loading import load_model
+
+    model = load_model(model_path, device=_resolve_device(device))
+    result = compare_images(model, first, second, threshold, flip)
+    verdict = "same person" if result.same else "different people"
+    click.echo(f"similarity {result.similarity:.4f}  threshold {result.threshold:.4f}  -> {verdict}")

@@ -1,0 +1,102 @@
+"""List-file source: a CSV or TSV with columns path, label and optionally camera.
+
+A header row naming the columns is optional; without one the columns are taken in that order.
+Relative paths resolve against the list file's folder so a dataset can be moved as a whole.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import numpy as np
+import pandas as pd
+
+from facetrain.data.dataset import PathReader, SampleTable
+from facetrain.errors import FacetrainError
+
+COLUMNS = ("path", "label", "camera")
+
+
+def _separator(path: Path, first_line: str) -> str:
+    if path.suffix.lower() == ".tsv" or "\t" in first_line:
+        return "\t"
+    return ","
+
+
+def read_list_file(list_path: str | Path) -> pd.DataFrame:
+    """Columns path (absolute), label (int) and camera (int, -1 when absent); one row per image."""
+    list_path = Path(list_path)
+    try:
+        text_lines = list_path.read_text().splitlines()
+    except OSError as error:
+        raise FacetrainError(f"cannot read list file {list_path}: {error.strerror}") from None
+    if not any(line.strip() for line in text_lines):
+        raise FacetrainError(f"list file {list_path} is empty; expected lines of path,label[,camera]")
+    separator = _separator(list_path, text_lines[0])
+    first_fields = [field.strip().lower() for field in text_lines[0].split(separator)]
+    has_header = "path" in first_fields and "label" in first_fields
+    try:
+        frame = pd.read_csv(
+            list_path,
+            sep=separator,
+            header=0 if has_header else None,
+            dtype=str,
+            keep_default_na=False,
+            skip_blank_lines=False,
+        )
+    except pd.errors.ParserError as error:
+        raise FacetrainError(f"list file {list_path}: {str(error).strip()}") from None
+    if has_header:
+        frame.columns = [str(column).strip().lower() for column in frame.columns]
+    else:
+        if frame.shape[1] > len(COLUMNS):
+            raise FacetrainError(f"list file {list_path} line 1: expected path,label[,camera] columns")
+        frame.columns = list(COLUMNS[: frame.shape[1]])
+    if "path" not in frame or "label" not in frame:
+        raise FacetrainError(f"list file {list_path}: needs the columns path and label")
+    first_data_line = 2 if has_header else 1
+    frame["line"] = np.arange(len(frame)) + first_data_line
+    frame = frame[frame["path"].str.strip() != ""]
+    if frame.empty:
+        raise FacetrainError(f"list file {list_path} lists no images")
+    result = pd.DataFrame(
+        {
+            "path": [_resolve(list_path, raw, line) for raw, line in zip(frame["path"], frame["line"])],
+            "label": _integers(frame, "label", list_path),
+            "camera": _integers(frame, "camera", list_path) if "camera" in frame else -1,
+        }
+    )
+    return result
+
+
+def _resolve(list_path: Path, raw: str, line: int) -> str:
+    path = Path(raw.strip())
+    if not path.is_absolute():
+        path = list_path.parent / path
+    if not path.is_file():
+        raise FacetrainError(f"list file {list_path} line {line}: image {path} does not exist")
+    return str(path)
+
+
+def _integers(frame: pd.DataFrame, column: str, list_path: Path) -> np.ndarray:
+    values = pd.to_numeric(frame[column].str.strip(), errors="coerce")
+    bad = values.isna() | (values != values.round())
+    if bad.any():
+        row = frame[bad.to_numpy()].iloc[0]
+        raise FacetrainError(
+            f"list file {list_path} line {row['line']}: {column} {row[column]!r} is not an integer"
+        )
+    return values.to_numpy().astype(np.int64)
+
+
+def scan_list_file(list_path: str | Path) -> SampleTable:
+    """Labels are remapped to 0..C-1 in the order of the list's integer labels."""
+    frame = read_list_file(list_path)
+    original, labels = np.unique(frame["label"].to_numpy(), return_inverse=True)
+    return SampleTable(
+        PathReader([Path(p) for p in frame["path"]]),
+        labels,
+        [str(value) for value in original],
+        description=str(list_path),
+        cameras=frame["camera"].to_numpy(np.int64),
+    )

@@ -1,0 +1,93 @@
+"""The built-in dataset: synthetic faces written as an image folder, plus a held-out verification set.
+
+`OUT/train/<identity>/<identity>_NNNN.png` holds the training identities; `OUT/heldout/` holds other
+identities and an LFW View-2 style `pairs.txt`, so verification measures generalisation to unseen
+people. Everything is a function of the seed: the same seed writes the same bytes.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+from concurrent.futures import ProcessPoolExecutor
+from pathlib import Path
+
+import cv2
+import numpy as np
+from tqdm import tqdm
+
+from facetrain.config import SynthConfig
+from facetrain.data.synthetic_faces import draw_identity_traits, render_face
+from facetrain.errors import FacetrainError
+
+HELDOUT_SEED_OFFSET = 1_000_003
+
+
+def identity_name(index: int) -> str:
+    return f"id{index:05d}"
+
+
+def _render_identity(job: tuple[Path, str, int, int, int]) -> None:
+    folder, name, seed, images, size = job
+    rng = np.random.default_rng(seed)
+    traits = draw_identity_traits(rng)
+    folder.mkdir(parents=True, exist_ok=True)
+    for number in range(1, images + 1):
+        image = render_face(traits, rng, size)
+        ok, encoded = cv2.imencode(".png", image, [cv2.IMWRITE_PNG_COMPRESSION, 1])
+        if not ok:
+            raise OSError(f"cannot encode {name}_{number:04d}.png")
+        (folder / f"{name}_{number:04d}.png").write_bytes(encoded.tobytes())
+
+
+def write_pairs(path: Path, names: list[str], images_per_identity: int, folds: int, per_fold: int, seed: int):
+    """LFW View-2 format: `folds\tper_fold`, then per fold `per_fold` matched and `per_fold` mismatched."""
+    rng = np.random.default_rng(seed)
+    lines = [f"{folds}\t{per_fold}"]
+    # identities are split over folds, as in LFW, so no person appears in two folds
+    groups = np.array_split(rng.permutation(len(names)), folds)
+    if min(len(g) for g in groups) < 2 or images_per_identity < 2:
+        raise FacetrainError(
+            f"a pairs file with {folds} folds needs >= {2 * folds} held-out identities with >= 2 images each"
+        )
+    for group in groups:
+        for _ in range(per_fold):
+            name = names[rng.choice(group)]
+            i, j = rng.choice(np.arange(1, images_per_identity + 1), size=2, replace=False)
+            lines.append(f"{name}\t{i}\t{j}")
+        for _ in range(per_fold):
+            a, b = rng.choice(group, size=2, replace=False)
+            i, j = rng.integers(1, images_per_identity + 1, size=2)
+            lines.append(f"{names[a]}\t{i}\t{names[b]}\t{j}")
+    path.write_text("\n".join(lines) + "\n")
+
+
+def generate_synthetic(out_dir: str | Path, cfg: SynthConfig, overwrite: bool = False, progress: bool = True) -> Path:
+    """Write the training and held-out sets under `out_dir`; refuse to replace one unless `overwrite`."""
+    out_dir = Path(out_dir)
+    if out_dir.exists() and any(out_dir.iterdir()):
+        if not overwrite:
+            raise FacetrainError(f"{out_dir} already exists; pass --overwrite to replace it")
+        shutil.rmtree(out_dir)
+    if cfg.identities < 1 or cfg.images_per_identity < 1:
+        raise FacetrainError("data.synth needs at least 1 identity with at least 1 image")
+    tmp = out_dir.with_name(out_dir.name + ".tmp")
+    shutil.rmtree(tmp, ignore_errors=True)
+    train_names = [identity_name(i) for i in range(cfg.identities)]
+    heldout_names = [identity_name(cfg.identities + i) for i in range(cfg.heldout_identities)]
+    jobs = [(tmp / "train" / n, n, cfg.seed * 7919 + i, cfg.images_per_identity, cfg.image_size)
+            for i, n in enumerate(train_names)]
+    jobs += [
+        (tmp / "heldout" / n, n, cfg.seed * 7919 + HELDOUT_SEED_OFFSET + i, cfg.heldout_images_per_identity, cfg.image_size)
+        for i, n in enumerate(heldout_names)
+    ]
+    workers = min(len(jobs), os.cpu_count() or 1)
+    with ProcessPoolExecutor(workers) as pool:
+        for _ in tqdm(pool.map(_render_identity, jobs, chunksize=4), total=len(jobs), desc="synth",
+                      unit="identity", disable=not progress):
+            pass
+    if heldout_names:
+        write_pairs(tmp / "heldout" / "pairs.txt", heldout_names, cfg.heldout_images_per_identity,
+                    cfg.pairs_folds, cfg.pairs_per_fold, cfg.seed)
+    os.replace(tmp, out_dir)
+    return out_dir

@@ -1,0 +1,107 @@
+"""Pixel pipelines from decoded RGB arrays to normalized CHW tensors.
+
+Resizing happens in OpenCV on the HWC array (cheaper than on a tensor); the random augmentations use
+torchvision transforms v2 on uint8 tensors, drawing from torch's RNG so that DataLoader's per-worker
+seeding makes them reproducible. Normalization is (x - 127.5) / 128, the convention of the
+insightface-style models and of the exported embedder.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+
+import cv2
+import numpy as np
+import torch
+from torchvision.transforms import v2
+
+from facetrain.config.schema import AugmentConfig
+from facetrain.errors import FacetrainError
+
+PIXEL_MEAN = 127.5
+PIXEL_SCALE = 128.0
+
+Transform = Callable[[np.ndarray], torch.Tensor]
+
+
+def _check_size(image_size: tuple[int, int] | list[int]) -> tuple[int, int]:
+    if len(image_size) != 2 or min(image_size) < 1:
+        raise FacetrainError(
+            f"data.image_size must be [height, width] of positive integers, got {image_size}"
+        )
+    return int(image_size[0]), int(image_size[1])
+
+
+def resize_if_needed(image: np.ndarray, height: int, width: int) -> np.ndarray:
+    """`image` at (height, width); area interpolation when shrinking avoids aliasing."""
+    if image.shape[0] == height and image.shape[1] == width:
+        return image
+    shrinking = image.shape[0] > height or image.shape[1] > width
+    interpolation = cv2.INTER_AREA if shrinking else cv2.INTER_LINEAR
+    return cv2.resize(image, (width, height), interpolation=interpolation)
+
+
+def to_chw_uint8(image: np.ndarray) -> torch.Tensor:
+    return torch.from_numpy(np.ascontiguousarray(image.transpose(2, 0, 1)))
+
+
+def normalize(chw: torch.Tensor) -> torch.Tensor:
+    """uint8 CHW -> float32 CHW in about [-1, 1]."""
+    return chw.to(torch.float32).sub_(PIXEL_MEAN).div_(PIXEL_SCALE)
+
+
+class EvalTransform:
+    """Resize (when needed) and normalize; picklable so DataLoader workers can receive it."""
+
+    def __init__(self, image_size: tuple[int, int] | list[int]):
+        self.height, self.width = _check_size(image_size)
+
+    def __call__(self, image: np.ndarray) -> torch.Tensor:
+        return normalize(to_chw_uint8(resize_if_needed(image, self.height, self.width)))
+
+
+class TrainTransform:
+    """Eval pipeline plus random flip, optional random resized crop and colour jitter."""
+
+    def __init__(self, image_size: tuple[int, int] | list[int], augment: AugmentConfig):
+        self.height, self.width = _check_size(image_size)
+        self.random_crop = None
+        if augment.random_resized_crop:
+            low, high = _crop_scale(augment.crop_scale)
+            self.random_crop = v2.RandomResizedCrop(
+                (self.height, self.width), scale=(low, high), antialias=True
+            )
+        steps: list[Callable[[torch.Tensor], torch.Tensor]] = []
+        if augment.horizontal_flip:
+            steps.append(v2.RandomHorizontalFlip(p=0.5))
+        if augment.color_jitter < 0:
+            raise FacetrainError(f"data.augment.color_jitter must be >= 0, got {augment.color_jitter}")
+        if augment.color_jitter > 0:
+            strength = augment.color_jitter
+            steps.append(v2.ColorJitter(brightness=strength, contrast=strength, saturation=strength))
+        self.steps = v2.Compose(steps) if steps else None
+
+    def __call__(self, image: np.ndarray) -> torch.Tensor:
+        if self.random_crop is None:
+            chw = to_chw_uint8(resize_if_needed(image, self.height, self.width))
+        else:
+            chw = self.random_crop(to_chw_uint8(image))
+        if self.steps is not None:
+            chw = self.steps(chw)
+        return normalize(chw)
+
+
+def _crop_scale(scale: list[float]) -> tuple[float, float]:
+    if len(scale) != 2 or not 0 < scale[0] <= scale[1] <= 1:
+        raise FacetrainError(
+            f"data.augment.crop_scale must be [low, high] with 0 < low <= high <= 1, got {scale}"
+        )
+    return float(scale[0]), float(scale[1])
+
+
+def build_eval_transform(image_size: tuple[int, int] | list[int]) -> Transform:
+    return EvalTransform(image_size)
+
+
+def build_train_transform(image_size: tuple[int, int] | list[int], augment: AugmentConfig) -> Transform:
+    return TrainTransform(image_size, augment)

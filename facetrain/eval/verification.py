@@ -1,0 +1,103 @@
+"""Face verification of a model on a pair set: the API the trainer and `facetrain eval` share.
+
+    pairs = load_pairs("lfw/pairs.txt", images_root="lfw/aligned")
+    result = verify(pairs, model, image_size=(112, 112))
+    print(result.accuracy, result.as_dict())
+
+Scores are cosine similarities of the normalized (optionally flip-tested) embeddings.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import torch
+from torch import nn
+
+from facetrain.eval.embedding import compute_embeddings, embed_images
+from facetrain.eval.metrics import VerificationMetrics, verification_metrics
+from facetrain.eval.pair_set import PairSet
+from facetrain.eval.pairs import load_pairs
+
+__all__ = ["PairSet", "VerificationResult", "embed_images", "load_pairs", "pair_scores", "verify"]
+
+
+@dataclass(frozen=True)
+class VerificationResult:
+    """Metrics of one pair set plus what shaped them (flip test, skipped pairs, XNorm)."""
+
+    pairs_file: str
+    metrics: VerificationMetrics
+    xnorm: float
+    flip: bool
+    skipped_pairs: int
+    missing_images: list[str]
+
+    @property
+    def name(self) -> str:
+        """The pairs file's stem, which names the report files (lfw_pairs.json, ...)."""
+        return Path(self.pairs_file).stem
+
+    @property
+    def accuracy(self) -> float:
+        return self.metrics.accuracy_mean
+
+    def as_dict(self) -> dict[str, Any]:
+        """Plain JSON-ready figures; `threshold` is the best one on all pairs, the one to deploy with.
+
+        The per-fold table and the ROC points are left to the report files.
+        """
+        metrics = self.metrics
+        return {
+            "pairs_file": self.pairs_file,
+            "num_pairs": metrics.num_pairs,
+            "num_matched": metrics.num_matched,
+            "skipped_pairs": self.skipped_pairs,
+            "missing_images": len(self.missing_images),
+            "flip": self.flip,
+            "accuracy": metrics.accuracy_mean,
+            "accuracy_std": metrics.accuracy_std,
+            "folds": len(metrics.folds),
+            "threshold": metrics.best_threshold,
+            "threshold_accuracy": metrics.best_accuracy,
+            "auc": metrics.auc,
+            "eer": metrics.eer,
+            "tar_at_far": {f"{far:g}": tar for far, tar in metrics.tar_at_far.items()},
+            "xnorm": self.xnorm,
+        }
+
+
+def pair_scores(embeddings: np.ndarray, pairs: PairSet) -> np.ndarray:
+    """Cosine similarity of each pair, given L2-normalized embeddings of `pairs.images`."""
+    return np.einsum("ij,ij->i", embeddings[pairs.left], embeddings[pairs.right])
+
+
+def verify(
+    pairs: PairSet,
+    module: nn.Module,
+    image_size: tuple[int, int],
+    batch_size: int = 128,
+    flip: bool = True,
+    device: torch.device | str | None = None,
+    progress: bool = True,
+    num_workers: int = 0,
+) -> VerificationResult:
+    """Embed every image of `pairs` once, score the pairs and compute the verification metrics."""
+    embeddings = compute_embeddings(
+        module,
+        pairs.images,
+        image_size,
+        batch_size,
+        flip,
+        device,
+        progress,
+        num_workers,
+        label=Path(pairs.source).name,
+    )
+    metrics = verification_metrics(pair_scores(embeddings.vectors, pairs), pairs.issame, pairs.folds)
+    return VerificationResult(
+        pairs.source, metrics, embeddings.xnorm, flip, pairs.skipped_pairs, pairs.missing
+    )

@@ -1,0 +1,46 @@
+"""Atomic writes: an interrupted export never leaves a half-written model where a good one was."""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Iterator
+from contextlib import contextmanager
+from functools import cache
+from pathlib import Path
+
+from facetrain.errors import FacetrainError
+
+
+@cache
+def _new_file_mode() -> int:
+    """The mode `open()` gives new files under this process's umask (read once: reading resets it)."""
+    umask = os.umask(0o022)
+    os.umask(umask)
+    return 0o666 & ~umask
+
+
+@contextmanager
+def atomic_target(path: Path) -> Iterator[Path]:
+    """A temporary path beside `path` to write into; it replaces `path` only if the block succeeds.
+
+    The file gets ordinary permissions: some writers (safetensors) create private 0600 files.
+    """
+    tmp = path.with_name(f".{path.name}.tmp-{os.getpid()}")
+    try:
+        yield tmp
+        os.chmod(tmp, _new_file_mode())
+        os.replace(tmp, path)
+    finally:
+        tmp.unlink(missing_ok=True)
+
+
+def atomic_write_text(path: Path, text: str) -> None:
+    with atomic_target(path) as tmp:
+        tmp.write_text(text)
+
+
+def refuse_to_overwrite(paths: list[Path], flag: str = "--overwrite") -> None:
+    """One-line error naming the first existing file, so user files are only replaced when asked."""
+    existing = [path for path in paths if path.exists()]
+    if existing:
+        raise FacetrainError(f"{existing[0]} already exists; pass {flag} to replace it")

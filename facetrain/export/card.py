@@ -1,0 +1,130 @@
+"""The model card: the JSON beside an exported model that makes it usable without facetrain's source.
+
+It records what a consumer needs to feed the model (input size, channel order, normalization), what
+comes out, how it was trained (the resolved config, from which `load_model` rebuilds the backbone),
+and how well it verified, including the similarity threshold `facetrain compare` decides with.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+from torch import nn
+
+from facetrain import __version__
+from facetrain.config import Config, from_dict, to_dict
+from facetrain.data.transforms import PIXEL_MEAN, PIXEL_SCALE
+from facetrain.errors import FacetrainError
+from facetrain.export.atomic import atomic_write_text
+
+CARD_NAME = "model.json"
+CARD_FORMAT = "facetrain-model"
+CARD_VERSION = 1
+
+
+def build_card(
+    module: nn.Module, config: Config, meta: dict[str, Any], image_size: tuple[int, int], source: Path
+) -> dict[str, Any]:
+    """The card of a backbone trained with `config`; `meta` is the checkpoint's meta.json."""
+    evaluation = normalized_evaluation(meta.get("evaluation") or {})
+    return {
+        "format": CARD_FORMAT,
+        "format_version": CARD_VERSION,
+        "facetrain_version": __version__,
+        "architecture": config.model.backbone,
+        "embedding_size": int(getattr(module, "embedding_size", config.model.embedding_size)),
+        "input": {
+            "name": "images",
+            "shape": ["batch", 3, image_size[0], image_size[1]],
+            "size": [image_size[0], image_size[1]],
+            "layout": "NCHW",
+            "channels": "RGB",
+            "dtype": "float32",
+            "normalization": {
+                "mean": PIXEL_MEAN,
+                "scale": PIXEL_SCALE,
+                "formula": f"(pixel - {PIXEL_MEAN}) / {PIXEL_SCALE} on 0-255 RGB values",
+            },
+            "resize": "to height x width, area interpolation when shrinking (no crop)",
+        },
+        "output": {
+            "name": "embeddings",
+            "shape": ["batch", int(getattr(module, "embedding_size", config.model.embedding_size))],
+            "l2_normalized": False,
+            "similarity": "cosine",
+        },
+        "training": {
+            "step": meta.get("step"),
+            "world_size": meta.get("world_size"),
+            "num_classes": meta.get("num_classes"),
+            "config": to_dict(config),
+        },
+        "evaluation": evaluation,
+        "threshold": verification_threshold(evaluation),
+        "source": str(source),
+        "files": {},
+    }
+
+
+def normalized_evaluation(evaluation: dict[str, Any]) -> dict[str, Any]:
+    """Evaluation results keyed by kind; the trainer stores its verification figures unkeyed."""
+    if "verification" in evaluation or "accuracy" not in evaluation:
+        return dict(evaluation)
+    return {"verification": dict(evaluation)}
+
+
+def verification_threshold(evaluation: dict[str, Any]) -> float | None:
+    """The cosine-similarity threshold that verification found best, if it ran."""
+    threshold = (evaluation.get("verification") or {}).get("threshold")
+    return None if threshold is None else float(threshold)
+
+
+def card_config(card: dict[str, Any], where: Path) -> Config:
+    """The training config stored in a card, from which the backbone is rebuilt."""
+    try:
+        raw = card["training"]["config"]
+    except (KeyError, TypeError):
+        raise FacetrainError(f"model card {where} has no training.config; re-export the model") from None
+    return from_dict(Config, raw, source=str(where))
+
+
+def card_image_size(card: dict[str, Any], where: Path) -> tuple[int, int]:
+    try:
+        height, width = card["input"]["size"]
+    except (KeyError, TypeError, ValueError):
+        raise FacetrainError(
+            f"model card {where} has no input.size [height, width]; re-export the model"
+        ) from None
+    return int(height), int(width)
+
+
+def read_card(path: Path) -> dict[str, Any]:
+    try:
+        text = path.read_text()
+    except FileNotFoundError:
+        raise FacetrainError(
+            f"model card {path} does not exist; export the model with `facetrain export`"
+        ) from None
+    except (OSError, UnicodeDecodeError) as error:
+        raise FacetrainError(f"cannot read model card {path}: {error}") from None
+    return parse_card(text, path)
+
+
+def parse_card(text: str, where: Path) -> dict[str, Any]:
+    try:
+        card = json.loads(text)
+    except json.JSONDecodeError as error:
+        raise FacetrainError(f"model card {where} line {error.lineno}: not valid JSON") from None
+    if not isinstance(card, dict) or card.get("format") != CARD_FORMAT:
+        raise FacetrainError(f'{where} is not a facetrain model card (no "format": "{CARD_FORMAT}")')
+    return card
+
+
+def card_json(card: dict[str, Any]) -> str:
+    return json.dumps(card, indent=2, sort_keys=False) + "\n"
+
+
+def write_card(card: dict[str, Any], path: Path) -> None:
+    atomic_write_text(path, card_json(card))

@@ -1,0 +1,132 @@
+"""One way to load any facetrain model for inference: a training checkpoint or an exported model.
+
+Nothing here unpickles arbitrary objects: exported weights are safetensors loaded into a backbone
+rebuilt from the card's config, TorchScript archives are loaded with torch.jit, and training
+checkpoints go through the trainer's weights-only loader.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import torch
+from torch import nn
+
+from facetrain.errors import FacetrainError
+from facetrain.export.card import CARD_NAME, build_card, card_config, card_image_size, parse_card, read_card
+from facetrain.export.safetensors_format import SAFETENSORS_NAME, read_safetensors_into
+from facetrain.export.torchscript_format import TORCHSCRIPT_NAME, read_torchscript
+from facetrain.models import build_backbone
+
+
+@dataclass
+class LoadedModel:
+    """A backbone in eval mode with what inference needs to know about it.
+
+    `kind` is "checkpoint" (a training checkpoint, which can also give the head), "safetensors" or
+    "torchscript" (exported models).
+    """
+
+    module: nn.Module
+    image_size: tuple[int, int]
+    card: dict[str, Any]
+    source: Path
+    kind: str
+
+    @property
+    def threshold(self) -> float | None:
+        """The cosine-similarity threshold verification found, when the model was evaluated."""
+        threshold = self.card.get("threshold")
+        return None if threshold is None else float(threshold)
+
+    @property
+    def embedding_size(self) -> int:
+        return int(self.card["embedding_size"])
+
+
+def load_model(path: str | Path, device: torch.device | str = "cpu") -> LoadedModel:
+    """Load a training checkpoint (directory, `last`/`best` pointer or run directory), an export
+    directory, its `model.safetensors` (with `model.json` beside it) or a TorchScript file."""
+    path = Path(path)
+    if not path.exists():
+        raise FacetrainError(
+            f"model {path} does not exist; pass an export directory, a model file or a training checkpoint"
+        )
+    if path.is_dir() and (path / CARD_NAME).is_file():
+        return _load_export_dir(path, device)
+    if path.is_file() and path.suffix in FILE_LOADERS:
+        return FILE_LOADERS[path.suffix](path, device)
+    return _load_checkpoint(path, device)
+
+
+def _load_checkpoint(path: Path, device: torch.device | str) -> LoadedModel:
+    # Imported here: the trainer evaluates (and so loads models) itself, and a module-level import
+    # would make the two packages import each other.
+    from facetrain.train.checkpoint import load_backbone
+
+    module, config, meta = load_backbone(path, device=device)
+    image_size = tuple(getattr(module, "input_size", config.data.image_size))
+    card = build_card(module, config, meta, image_size, path)
+    return LoadedModel(module.eval(), image_size, card, path, "checkpoint")
+
+
+def _load_export_dir(directory: Path, device: torch.device | str) -> LoadedModel:
+    card = read_card(directory / CARD_NAME)
+    files = card.get("files") or {}
+    if "safetensors" in files:
+        return _load_safetensors(directory / files["safetensors"]["file"], card, device)
+    if "torchscript" in files:
+        return _load_torchscript(directory / files["torchscript"]["file"], device)
+    raise FacetrainError(
+        f"{directory} has no {SAFETENSORS_NAME} or {TORCHSCRIPT_NAME} to load; "
+        "re-export with --formats safetensors"
+    )
+
+
+def _load_safetensors_file(path: Path, device: torch.device | str) -> LoadedModel:
+    card_path = path.with_suffix(".json")
+    if not card_path.is_file():
+        raise FacetrainError(
+            f"{path} needs its card {card_path.name} beside it (the card names the architecture)"
+        )
+    return _load_safetensors(path, read_card(card_path), device, card_path)
+
+
+def _load_safetensors(
+    path: Path, card: dict[str, Any], device: torch.device | str, card_path: Path | None = None
+) -> LoadedModel:
+    card_path = card_path or path.parent / CARD_NAME
+    config = card_config(card, card_path)
+    image_size = card_image_size(card, card_path)
+    module = build_backbone(config.model, image_size=image_size)
+    read_safetensors_into(module, path, device)
+    return LoadedModel(module.to(device).eval(), image_size, card, path, "safetensors")
+
+
+def _load_torchscript(path: Path, device: torch.device | str) -> LoadedModel:
+    module, card_text = read_torchscript(path, device)
+    card_path = path.parent / CARD_NAME
+    if card_text:
+        card = parse_card(card_text, path)
+    elif card_path.is_file():
+        card = read_card(card_path)
+    else:
+        raise FacetrainError(f"{path} carries no model card and has no {CARD_NAME} beside it; re-export it")
+    return LoadedModel(module, card_image_size(card, path), card, path, "torchscript")
+
+
+def _reject_onnx(path: Path, device: torch.device | str) -> LoadedModel:
+    raise FacetrainError(
+        f"{path} is for ONNX runtimes; to use it with facetrain pass its export directory {path.parent}"
+    )
+
+
+FILE_LOADERS: dict[str, Callable[[Path, torch.device | str], LoadedModel]] = {
+    ".safetensors": _load_safetensors_file,
+    ".pt": _load_torchscript,
+    ".json": lambda path, device: _load_export_dir(path.parent, device),
+    ".onnx": _reject_onnx,
+}

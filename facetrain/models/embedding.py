@@ -1,0 +1,47 @@
+"""Output layers that turn the last feature map into the embedding."""
+
+from __future__ import annotations
+
+from torch import nn
+
+
+def downsampled(size: int, times: int) -> int:
+    """The side of a feature map after `times` stride-2 3x3 convolutions with padding 1."""
+    for _ in range(times):
+        size = (size + 1) // 2
+    return size
+
+
+class FlattenedEmbedding(nn.Sequential):
+    """IResNet's output layer: BN over the whole feature map, dropout, FC over it flattened, BN.
+
+    Flattening (rather than pooling) keeps where on the face a feature fired, which aligned face
+    crops make meaningful; the final BN keeps embedding scales even for the margin head.
+    """
+
+    def __init__(self, channels: int, spatial: tuple[int, int], embedding_size: int, dropout: float):
+        super().__init__()
+        self.norm = nn.BatchNorm2d(channels)
+        self.dropout = nn.Dropout(dropout)
+        self.flatten = nn.Flatten()
+        self.fc = nn.Linear(channels * spatial[0] * spatial[1], embedding_size)
+        self.features = nn.BatchNorm1d(embedding_size)
+
+
+class PooledEmbedding(nn.Sequential):
+    """The re-id output: global average pooling, then a BN neck.
+
+    Pedestrian crops are not aligned, so position is pooled away; the BN neck separates the space the
+    metric losses shape from the one the classifier sees (Luo et al., "Bag of Tricks" for re-id).
+    """
+
+    def __init__(self, channels: int, embedding_size: int, dropout: float):
+        super().__init__()
+        self.pool = nn.AdaptiveAvgPool2d(1)
+        self.flatten = nn.Flatten()
+        self.dropout = nn.Dropout(dropout)
+        self.reduce = (
+            nn.Identity() if embedding_size == channels else nn.Linear(channels, embedding_size, bias=False)
+        )
+        self.neck = nn.BatchNorm1d(embedding_size)
+        self.neck.bias.requires_grad_(False)

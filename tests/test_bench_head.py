@@ -1,0 +1,164 @@
+"""`facetrain bench head` at a tiny size: the report has every figure, and the bytes behave as claimed."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+import torch
+from click.testing import CliRunner
+
+from facetrain.bench.common import PeakRss, WorkerError, WorkerPool, mean_of_max_over_ranks, timed_repeats
+from facetrain.bench.head_report import OUTPUT_NAMES
+from facetrain.cli import main
+
+CLASSES, WORLD_SIZES, BATCH, DIM = (1000, 5000), (1, 2), 16, 32
+TINY = [
+    "--classes", ",".join(map(str, CLASSES)),
+    "--world-sizes", ",".join(map(str, WORLD_SIZES)),
+    "--batch", str(BATCH), "--dim", str(DIM), "--steps", "1", "--warmup", "1",
+]  # fmt: skip
+RESULT_FIELDS = {
+    "step_ms",
+    "step_ms_each",
+    "gemm_ms",
+    "step_over_gemm",
+    "peak_memory_bytes_per_rank",
+    "peak_memory_max_over_min",
+    "memory_method",
+    "bytes_sent_per_rank_per_step",
+    "bytes_by_op_per_rank",
+    "estimated_total_bytes",
+    "threads_per_rank",
+}
+
+
+def bench(*args: str) -> tuple[int, str]:
+    result = CliRunner().invoke(main, ["bench", "head", *args])
+    return result.exit_code, result.output
+
+
+@pytest.fixture(scope="module")
+def tiny_run(tmp_path_factory) -> tuple[Path, dict, str]:
+    out = tmp_path_factory.mktemp("bench_head")
+    code, output = bench(*TINY, "--out", str(out))
+    assert code == 0, output
+    return out, json.loads((out / OUTPUT_NAMES["json"]).read_text()), output
+
+
+def rows_of(report: dict, head: str, world_size: int) -> dict[int, dict]:
+    return {
+        row["num_classes"]: row
+        for row in report["results"]
+        if row["head"] == head and row["world_size"] == world_size
+    }
+
+
+def test_report_has_every_configuration_and_figure(tiny_run):
+    out, report, output = tiny_run
+    assert {"cpu_model", "cores", "torch", "date"} <= set(report["machine"])
+    assert report["machine"]["torch"] == torch.__version__
+    assert {"step_time", "gemm_time", "peak_memory", "bytes_sent"} <= set(report["methods"])
+    measured = {(r["head"], r["num_classes"], r["world_size"]) for r in report["results"]}
+    assert measured == {
+        (h, c, n) for h in ("sharded", "dense", "naive") for c in CLASSES for n in WORLD_SIZES
+    }
+    for row in report["results"]:
+        assert row["status"] == "ok", row
+        assert RESULT_FIELDS <= set(row)
+        assert row["step_ms"] > 0 and len(row["peak_memory_bytes_per_rank"]) == row["world_size"]
+        assert row["memory_method"] in ("vmhwm-reset", "statm-sampling")
+        assert (row["gemm_ms"] is not None) == (row["head"] == "sharded")
+        if row["head"] == "sharded":
+            assert row["step_over_gemm"] == pytest.approx(row["step_ms"] / row["gemm_ms"])
+    assert [t["status"] in ("PASS", "MISS", "N/A") for t in report["targets"]] == [True] * 3
+    assert (out / OUTPUT_NAMES["plot"]).read_bytes().startswith(b"\x89PNG")
+    table = (out / OUTPUT_NAMES["table"]).read_text()
+    assert table in output and table.count("| sharded |") == len(CLASSES) * len(WORLD_SIZES)
+
+
+def test_sharded_bytes_do_not_depend_on_classes(tiny_run):
+    _, report, _ = tiny_run
+    for world_size in WORLD_SIZES:
+        sent = {
+            c: row["bytes_sent_per_rank_per_step"]
+            for c, row in rows_of(report, "sharded", world_size).items()
+        }
+        assert sent[CLASSES[0]] == sent[CLASSES[1]]
+        assert (min(sent[CLASSES[0]]) > 0) == (world_size > 1)
+    bytes_target = next(t for t in report["targets"] if "independent of C" in t["name"])
+    assert bytes_target["status"] == "PASS"
+
+
+def test_dense_and_naive_bytes_grow_with_classes(tiny_run):
+    _, report, _ = tiny_run
+    for head in ("dense", "naive"):
+        rows = rows_of(report, head, 2)
+        small, large = (max(rows[c]["bytes_sent_per_rank_per_step"]) for c in CLASSES)
+        assert large > small > 0
+    for num_classes, row in rows_of(report, "dense", 2).items():
+        # DDP's ring all-reduce of the C x D fp32 weight gradient: 2 (N-1)/N of it per rank
+        assert row["bytes_sent_per_rank_per_step"] == [num_classes * DIM * 4] * 2
+
+
+def test_existing_outputs_need_overwrite(tiny_run):
+    out, _, _ = tiny_run
+    code, output = bench(*TINY, "--out", str(out))
+    assert code == 2 and "already exists" in output and "--overwrite" in output
+
+
+def test_configurations_over_the_memory_limit_are_skipped(tmp_path):
+    code, output = bench(*TINY, "--memory-limit-gb", "0.001", "--out", str(tmp_path))
+    assert code == 0, output
+    report = json.loads((tmp_path / OUTPUT_NAMES["json"]).read_text())
+    assert {row["status"] for row in report["results"]} == {"skipped"}
+    assert all(row["estimated_total_bytes"] > 0.001 * 2**30 for row in report["results"])
+    assert [t["status"] for t in report["targets"]] == ["N/A"] * 3
+    assert "skipped: estimated" in output
+
+
+@pytest.mark.parametrize(
+    ("args", "message"),
+    [
+        (["--batch", "15"], "--batch 15"),
+        (["--heads", "sharded,fancy"], "--heads"),
+        (["--classes", "1000,x"], "--classes"),
+        (["--world-sizes", "0"], "--world-sizes"),
+    ],
+)
+def test_bad_settings_are_one_line_errors(tmp_path, args, message):
+    code, output = bench(*TINY, *args, "--out", str(tmp_path))
+    assert code == 2 and output.startswith("error: ") and message in output
+    assert output.count("\n") == 1 and not list(tmp_path.iterdir())
+
+
+def test_peak_rss_sees_a_short_lived_allocation():
+    size = 64 * 2**20
+    with PeakRss() as memory:
+        torch.ones(size // 4).sum()
+    assert memory.growth_bytes >= 0.9 * size
+
+
+def test_timing_helpers():
+    calls = []
+    times = timed_repeats(
+        lambda: calls.append("run"), repeats=3, warmup=2, before_each=lambda: calls.append("prep")
+    )
+    assert len(times) == 3 and calls == ["prep", "run"] * 5
+    assert mean_of_max_over_ranks([[1.0, 4.0], [3.0, 2.0]]) == pytest.approx(3.5)
+
+
+def report_rank(rank: int, world_size: int, fail_on: int) -> tuple[int, int]:
+    if rank == fail_on:
+        raise ValueError(f"rank {rank} was told to fail")
+    return rank, world_size
+
+
+def test_worker_pool_runs_every_rank_and_reports_failures():
+    with WorkerPool(2, threads_per_rank=1, timeout_s=60) as pool:
+        assert pool.run(report_rank, -1) == [(0, 2), (1, 2)]
+        with pytest.raises(WorkerError, match="rank 1 was told to fail"):
+            pool.run(report_rank, 1)
+        with pytest.raises(WorkerError, match="closed"):
+            pool.run(report_rank, -1)

@@ -1,0 +1,77 @@
+"""Evaluation reports: the printed tables and the JSON, per-fold CSV and ROC PNG files."""
+
+from __future__ import annotations
+
+import csv
+import json
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from facetrain.eval.metrics import verification_metrics
+from facetrain.eval.report import (
+    retrieval_table,
+    verification_table,
+    write_retrieval_report,
+    write_verification_report,
+)
+from facetrain.eval.retrieval import RetrievalMetrics, RetrievalResult
+from facetrain.eval.verification import VerificationResult
+
+
+@pytest.fixture
+def verification_result() -> VerificationResult:
+    rng = np.random.default_rng(0)
+    issame = rng.random(2000) < 0.5
+    scores = np.where(issame, rng.normal(0.6, 0.2, 2000), rng.normal(0.1, 0.2, 2000))
+    metrics = verification_metrics(scores, issame)
+    return VerificationResult("data/lfw/pairs.txt", metrics, 21.5, True, 3, ["a/x.jpg", "b/y.jpg"])
+
+
+def test_verification_files(verification_result: VerificationResult, tmp_path: Path):
+    written = write_verification_report(verification_result, tmp_path / "eval", extra={"model": "runs/m"})
+    assert [path.name for path in written] == ["pairs.json", "pairs_folds.csv", "pairs_roc.png"]
+    figures = json.loads(written[0].read_text())
+    metrics = verification_result.metrics
+    assert figures["model"] == "runs/m"
+    assert figures["accuracy"] == metrics.accuracy_mean and figures["accuracy_std"] == metrics.accuracy_std
+    assert figures["auc"] == metrics.auc and figures["eer"] == metrics.eer
+    assert figures["tar_at_far"] == {"0.1": metrics.tar_at_far[0.1], "0.01": metrics.tar_at_far[0.01]}
+    assert figures["skipped_pairs"] == 3 and figures["missing_images"] == 2 and figures["xnorm"] == 21.5
+    with written[1].open() as file:
+        rows = list(csv.DictReader(file))
+    assert [int(row["fold"]) for row in rows] == list(range(10))
+    assert sum(int(row["pairs"]) for row in rows) == 2000
+    np.testing.assert_allclose([float(row["accuracy"]) for row in rows], [fold.accuracy for fold in metrics.folds], atol=1e-6)
+    assert written[2].read_bytes().startswith(b"\x89PNG\r\n\x1a\n")
+    assert sorted(path.name for path in (tmp_path / "eval").iterdir()) == sorted(path.name for path in written)
+
+
+def test_running_again_replaces_the_same_files(verification_result: VerificationResult, tmp_path: Path):
+    write_verification_report(verification_result, tmp_path)
+    (tmp_path / "pairs.json").write_text("stale")
+    write_verification_report(verification_result, tmp_path)
+    assert json.loads((tmp_path / "pairs.json").read_text())["num_pairs"] == 2000
+    assert len(list(tmp_path.iterdir())) == 3
+
+
+def test_verification_table(verification_result: VerificationResult):
+    table = verification_table(verification_result)
+    metrics = verification_result.metrics
+    assert f"{100 * metrics.accuracy_mean:.2f}% ± {100 * metrics.accuracy_std:.2f}% over 10 folds" in table
+    assert "TAR @ FAR=0.01" in table and "TAR @ FAR=0.001" not in table
+    assert "missing images  2, e.g. a/x.jpg" in table
+    assert "2000 (" in table and "3 skipped" in table
+
+
+def test_retrieval_table_and_json(tmp_path: Path):
+    metrics = RetrievalMetrics({1: 0.9, 5: 0.95, 10: 0.97}, 0.75, 3368, 0, 19732)
+    result = RetrievalResult("data/Market-1501", metrics, 18.0, False)
+    table = retrieval_table(result)
+    assert "rank-1" in table and "90.00%" in table and "mAP" in table and "75.00%" in table
+    (path,) = write_retrieval_report(result, tmp_path)
+    figures = json.loads(path.read_text())
+    assert path.name == "market1501.json"
+    assert figures["rank1"] == 0.9 and figures["rank10"] == 0.97 and figures["mAP"] == 0.75
+    assert figures["num_gallery"] == 19732 and figures["flip"] is False

@@ -1,0 +1,338 @@
+"""Pipeline parallelism: splitting backbones from outside, and pipelined steps that equal unsplit ones."""
+
+from __future__ import annotations
+
+import copy
+import itertools
+import random
+
+import pytest
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from facetrain.config.schema import ModelConfig, ParallelConfig
+from facetrain.errors import FacetrainError
+from facetrain.models import build_backbone
+from facetrain.parallel import comm
+from facetrain.parallel.env import DistEnv
+from facetrain.parallel.pipeline_groups import stage_of
+from facetrain.parallel.pipeline_split import (
+    balanced_boundaries,
+    boundaries_from_split_points,
+    measure_unit_costs,
+    pipeline_units,
+    split_backbone,
+)
+from tests.distributed import run_distributed
+
+SIZE = (16, 16)
+BATCH = 8
+EMBEDDING = 8
+CLASSES = 10
+TOLERANCE = 1e-5
+
+
+@pytest.fixture(autouse=True)
+def one_thread():
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(threads)
+
+
+def tiny_backbone() -> nn.Module:
+    torch.manual_seed(0)
+    return build_backbone(ModelConfig(backbone="small", embedding_size=EMBEDDING), SIZE)
+
+
+def replica_batch(replica: int, count: int = BATCH) -> tuple[torch.Tensor, torch.Tensor]:
+    generator = torch.Generator().manual_seed(100 + replica)
+    images = torch.randn(count, 3, *SIZE, generator=generator)
+    return images, torch.randint(0, CLASSES, (count,), generator=generator)
+
+
+def projected_cross_entropy(embeddings: torch.Tensor, labels: torch.Tensor) -> torch.Tensor:
+    """A head-free loss that still uses the labels: cross-entropy through a fixed projection."""
+    projection = torch.randn(EMBEDDING, CLASSES, generator=torch.Generator().manual_seed(7))
+    return F.cross_entropy(embeddings @ projection.to(embeddings.device), labels)
+
+
+def run_stages(stages: list[nn.Module], images: torch.Tensor) -> torch.Tensor:
+    for stage in stages:
+        images = stage(images)
+    return images
+
+
+# ---- splitting, in one process ----------------------------------------------------------------
+
+
+def test_units_open_residual_stages_one_level():
+    backbone = build_backbone(ModelConfig(backbone="r18", embedding_size=EMBEDDING), SIZE)
+    names = [unit.name for unit in pipeline_units(backbone)]
+    assert names[:5] == ["stem.conv", "stem.bn", "stem.act", "layer1.0", "layer1.1"]
+    assert "layer4.1" in names and names[-1] == "output.features"
+
+
+@pytest.mark.parametrize(
+    "split_points", [["layer3"], ["layer2.1", "output"], ["layer1.1", "layer3", "layer4.1"]]
+)
+def test_split_stages_chain_to_the_whole_model_with_the_same_parameter_names(split_points):
+    torch.manual_seed(0)
+    backbone = build_backbone(
+        ModelConfig(backbone="r18", embedding_size=EMBEDDING, activation_checkpointing=True), SIZE
+    )
+    units = pipeline_units(backbone)
+    stages = split_backbone(
+        backbone, boundaries_from_split_points(units, split_points, len(split_points) + 1)
+    )
+    assert len(stages) == len(split_points) + 1
+    names = [name for stage in stages for name, _ in stage.named_parameters()]
+    assert names == [name for name, _ in backbone.named_parameters()]
+    images = torch.randn(2, 3, *SIZE)
+    for mode in (False, True):
+        backbone.train(mode)
+        torch.testing.assert_close(run_stages(stages, images), backbone(images))
+    sliced = [m for stage in stages for m in stage.modules() if getattr(m, "checkpointable", False)]
+    assert sliced and all(m.checkpointing for m in sliced)
+
+
+def slowest_stage(costs: list[float], starts: list[int]) -> float:
+    edges = [0, *starts, len(costs)]
+    return max(sum(costs[a:b]) for a, b in zip(edges, edges[1:]))
+
+
+def test_balanced_boundaries_minimise_the_slowest_stage():
+    rng = random.Random(0)
+    for _ in range(30):
+        costs = [rng.uniform(0.1, 5.0) for _ in range(rng.randint(3, 9))]
+        stages = rng.randint(2, min(4, len(costs)))
+        starts = balanced_boundaries(costs, stages)
+        best = min(
+            slowest_stage(costs, list(cut))
+            for cut in itertools.combinations(range(1, len(costs)), stages - 1)
+        )
+        assert len(starts) == stages - 1 and starts == sorted(set(starts)) and starts[0] > 0
+        assert slowest_stage(costs, starts) == pytest.approx(best)
+
+
+def test_measuring_costs_leaves_weights_statistics_and_random_stream_alone():
+    backbone = tiny_backbone()
+    state = copy.deepcopy(backbone.state_dict())
+    torch.manual_seed(3)
+    costs = measure_unit_costs(pipeline_units(backbone), torch.randn(4, 3, *SIZE), repeats=1)
+    after = torch.rand(1)
+    torch.manual_seed(3)
+    torch.randn(4, 3, *SIZE)
+    assert torch.equal(after, torch.rand(1))
+    assert len(costs) == len(pipeline_units(backbone)) and all(cost > 0 for cost in costs)
+    for name, tensor in backbone.state_dict().items():
+        assert torch.equal(tensor, state[name]), name
+
+
+def test_bad_split_settings_are_one_line_errors():
+    units = pipeline_units(tiny_backbone())
+    with pytest.raises(FacetrainError, match="no module 'layer9'"):
+        boundaries_from_split_points(units, ["layer9"], 2)
+    with pytest.raises(FacetrainError, match="need 2"):
+        boundaries_from_split_points(units, ["stage2"], 3)
+    with pytest.raises(FacetrainError, match="in model order"):
+        boundaries_from_split_points(units, ["stage3", "stage2"], 3)
+    with pytest.raises(FacetrainError, match="in model order"):
+        boundaries_from_split_points(units, ["stem"], 2)
+    with pytest.raises(FacetrainError, match="not a chain"):
+        pipeline_units(nn.Linear(2, 2))
+    with pytest.raises(FacetrainError, match="cannot split"):
+        balanced_boundaries([1.0, 2.0], 3)
+
+
+def test_rank_layout_puts_replicas_of_a_stage_on_consecutive_ranks():
+    assert [stage_of(rank, 2) for rank in range(4)] == [(0, 0), (0, 1), (1, 0), (1, 1)]
+    assert [stage_of(rank, 1) for rank in range(3)] == [(0, 0), (1, 0), (2, 0)]
+
+
+# ---- pipelined steps over spawned gloo ranks ---------------------------------------------------
+
+
+def reference_step(
+    reference: nn.Module, batches: list[tuple[torch.Tensor, torch.Tensor]], microbatches: int
+) -> tuple[list[float], dict[str, torch.Tensor]]:
+    """The unsplit model: each replica's mean loss over its micro-batches, gradients averaged over replicas."""
+    reference.zero_grad()
+    losses = []
+    for images, labels in batches:
+        total = 0.0
+        for image_mb, label_mb in zip(images.chunk(microbatches), labels.chunk(microbatches)):
+            loss = projected_cross_entropy(reference(image_mb), label_mb) / microbatches
+            (loss / len(batches)).backward()
+            total += loss.item()
+        losses.append(total)
+    return losses, {name: p.grad.clone() for name, p in reference.named_parameters()}
+
+
+def pipelined_step_worker(rank: int, world_size: int, cfg: ParallelConfig) -> dict:
+    from facetrain.parallel.pipeline import PipelineRuntime
+
+    backbone = tiny_backbone()
+    reference = copy.deepcopy(backbone)
+    runtime = PipelineRuntime(
+        backbone, cfg, DistEnv(rank, world_size, rank, torch.device("cpu")), (BATCH, 3, *SIZE)
+    )
+    batches = [replica_batch(replica) for replica in range(runtime.replicas)]
+    images, labels = batches[runtime.dp_index]
+    result = {"stage": runtime.stage_index, "names": [name for name, _ in runtime.named_parameters()]}
+    runtime.module.eval()
+    reference.eval()
+    extra = replica_batch(5, count=BATCH + 3)[0]  # not a whole number of batches: the last is padded
+    embeddings = runtime.embed(extra if runtime.is_first else None, len(extra))
+    result["embed_error"] = (embeddings - reference(extra)).abs().max().item()
+    # eval mode: BN uses running statistics, so the reference is the plain full-batch model;
+    # train mode: BN normalises each micro-batch, so the reference accumulates over micro-batches.
+    for mode, reference_microbatches in (("eval", 1), ("train", cfg.microbatches)):
+        training = mode == "train"
+        runtime.module.train(training)
+        reference.train(training)
+        runtime.module.zero_grad()
+        loss = runtime.step(images, labels, projected_cross_entropy)
+        expected_losses, expected_grads = reference_step(reference, batches, reference_microbatches)
+        result[f"{mode}_loss_error"] = abs(loss.item() - expected_losses[runtime.dp_index])
+        result[f"{mode}_grad_error"] = max(
+            (p.grad - expected_grads[name]).abs().max().item() for name, p in runtime.named_parameters()
+        )
+    max_norm = 0.5  # below the gradient's norm, so clipping scales every stage
+    norm = runtime.clip_grad_norm_(max_norm)
+    expected_norm = torch.nn.utils.clip_grad_norm_(reference.parameters(), max_norm)
+    result["clip_norm_error"] = abs(norm.item() - expected_norm.item()) / expected_norm.item()
+    result["clip_norm_above_max"] = expected_norm.item() > max_norm
+    result["clipped_grad_error"] = max(
+        (p.grad - reference.get_parameter(name).grad).abs().max().item()
+        for name, p in runtime.named_parameters()
+    )
+    return result
+
+
+@pytest.mark.parametrize(
+    "stages, replicas, schedule, microbatches, split_points",
+    [(2, 1, "gpipe", 4, ["stage2.conv"]), (2, 2, "1f1b", 2, [])],
+    ids=["S2-D1-gpipe-explicit-split", "S2-D2-1f1b-balanced"],
+)
+def test_pipelined_step_equals_the_unsplit_model(stages, replicas, schedule, microbatches, split_points):
+    cfg = ParallelConfig(
+        pipeline_stages=stages, microbatches=microbatches, schedule=schedule, split_points=split_points
+    )
+    results = run_distributed(pipelined_step_worker, stages * replicas, cfg)
+    assert [r["stage"] for r in results] == [rank // replicas for rank in range(stages * replicas)]
+    everything = [name for name, _ in tiny_backbone().named_parameters()]
+    assert sorted(sum((results[s * replicas]["names"] for s in range(stages)), [])) == sorted(everything)
+    for rank, result in enumerate(results):
+        for key in (
+            "eval_loss_error",
+            "eval_grad_error",
+            "train_loss_error",
+            "train_grad_error",
+            "embed_error",
+        ):
+            assert result[key] < TOLERANCE, (rank, key, result[key])
+
+
+def sharded_head_worker(rank: int, world_size: int, cfg: ParallelConfig) -> dict:
+    from facetrain.heads import ShardedMarginHead
+    from facetrain.parallel.pipeline import PipelineRuntime
+
+    backbone = tiny_backbone()
+    reference = copy.deepcopy(backbone)
+    runtime = PipelineRuntime(
+        backbone, cfg, DistEnv(rank, world_size, rank, torch.device("cpu")), (BATCH, 3, *SIZE)
+    )
+    images, labels = replica_batch(runtime.dp_index)
+    result: dict = {"stage": runtime.stage_index}
+
+    def head() -> ShardedMarginHead:
+        torch.manual_seed(11 + runtime.dp_index)
+        return ShardedMarginHead(CLASSES, EMBEDDING, margin="arcface", scale=16.0, group=runtime.dp_group)
+
+    loss_fn = head() if runtime.is_last else None
+    loss = runtime.step(images, labels, loss_fn)
+    result["loss"] = loss.item()
+    result["grads"] = {name: p.grad.clone() for name, p in runtime.named_parameters()}
+    if runtime.is_last:
+        reference_head = head()
+        # The unsplit model as the trainer runs it: DDP-averaged backbone, head sharded over the same ranks.
+        total = 0.0
+        for image_mb, label_mb in zip(images.chunk(cfg.microbatches), labels.chunk(cfg.microbatches)):
+            part = reference_head(reference(image_mb), label_mb) / cfg.microbatches
+            part.backward()
+            total += part.item()
+        for p in reference.parameters():
+            comm.all_reduce_(p.grad, "sum", runtime.dp_group).div_(runtime.replicas)
+        result["expected_loss"] = total
+        result["expected_grads"] = {name: p.grad for name, p in reference.named_parameters()}
+        result["head_grad_error"] = (loss_fn.weight.grad - reference_head.weight.grad).abs().max().item()
+    return result
+
+
+def test_pipelined_step_with_the_sharded_head_on_the_last_stage():
+    pytest.importorskip("facetrain.heads", reason="the sharded head is not built yet")
+    stages, replicas = 2, 2
+    cfg = ParallelConfig(pipeline_stages=stages, microbatches=2, schedule="gpipe", split_points=["stage3"])
+    results = run_distributed(sharded_head_worker, stages * replicas, cfg)
+    last = results[-1]
+    for rank, result in enumerate(results):
+        assert abs(result["loss"] - last["expected_loss"]) < TOLERANCE, rank
+        for name, grad in result["grads"].items():
+            assert (grad - last["expected_grads"][name]).abs().max().item() < TOLERANCE, (rank, name)
+        if result["stage"] == stages - 1:
+            assert result["head_grad_error"] < TOLERANCE
+
+
+def test_bad_pipeline_settings_are_one_line_errors():
+    from facetrain.parallel.pipeline import PipelineRuntime
+
+    one_rank = DistEnv(0, 1, 0, torch.device("cpu"))
+    three_ranks = DistEnv(0, 3, 0, torch.device("cpu"))
+    shape = (BATCH, 3, *SIZE)
+    cases = [
+        (ParallelConfig(pipeline_stages=2, microbatches=3), one_rank, "must divide the per-rank batch"),
+        (ParallelConfig(pipeline_stages=4, microbatches=2, schedule="1f1b"), one_rank, "1f1b needs"),
+        (
+            ParallelConfig(pipeline_stages=2, microbatches=2, schedule="zigzag"),
+            one_rank,
+            "unknown pipeline schedule",
+        ),
+        (ParallelConfig(pipeline_stages=1), one_rank, "at least 2 stages"),
+        (ParallelConfig(pipeline_stages=2), three_ranks, "not a multiple"),
+        (ParallelConfig(pipeline_stages=2), one_rank, "not a multiple"),
+    ]
+    for cfg, env, message in cases:
+        with pytest.raises(FacetrainError, match=message):
+            PipelineRuntime(tiny_backbone(), cfg, env, shape)
+
+
+@pytest.mark.slow
+def test_bench_pipeline_writes_json_and_plots_and_keeps_earlier_results(tmp_path):
+    import json
+
+    from click.testing import CliRunner
+
+    from facetrain.bench.pipeline import OUTPUT_NAMES, pipeline_command
+
+    args = [
+        "--backbone", "small", "--image-size", "16", "--batch-size", "8", "--embedding-size", "8",
+        "--microbatches", "2", "--split-sizes", "4,2", "--repeats", "2", "--steps", "1", "--warmup", "0",
+        "--out", str(tmp_path),
+    ]  # fmt: skip
+    result = CliRunner().invoke(pipeline_command, args)
+    assert result.exit_code == 0, result.output
+    report = json.loads((tmp_path / OUTPUT_NAMES["json"]).read_text())
+    assert set(report["runs"]) == {
+        "single_device_1_thread",
+        "single_device_2_threads",
+        "model_parallel",
+        "pipelined",
+    }
+    assert [row["split_size"] for row in report["sweep"]] == [2, 4, 8]
+    assert all(len(run["step_s"]) == 2 and run["mean_s"] > 0 for run in report["runs"].values())
+    for name in ("bars", "sweep"):
+        assert (tmp_path / OUTPUT_NAMES[name]).read_bytes().startswith(b"\x89PNG")
+    again = CliRunner().invoke(pipeline_command, args)
+    assert again.exit_code != 0 and "--overwrite" in str(again.exception)

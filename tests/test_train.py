@@ -1,0 +1,116 @@
+"""`facetrain train` end to end: resume equality, errors, failures, and that training learns."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from tests.train_helpers import REPO, logged_losses, run_cli, tiny_config
+
+
+@pytest.mark.slow
+def test_resume_gives_the_same_losses_as_training_straight(tmp_path):
+    straight = tiny_config(tmp_path, "straight")
+    first_half = tiny_config(tmp_path, "halves", train={"steps": 3})
+    result = run_cli("train", "-c", str(straight), "--nproc", "2")
+    assert result.returncode == 0, result.stderr
+    result = run_cli("train", "-c", str(first_half), "--nproc", "2")
+    assert result.returncode == 0, result.stderr
+    result = run_cli("train", "-c", str(first_half), "--nproc", "2", "--set", "train.steps=6", "--resume", "auto")
+    assert result.returncode == 0, result.stderr
+    expected, resumed = logged_losses(tmp_path / "straight"), logged_losses(tmp_path / "halves")
+    assert len(expected) == len(resumed) == 6
+    assert resumed == pytest.approx(expected, abs=1e-6)
+
+
+@pytest.mark.slow
+def test_two_rank_run_resumes_on_one_and_three_ranks(tmp_path):
+    config = tiny_config(tmp_path, "run", train={"steps": 2, "checkpoint_every": 2})
+    assert run_cli("train", "-c", str(config), "--nproc", "2").returncode == 0
+    for nproc, steps in ((1, 3), (3, 4)):
+        result = run_cli(
+            "train", "-c", str(config), "--nproc", str(nproc), "--set", f"train.steps={steps}", "--resume", "auto"
+        )
+        assert result.returncode == 0, result.stderr
+        meta = json.loads((tmp_path / "run" / "checkpoints" / f"step_{steps:08d}" / "meta.json").read_text())
+        assert (meta["step"], meta["world_size"]) == (steps, nproc)
+
+
+def test_existing_run_is_not_trained_over(tmp_path):
+    config = tiny_config(tmp_path, "run", train={"steps": 1})
+    assert run_cli("train", "-c", str(config)).returncode == 0
+    result = run_cli("train", "-c", str(config))
+    assert result.returncode == 2
+    assert result.stderr.strip().splitlines() == [
+        f"error: {tmp_path / 'run'} already holds checkpoints; pass --resume auto to continue that run, "
+        "or choose another train.output_dir"
+    ]
+
+
+@pytest.mark.parametrize(
+    "args, message",
+    [
+        (["--set", "train.bogus=1"], "unknown key train.bogus"),
+        (["--set", "train.steps=many"], "train.steps must be an integer"),
+        (["--set", "data.source=folder", "--set", "data.path=/no/such/faces"], "/no/such/faces"),
+        (["--set", "head.margin=bogus"], "unknown margin 'bogus'"),
+    ],
+)
+def test_user_errors_are_one_line(tmp_path, args, message):
+    config = tiny_config(tmp_path, "run")
+    result = run_cli("train", "-c", str(config), *args)
+    assert result.returncode == 2
+    lines = result.stderr.strip().splitlines()
+    assert len(lines) == 1 and lines[0].startswith("error: ") and message in lines[0]
+
+
+def test_more_ranks_than_classes_is_one_line(tmp_path):
+    config = tiny_config(tmp_path, "run", data={"synth": {"identities": 2, "images_per_identity": 8}})
+    result = run_cli("train", "-c", str(config), "--nproc", "3")
+    assert result.returncode == 2
+    assert result.stderr.strip().splitlines() == [
+        "error: 2 classes cannot be sharded over 3 ranks; use at most 2 ranks"
+    ]
+
+
+@pytest.mark.slow
+def test_a_dead_rank_stops_the_others(tmp_path):
+    config = tiny_config(tmp_path, "run", train={"steps": 100000, "checkpoint_every": 100000})
+    launcher = subprocess.Popen(
+        [sys.executable, "-m", "facetrain", "train", "-c", str(config), "--nproc", "2"],
+        cwd=REPO,
+        stderr=subprocess.PIPE,
+        text=True,
+        env={**os.environ, "OMP_NUM_THREADS": "1"},
+    )
+    metrics = tmp_path / "run" / "metrics.csv"
+    deadline = time.monotonic() + 120
+    while not (metrics.exists() and len(metrics.read_text().splitlines()) > 2):
+        assert time.monotonic() < deadline and launcher.poll() is None, "training never started"
+        time.sleep(0.2)
+    children = Path(f"/proc/{launcher.pid}/task/{launcher.pid}/children").read_text().split()
+    rank_one = int(children[1])
+    os.kill(rank_one, signal.SIGKILL)
+    killed_at = time.monotonic()
+    _, stderr = launcher.communicate(timeout=60)
+    assert time.monotonic() - killed_at < 30
+    assert launcher.returncode != 0
+    assert "error: rank 1 exited with code -9" in stderr
+
+
+def test_nonfinite_loss_stops_with_the_step_and_last_checkpoint(tmp_path):
+    config = tiny_config(
+        tmp_path, "run", optim={"lr": 1e30, "grad_clip": None, "momentum": 0.0}, train={"steps": 50}
+    )
+    result = run_cli("train", "-c", str(config))
+    assert result.returncode == 2
+    line = result.stderr.strip().splitlines()[-1]
+    assert line.startswith("error: the loss became nan at step ") or line.startswith("error: the loss became inf")
+    assert "last good checkpoint" in line
