@@ -24,7 +24,7 @@ demo: $(STAMP)
 	bash tools/demo.sh
 
 bench: $(STAMP)
-	$(BIN)/facetrain bench head
+	$(BIN)/facetrain bench head --overwrite
 	$(BIN)/facetrain bench data
 	$(BIN)/facetrain bench train
 	$(BIN)/facetrain bench eval

@@ -12,7 +12,9 @@ from pathlib import Path
 import pytest
 
 ROOT = Path(__file__).resolve().parents[1]
-SIMILARITY = re.compile(r"similarity (-?\d+\.\d+)\s+threshold (-?\d+\.\d+)\s+-> (same person|different people)")
+SIMILARITY = re.compile(
+    r"similarity (-?\d+\.\d+)\s+threshold (-?\d+\.\d+)\s+-> (same person|different people)"
+)
 
 
 @pytest.mark.slow

@@ -138,3 +138,17 @@ def test_eval_scores_the_export_exactly_like_its_checkpoint(run_dir, exported: P
     assert reports["export"]["accuracy"] == reports["checkpoint"]["accuracy"]
     assert reports["export"]["threshold"] == pytest.approx(reports["checkpoint"]["threshold"], abs=1e-4)
     assert reports["export"]["auc"] == pytest.approx(reports["checkpoint"]["auc"], abs=1e-6)
+    invoke(
+        "export",
+        exported,
+        "-o",
+        tmp_path / "reported",
+        "--formats",
+        "safetensors",
+        "--quiet",
+        "--evaluation",
+        tmp_path / "export" / "pairs.json",
+    )
+    card = json.loads((tmp_path / "reported" / "model.json").read_text())
+    assert card["threshold"] == reports["export"]["threshold"]
+    assert card["evaluation"]["verification"]["accuracy"] == reports["export"]["accuracy"]

@@ -72,7 +72,11 @@ def test_user_errors_are_one_line(tmp_path, args, message):
 
 
 def test_more_ranks_than_classes_is_one_line(tmp_path):
-    config = tiny_config(tmp_path, "run", data={"synth": {"identities": 2, "images_per_identity": 8}})
+    from facetrain.config import SynthConfig
+    from facetrain.data.synthetic import generate_synthetic
+
+    generate_synthetic(tmp_path / "synth", SynthConfig(identities=2, heldout_identities=0, image_size=32), progress=False)
+    config = tiny_config(tmp_path, "run")
     result = run_cli("train", "-c", str(config), "--nproc", "3")
     assert result.returncode == 2
     assert result.stderr.strip().splitlines() == [

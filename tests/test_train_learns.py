@@ -54,8 +54,8 @@ def test_synthetic_training_beats_the_untrained_network(tmp_path):
     trained = trained_result(tmp_path / "run")
     untrained = untrained_result(config, tmp_path / "synth" / "heldout" / "pairs.txt")
     print(f"synthetic held-out: trained {trained['accuracy']:.3f} vs untrained {untrained.accuracy:.3f}")
-    assert trained["accuracy"] >= untrained.accuracy + 0.10
-    assert trained["accuracy"] >= 0.70
+    assert trained["accuracy"] >= untrained.accuracy + 0.10  # measured: 0.733 vs 0.503
+    assert trained["accuracy"] >= 0.65
 
 
 def write_orl_split(orl, tmp_path):
@@ -79,15 +79,17 @@ def write_orl_split(orl, tmp_path):
 
 @pytest.mark.slow
 def test_orl_real_faces(shared_data, tmp_path):
+    """Measured (2 ranks, 600 steps, ~50 s): accuracy 0.965, AUC 0.947, EER 0.116; untrained EER ~0.2."""
     train_list, pairs = write_orl_split(shared_data / "orl", tmp_path)
+    augment = {"horizontal_flip": True, "random_resized_crop": True, "crop_scale": [0.8, 1.0], "color_jitter": 0.2}
     config = tiny_config(
         tmp_path,
         "orl",
-        data={"source": "list", "path": str(train_list), "image_size": [56, 56]},
+        data={"source": "list", "path": str(train_list), "image_size": [64, 56], "augment": augment},
         model={"backbone": "small", "embedding_size": 64},
         head={"margin": "cosface", "scale": 30.0, "margin_params": {"m": 0.2}},
-        optim={"lr": 0.1, "schedule": "polynomial", "warmup_steps": 20},
-        train={"steps": 240, "batch_size": 16, "log_every": 20, "checkpoint_every": 240, "deterministic": False},
+        optim={"lr": 0.1, "schedule": "polynomial", "warmup_steps": 30},
+        train={"steps": 600, "batch_size": 16, "log_every": 50, "checkpoint_every": 600, "deterministic": False},
         eval={"pairs": str(pairs)},
     )
     result = run_cli("train", "-c", str(config), "--nproc", "2", timeout=900)
@@ -96,9 +98,10 @@ def test_orl_real_faces(shared_data, tmp_path):
     untrained = untrained_result(config, pairs)
     print(
         f"ORL s31-s40, all {trained['num_pairs']} pairs: trained accuracy {trained['accuracy']:.3f} "
-        f"AUC {trained['auc']:.3f}; untrained accuracy {untrained.accuracy:.3f} AUC {untrained.metrics.auc:.3f}"
+        f"AUC {trained['auc']:.3f} EER {trained['eer']:.3f}; untrained accuracy {untrained.accuracy:.3f} "
+        f"AUC {untrained.metrics.auc:.3f} EER {untrained.metrics.eer:.3f}"
     )
-    assert trained["num_pairs"] == 4950
-    assert trained["auc"] >= untrained.metrics.auc + 0.05
-    assert trained["auc"] >= 0.90
-    assert trained["accuracy"] >= 0.93
+    assert trained["num_pairs"] == 4950 and trained["num_matched"] == 450
+    assert trained["accuracy"] >= 0.95  # 90.9% is what "always different" scores on these pairs
+    assert trained["auc"] >= max(0.92, untrained.metrics.auc + 0.03)
+    assert trained["eer"] <= 0.75 * untrained.metrics.eer

@@ -46,8 +46,10 @@ step "2/5 training on 2 CPU ranks into $RUN"
 step "3/5 verification on the held-out identities"
 "$FACETRAIN" eval "$RUN/checkpoints/best" --pairs "$PAIRS" --device cpu --out "$RUN/eval" --quiet
 
+# The evaluation report goes into the model card, so `compare` decides at the threshold just printed.
 step "4/5 export (safetensors, TorchScript, ONNX)"
-"$FACETRAIN" export "$RUN/checkpoints/best" -o "$RUN/export" --formats safetensors,torchscript,onnx --quiet
+"$FACETRAIN" export "$RUN/checkpoints/best" -o "$RUN/export" --formats safetensors,torchscript,onnx \
+    --evaluation "$RUN/eval/pairs.json" --quiet
 
 step "5/5 comparing held-out faces with the exported model"
 mapfile -t people < <(find "$DATA/heldout" -mindepth 1 -maxdepth 1 -type d | sort | head -n 2)

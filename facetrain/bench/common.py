@@ -13,6 +13,7 @@ import multiprocessing as mp
 import os
 import platform
 import queue
+import signal
 import tempfile
 import threading
 import time
@@ -188,17 +189,23 @@ class WorkerPool:
             try:
                 rank, ok, payload = self._results.get(timeout=1.0)
             except queue.Empty:
-                dead = [r for r, w in enumerate(self._workers) if not w.is_alive()]
-                if dead or time.monotonic() > deadline:
+                exit_codes = {r: w.exitcode for r, w in enumerate(self._workers) if not w.is_alive()}
+                if exit_codes or time.monotonic() > deadline:
                     self.close()
-                    reason = f"ranks {dead} died" if dead else f"no result within {self.timeout_s:.0f} s"
-                    raise WorkerError(f"{reason} (out of memory?)" if dead else reason) from None
+                    raise WorkerError(self._reason_for_missing_results(exit_codes)) from None
                 continue
             if not ok:
                 self.close()
                 raise WorkerError(f"rank {rank} failed:\n{payload}")
             outcomes[rank] = payload
         return [outcomes[rank] for rank in range(self.world_size)]
+
+    def _reason_for_missing_results(self, exit_codes: dict[int, int | None]) -> str:
+        if not exit_codes:
+            return f"no result within {self.timeout_s:.0f} s"
+        killed = any(code == -signal.SIGKILL for code in exit_codes.values())
+        hint = " (SIGKILL: out of memory?)" if killed else ""
+        return f"ranks exited before reporting (rank: exit code) {exit_codes}{hint}"
 
     def close(self) -> None:
         for worker, task_queue in zip(self._workers, self._tasks):

@@ -137,7 +137,7 @@ def plot(report: dict, path: Path) -> None:
     """Step time and per-rank peak memory (max, with the min as a lower bar) against N, one column per C."""
     rows = [row for row in report["results"] if row["status"] == "ok"]
     classes = report["settings"]["classes"]
-    figure = Figure(figsize=(5 * len(classes), 8), layout="constrained")
+    figure = Figure(figsize=(5.5 * len(classes), 8), layout="constrained")
     FigureCanvasAgg(figure)
     axes = figure.subplots(2, len(classes), squeeze=False)
     for column, num_classes in enumerate(classes):
@@ -160,10 +160,10 @@ def plot(report: dict, path: Path) -> None:
                 capsize=3,
                 label=head,
             )
-        time_axis.set_title(f"C = {num_classes:,}: step time (forward + backward)")
+        time_axis.set_title(f"C = {num_classes:,}: step time (fwd + bwd)")
         time_axis.set_ylabel("ms (slowest rank)")
-        memory_axis.set_title(f"C = {num_classes:,}: peak memory per rank (max, bar to min)")
-        memory_axis.set_ylabel("MiB")
+        memory_axis.set_title(f"C = {num_classes:,}: peak memory per rank")
+        memory_axis.set_ylabel("MiB (max rank; bar down to min rank)")
         for axis in (time_axis, memory_axis):
             axis.set_xlabel("world size N")
             axis.set_xticks(report["settings"]["world_sizes"])

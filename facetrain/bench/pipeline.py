@@ -52,14 +52,14 @@ SPEEDUP_TARGET = 1.5
 class PipelineBenchSettings:
     backbone: str = "r50"
     image_size: int = 56
-    batch_size: int = 32
+    batch_size: int = 64
     embedding_size: int = 512
     stages: int = 2
     microbatches: int = 4
-    split_sizes: tuple[int, ...] = (16, 8, 4)
+    split_sizes: tuple[int, ...] = (32, 16, 8)
     schedule: str = "gpipe"
     repeats: int = 3
-    steps: int = 3
+    steps: int = 2
     warmup: int = 1
     seed: int = 0
 
@@ -73,8 +73,7 @@ class PipelineBenchSettings:
         return sorted(counts)
 
     def validate(self) -> None:
-        if self.backbone not in BACKBONES:
-            BACKBONES.get(self.backbone)
+        BACKBONES.get(self.backbone)
         for size in (*self.split_sizes, self.batch_size // max(self.microbatches, 1)):
             if size < 1 or self.batch_size % size:
                 raise FacetrainError(
@@ -87,6 +86,9 @@ class PipelineBenchSettings:
             raise FacetrainError(
                 f"--schedule 1f1b needs at least --stages {self.stages} micro-batches per step"
             )
+
+
+DEFAULTS = PipelineBenchSettings()
 
 
 def training_data(settings: PipelineBenchSettings) -> tuple[torch.Tensor, torch.Tensor]:
@@ -306,26 +308,77 @@ def write_outputs(report: dict, out: Path) -> str:
 
 
 @click.command("pipeline")
-@click.option("--backbone", default="r50", show_default=True, help="Registered backbone to split.")
 @click.option(
-    "--image-size", default=56, show_default=True, type=click.IntRange(min=8), help="Square input side."
+    "--backbone", default=DEFAULTS.backbone, show_default=True, help="Registered backbone to split."
 )
 @click.option(
-    "--batch-size", default=32, show_default=True, type=click.IntRange(min=1), help="Images per step."
-)
-@click.option("--embedding-size", default=512, show_default=True, type=click.IntRange(min=1))
-@click.option("--stages", default=2, show_default=True, type=click.IntRange(min=2), help="Stage processes.")
-@click.option(
-    "--microbatches", default=4, show_default=True, type=click.IntRange(min=2), help="For the pipelined bar."
-)
-@click.option("--split-sizes", default="16,8,4", show_default=True, help="Micro-batch sizes to sweep.")
-@click.option("--schedule", type=click.Choice(["gpipe", "1f1b"]), default="gpipe", show_default=True)
-@click.option("--repeats", default=3, show_default=True, type=click.IntRange(min=1), help="Runs per setup.")
-@click.option(
-    "--steps", default=3, show_default=True, type=click.IntRange(min=1), help="Timed steps per run."
+    "--image-size",
+    default=DEFAULTS.image_size,
+    show_default=True,
+    type=click.IntRange(min=8),
+    help="Square input side.",
 )
 @click.option(
-    "--warmup", default=1, show_default=True, type=click.IntRange(min=0), help="Untimed steps first."
+    "--batch-size",
+    default=DEFAULTS.batch_size,
+    show_default=True,
+    type=click.IntRange(min=1),
+    help="Images per step.",
+)
+@click.option(
+    "--embedding-size",
+    default=DEFAULTS.embedding_size,
+    show_default=True,
+    type=click.IntRange(min=1),
+    help="Embedding width D of the backbone.",
+)
+@click.option(
+    "--stages",
+    default=DEFAULTS.stages,
+    show_default=True,
+    type=click.IntRange(min=2),
+    help="Stage processes.",
+)
+@click.option(
+    "--microbatches",
+    default=DEFAULTS.microbatches,
+    show_default=True,
+    type=click.IntRange(min=2),
+    help="For the pipelined bar.",
+)
+@click.option(
+    "--split-sizes",
+    default=",".join(map(str, DEFAULTS.split_sizes)),
+    show_default=True,
+    help="Micro-batch sizes to sweep.",
+)
+@click.option(
+    "--schedule",
+    type=click.Choice(["gpipe", "1f1b"]),
+    default=DEFAULTS.schedule,
+    show_default=True,
+    help="Pipeline schedule of the pipelined runs.",
+)
+@click.option(
+    "--repeats",
+    default=DEFAULTS.repeats,
+    show_default=True,
+    type=click.IntRange(min=1),
+    help="Runs per setup.",
+)
+@click.option(
+    "--steps",
+    default=DEFAULTS.steps,
+    show_default=True,
+    type=click.IntRange(min=1),
+    help="Timed steps per run.",
+)
+@click.option(
+    "--warmup",
+    default=DEFAULTS.warmup,
+    show_default=True,
+    type=click.IntRange(min=0),
+    help="Untimed steps first.",
 )
 @click.option(
     "--out",
@@ -360,7 +413,7 @@ def pipeline_command(
     Examples:
       facetrain bench pipeline
       facetrain bench pipeline --backbone r18 --image-size 32 --batch-size 16 --split-sizes 8,4,2
-      facetrain bench pipeline --microbatches 8 --split-sizes 16,8,4,2 --repeats 5 --overwrite
+      facetrain bench pipeline --microbatches 8 --split-sizes 32,16,8,4 --repeats 5 --overwrite
     """
     settings = PipelineBenchSettings(
         backbone=backbone,

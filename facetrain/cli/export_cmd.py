@@ -44,12 +44,24 @@ def _parse_formats(value: str) -> list[str]:
     help="Comma-separated: safetensors, torchscript, onnx.",
 )
 @click.option(
+    "--evaluation",
+    "verification_report",
+    type=click.Path(path_type=Path, dir_okay=False),
+    help="A `facetrain eval --pairs` report (NAME.json) whose accuracy and threshold go into the card.",
+)
+@click.option(
     "--with-head", is_flag=True, help="Also write the full classifier head, gathered from its shards."
 )
 @click.option("--overwrite", is_flag=True, help="Replace model files already in the output folder.")
 @click.option("--quiet", is_flag=True, help="No progress bar.")
 def export(
-    checkpoint: Path, out_dir: Path, formats: str, with_head: bool, overwrite: bool, quiet: bool
+    checkpoint: Path,
+    out_dir: Path,
+    formats: str,
+    verification_report: Path | None,
+    with_head: bool,
+    overwrite: bool,
+    quiet: bool,
 ) -> None:
     """Export a trained backbone for inference, with a JSON model card.
 
@@ -57,18 +69,20 @@ def export(
     run directory. Writes OUT/model.safetensors (canonical, loads with `-m OUT`), OUT/model.json
     (the card: architecture, input size and normalization, training config, evaluation results and
     threshold), OUT/model.torchscript.pt and OUT/model.onnx (dynamic batch, checked against PyTorch
-    with onnxruntime to 1e-4), and with --with-head OUT/head.safetensors.
+    with onnxruntime to 1e-4), and with --with-head OUT/head.safetensors. The card's evaluation
+    results come from the checkpoint (the trainer's last verification) or from --evaluation.
 
     \b
     Examples:
       facetrain export runs/demo/checkpoints/best -o runs/demo/export
       facetrain export runs/demo -o exported --formats safetensors,onnx --overwrite
       facetrain export runs/demo/checkpoints/last -o exported --with-head
+      facetrain export runs/demo -o exported --evaluation runs/demo/eval/lfw_pairs.json
     """
     from facetrain.export.exporter import export_model
 
     result = export_model(
-        checkpoint, out_dir, _parse_formats(formats), with_head, overwrite, progress=not quiet
+        checkpoint, out_dir, _parse_formats(formats), with_head, overwrite, not quiet, verification_report
     )
     click.echo(
         f"exported {result.card['architecture']} ({result.card['embedding_size']}-d) to {result.out_dir}"
@@ -93,7 +107,9 @@ def export(
     required=True,
     help="Output: .npy (+ .paths.txt), .parquet or .csv.",
 )
-@click.option("--batch-size", default=64, show_default=True, type=click.IntRange(min=1))
+@click.option(
+    "--batch-size", default=64, show_default=True, type=click.IntRange(min=1), help="Images per batch."
+)
 @click.option(
     "--flip/--no-flip", default=None, help="Add the mirrored image's embedding [default: as evaluated]."
 )

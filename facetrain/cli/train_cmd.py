@@ -45,7 +45,11 @@ def train(config_path: str | None, overrides: tuple[str, ...], resume: str | Non
     """
     from facetrain.config import load_config
 
-    config = load_config(config_path, overrides)  # a bad config fails here, once, before any rank starts
+    from facetrain.heads.sharded import check_head_settings
+
+    # a bad config fails here, once, before any rank starts
+    config = load_config(config_path, overrides)
+    check_head_settings(config.head.margin, config.head.scale, config.head.sample_rate, config.head.margin_params)
     if nproc > 1 and "WORLD_SIZE" not in os.environ:
         from facetrain.parallel.launch import launch_local
 

@@ -15,8 +15,31 @@ from facetrain.errors import FacetrainError
 
 IMAGE_EXTENSIONS = (".jpg", ".jpeg", ".png", ".bmp", ".pgm", ".ppm", ".webp")
 
+_WORKER_MESSAGE_START = "Caught "
+_WORKER_TRACEBACK_MARK = "Original Traceback"
 
-class BadImageError(FacetrainError):
+
+class DataError(FacetrainError):
+    """A data problem met while loading samples, possibly inside a DataLoader worker.
+
+    PyTorch re-creates a worker's exception in the main process from a message that embeds the whole
+    worker traceback. The CLI prints user errors as one line, so that wrapping is undone here: only the
+    traceback's last line, the original message, is kept.
+    """
+
+    def __init__(self, message: str):
+        super().__init__(_unwrap_worker_message(message))
+
+
+def _unwrap_worker_message(message: str) -> str:
+    if not (message.startswith(_WORKER_MESSAGE_START) and _WORKER_TRACEBACK_MARK in message):
+        return message
+    last_line = message.rstrip().splitlines()[-1]
+    _, separator, original = last_line.partition(": ")
+    return original if separator else message
+
+
+class BadImageError(DataError):
     """One image cannot be read or decoded; the only error `data.skip_bad_images` may skip."""
 
 

@@ -13,7 +13,8 @@ from facetrain.errors import FacetrainError
 
 
 def is_image_name(name: str) -> bool:
-    return name.lower().endswith(IMAGE_EXTENSIONS)
+    """Hidden files are left out: `._x.jpg` files that macOS copies leave beside images are not images."""
+    return not name.startswith(".") and name.lower().endswith(IMAGE_EXTENSIONS)
 
 
 def list_identity_images(identity_dir: Path) -> list[Path]:

@@ -56,7 +56,15 @@ def read_list_file(list_path: str | Path) -> pd.DataFrame:
         raise FacetrainError(f"list file {list_path}: needs the columns path and label")
     first_data_line = 2 if has_header else 1
     frame["line"] = np.arange(len(frame)) + first_data_line
-    frame = frame[frame["path"].str.strip() != ""]
+    fields = [column for column in frame.columns if column != "line"]
+    blank = (frame[fields].apply(lambda column: column.str.strip()) == "").all(axis=1)
+    frame = frame[~blank]
+    pathless = frame["path"].str.strip() == ""
+    if pathless.any():
+        line = frame["line"][pathless].iloc[0]
+        raise FacetrainError(
+            f"list file {list_path} line {line}: the path is empty; expected path,label[,camera]"
+        )
     if frame.empty:
         raise FacetrainError(f"list file {list_path} lists no images")
     result = pd.DataFrame(

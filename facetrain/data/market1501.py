@@ -17,7 +17,12 @@ import pandas as pd
 from facetrain.data.dataset import PathReader, SampleTable
 from facetrain.errors import FacetrainError
 
-SPLITS = {"train": "bounding_box_train", "gallery": "bounding_box_test", "test": "bounding_box_test", "query": "query"}
+SPLITS = {
+    "train": "bounding_box_train",
+    "gallery": "bounding_box_test",
+    "test": "bounding_box_test",
+    "query": "query",
+}
 JUNK_PID = -1
 DISTRACTOR_PID = 0
 _NAME = re.compile(r"^(-?\d+)_c(\d+)s\d+_\d+_\d+\.jpg$", re.IGNORECASE)
@@ -44,7 +49,9 @@ def load_market1501_split(root: str | Path, split: str) -> pd.DataFrame:
         raise FacetrainError(f"unknown Market-1501 split {split!r}; choose one of: {', '.join(SPLITS)}")
     folder = Path(root) / SPLITS[split]
     if not folder.is_dir():
-        raise FacetrainError(f"Market-1501 folder {folder} does not exist; data.path must be the dataset root")
+        raise FacetrainError(
+            f"Market-1501 folder {folder} does not exist; data.path must be the dataset root"
+        )
     rows = []
     for path in sorted(folder.iterdir()):
         match = _NAME.match(path.name)
@@ -60,7 +67,9 @@ def scan_market1501_train(root: str | Path) -> SampleTable:
     frame = load_market1501_split(root, "train")
     frame = frame[frame["pid"] > DISTRACTOR_PID]
     if frame.empty:
-        raise FacetrainError(f"Market-1501 folder {Path(root) / SPLITS['train']} has no labelled person images")
+        raise FacetrainError(
+            f"Market-1501 folder {Path(root) / SPLITS['train']} has no labelled person images"
+        )
     pids, labels = np.unique(frame["pid"].to_numpy(), return_inverse=True)
     return SampleTable(
         PathReader([Path(p) for p in frame["path"]]),

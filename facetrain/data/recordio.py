@@ -24,6 +24,7 @@ import numpy as np
 from tqdm import tqdm
 
 from facetrain.data.dataset import SampleTable
+from facetrain.data.decode import BadImageError
 from facetrain.data.folder import scan_image_folder
 from facetrain.errors import FacetrainError
 
@@ -275,7 +276,13 @@ class RecordImageReader:
         return len(self.keys)
 
     def read(self, index: int) -> bytes:
-        return self.records.read_image_record(self.keys[index])[1]
+        """A damaged record is a bad image, so `data.skip_bad_images` can skip it like a corrupt file."""
+        try:
+            return self.records.read_image_record(self.keys[index])[1]
+        except BadImageError:
+            raise
+        except FacetrainError as error:
+            raise BadImageError(str(error)) from None
 
     def name(self, index: int) -> str:
         return f"{self.records.rec_path} record {self.keys[index]}"
@@ -299,15 +306,27 @@ def _labels_from_identity_records(
     return None if (labels < 0).any() else labels
 
 
+def _identity_range(header: ImageHeader, records: RecordIOFile) -> tuple[int, int]:
+    """Record 0's `[first, end)` of the identity records, the insightface marker of a face set."""
+    bounds = np.atleast_1d(header.label)
+    first, end = (int(bounds[0]), int(bounds[1])) if bounds.size >= 2 else (0, 0)
+    if not 1 <= first <= end:
+        raise FacetrainError(
+            f"RecordIO file {records.rec_path} record 0: its label {bounds.tolist()} is not the "
+            "[first, end) identity range of an insightface set"
+        )
+    return first, end
+
+
 def scan_recordio(rec_path: str | Path, progress: bool = True) -> SampleTable:
     """Labels are remapped to 0..C-1 in the order of the stored numeric labels."""
     records = RecordIOFile(rec_path)
-    if 0 not in records.offsets:
-        raise FacetrainError(f"RecordIO index {records.idx_path} is empty or lacks record 0")
-    header = records.read_header(0)
+    if not records.offsets:
+        raise FacetrainError(f"RecordIO index {records.idx_path} is empty; rebuild it with the .rec")
+    header = records.read_header(0) if 0 in records.offsets else None
     labels = None
-    if header.flag > 0:
-        first, end = int(header.label[0]), int(header.label[1])
+    if header is not None and header.flag > 0:
+        first, end = _identity_range(header, records)
         keys = list(range(1, first))
         missing = [key for key in keys if key not in records.offsets]
         if missing:

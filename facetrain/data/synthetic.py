@@ -40,16 +40,27 @@ def _render_identity(job: tuple[Path, str, int, int, int]) -> None:
         (folder / f"{name}_{number:04d}.png").write_bytes(encoded.tobytes())
 
 
+def check_pairs_settings(identities: int, images_per_identity: int, folds: int, per_fold: int) -> None:
+    """Fail before rendering anything when the held-out set cannot fill the requested pairs file."""
+    if folds < 1 or per_fold < 1:
+        raise FacetrainError(
+            f"data.synth.pairs_folds and pairs_per_fold must be >= 1, got {folds} and {per_fold}"
+        )
+    if identities < 2 * folds or images_per_identity < 2:
+        raise FacetrainError(
+            f"a pairs file with {folds} folds needs >= {2 * folds} held-out identities with >= 2 images "
+            f"each, got {identities} with {images_per_identity}; lower data.synth.pairs_folds or add "
+            "held-out identities"
+        )
+
+
 def write_pairs(path: Path, names: list[str], images_per_identity: int, folds: int, per_fold: int, seed: int):
     """LFW View-2 format: `folds\tper_fold`, then per fold `per_fold` matched and `per_fold` mismatched."""
+    check_pairs_settings(len(names), images_per_identity, folds, per_fold)
     rng = np.random.default_rng(seed)
     lines = [f"{folds}\t{per_fold}"]
     # identities are split over folds, as in LFW, so no person appears in two folds
     groups = np.array_split(rng.permutation(len(names)), folds)
-    if min(len(g) for g in groups) < 2 or images_per_identity < 2:
-        raise FacetrainError(
-            f"a pairs file with {folds} folds needs >= {2 * folds} held-out identities with >= 2 images each"
-        )
     for group in groups:
         for _ in range(per_fold):
             name = names[rng.choice(group)]
@@ -62,32 +73,88 @@ def write_pairs(path: Path, names: list[str], images_per_identity: int, folds: i
     path.write_text("\n".join(lines) + "\n")
 
 
-def generate_synthetic(out_dir: str | Path, cfg: SynthConfig, overwrite: bool = False, progress: bool = True) -> Path:
-    """Write the training and held-out sets under `out_dir`; refuse to replace one unless `overwrite`."""
+def _render_all(jobs: list[tuple[Path, str, int, int, int]], progress: bool) -> None:
+    """Identities are independent, so they render in parallel; each one's images depend only on its seed."""
+    workers = min(len(jobs), os.cpu_count() or 1)
+    bar = tqdm(total=len(jobs), desc="synth", unit="identity", disable=not progress)
+    with bar:
+        if workers <= 1:
+            for job in jobs:
+                _render_identity(job)
+                bar.update()
+            return
+        with ProcessPoolExecutor(workers) as pool:
+            for _ in pool.map(_render_identity, jobs, chunksize=4):
+                bar.update()
+
+
+def generate_synthetic(
+    out_dir: str | Path, cfg: SynthConfig, overwrite: bool = False, progress: bool = True
+) -> Path:
+    """Write the training and held-out sets under `out_dir`; refuse to replace one unless `overwrite`.
+
+    The set is written beside `out_dir` and moved into place when complete, so an interrupted run
+    leaves no half-written dataset behind and an existing one is only removed once its replacement is
+    ready.
+    """
     out_dir = Path(out_dir)
-    if out_dir.exists() and any(out_dir.iterdir()):
-        if not overwrite:
-            raise FacetrainError(f"{out_dir} already exists; pass --overwrite to replace it")
-        shutil.rmtree(out_dir)
-    if cfg.identities < 1 or cfg.images_per_identity < 1:
-        raise FacetrainError("data.synth needs at least 1 identity with at least 1 image")
+    replacing = out_dir.exists() and (not out_dir.is_dir() or any(out_dir.iterdir()))
+    if replacing and not overwrite:
+        raise FacetrainError(f"{out_dir} already exists; pass --overwrite to replace it")
+    if cfg.identities < 1 or cfg.images_per_identity < 1 or cfg.image_size < 8:
+        raise FacetrainError(
+            "data.synth needs at least 1 identity with at least 1 image, and image_size >= 8; "
+            f"got {cfg.identities} identities x {cfg.images_per_identity} images at {cfg.image_size} px"
+        )
+    if cfg.heldout_identities < 0 or (cfg.heldout_identities and cfg.heldout_images_per_identity < 1):
+        raise FacetrainError("data.synth.heldout_identities must be >= 0, each with >= 1 image")
+    if cfg.heldout_identities:
+        check_pairs_settings(
+            cfg.heldout_identities, cfg.heldout_images_per_identity, cfg.pairs_folds, cfg.pairs_per_fold
+        )
     tmp = out_dir.with_name(out_dir.name + ".tmp")
     shutil.rmtree(tmp, ignore_errors=True)
     train_names = [identity_name(i) for i in range(cfg.identities)]
     heldout_names = [identity_name(cfg.identities + i) for i in range(cfg.heldout_identities)]
-    jobs = [(tmp / "train" / n, n, cfg.seed * 7919 + i, cfg.images_per_identity, cfg.image_size)
-            for i, n in enumerate(train_names)]
-    jobs += [
-        (tmp / "heldout" / n, n, cfg.seed * 7919 + HELDOUT_SEED_OFFSET + i, cfg.heldout_images_per_identity, cfg.image_size)
-        for i, n in enumerate(heldout_names)
+    jobs = [
+        (tmp / "train" / name, name, cfg.seed * 7919 + i, cfg.images_per_identity, cfg.image_size)
+        for i, name in enumerate(train_names)
     ]
-    workers = min(len(jobs), os.cpu_count() or 1)
-    with ProcessPoolExecutor(workers) as pool:
-        for _ in tqdm(pool.map(_render_identity, jobs, chunksize=4), total=len(jobs), desc="synth",
-                      unit="identity", disable=not progress):
-            pass
-    if heldout_names:
-        write_pairs(tmp / "heldout" / "pairs.txt", heldout_names, cfg.heldout_images_per_identity,
-                    cfg.pairs_folds, cfg.pairs_per_fold, cfg.seed)
+    jobs += [
+        (
+            tmp / "heldout" / name,
+            name,
+            cfg.seed * 7919 + HELDOUT_SEED_OFFSET + i,
+            cfg.heldout_images_per_identity,
+            cfg.image_size,
+        )
+        for i, name in enumerate(heldout_names)
+    ]
+    try:
+        _render_all(jobs, progress)
+        if heldout_names:
+            write_pairs(
+                tmp / "heldout" / "pairs.txt",
+                heldout_names,
+                cfg.heldout_images_per_identity,
+                cfg.pairs_folds,
+                cfg.pairs_per_fold,
+                cfg.seed,
+            )
+    except BaseException:
+        shutil.rmtree(tmp, ignore_errors=True)
+        raise
+    if replacing:
+        _remove(out_dir)
+    elif out_dir.is_dir():
+        out_dir.rmdir()
+    out_dir.parent.mkdir(parents=True, exist_ok=True)
     os.replace(tmp, out_dir)
     return out_dir
+
+
+def _remove(path: Path) -> None:
+    if path.is_dir() and not path.is_symlink():
+        shutil.rmtree(path)
+    else:
+        path.unlink()

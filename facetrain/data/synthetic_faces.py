@@ -73,7 +73,11 @@ def draw_identity_traits(rng: np.random.Generator) -> IdentityTraits:
         nose_width=rng.uniform(0.025, 0.05),
         mouth_height=rng.uniform(0.68, 0.76),
         mouth_width=rng.uniform(0.05, 0.1),
-        lip=(skin[0] * rng.uniform(0.5, 0.8), skin[1] * rng.uniform(0.4, 0.7), skin[2] * rng.uniform(0.7, 0.95)),
+        lip=(
+            skin[0] * rng.uniform(0.5, 0.8),
+            skin[1] * rng.uniform(0.4, 0.7),
+            skin[2] * rng.uniform(0.7, 0.95),
+        ),
         ear_size=rng.uniform(0.035, 0.06),
         beard=bool(rng.random() < 0.2),
         glasses=bool(rng.random() < 0.2),
@@ -112,7 +116,9 @@ class _Canvas:
         cv2.line(self.image, self.p(*a), self.p(*b), _bgr(color), self.s(thickness), cv2.LINE_AA)
 
     def polygon(self, points, color) -> None:
-        cv2.fillPoly(self.image, [np.array([self.p(*pt) for pt in points], np.int32)], _bgr(color), cv2.LINE_AA)
+        cv2.fillPoly(
+            self.image, [np.array([self.p(*pt) for pt in points], np.int32)], _bgr(color), cv2.LINE_AA
+        )
 
 
 def _bgr(color) -> tuple[int, int, int]:
@@ -132,7 +138,9 @@ def _draw_head(canvas: _Canvas, t: IdentityTraits, yaw: float) -> None:
     for side in (-1, 1):
         visible = 1.0 - 0.6 * max(0.0, side * yaw)
         canvas.ellipse(
-            (cx + side * (t.face_width - 0.005), ear_y), (t.ear_size * 0.6 * visible, t.ear_size), _shade(t.skin, 0.9)
+            (cx + side * (t.face_width - 0.005), ear_y),
+            (t.ear_size * 0.6 * visible, t.ear_size),
+            _shade(t.skin, 0.9),
         )
     canvas.ellipse((cx, cy), (t.face_width, t.face_height), t.skin)
     jaw_y = cy + t.face_height * 0.35
@@ -140,15 +148,29 @@ def _draw_head(canvas: _Canvas, t: IdentityTraits, yaw: float) -> None:
     hair_top = cy - t.face_height
     if t.hair_style != 2:
         canvas.ellipse(
-            (cx, hair_top + t.hairline * 0.45), (t.face_width * 1.02, t.hairline * 0.5), t.hair, start=180, end=360
+            (cx, hair_top + t.hairline * 0.45),
+            (t.face_width * 1.02, t.hairline * 0.5),
+            t.hair,
+            start=180,
+            end=360,
         )
     if t.hair_style == 3:
-        canvas.ellipse((cx - 0.05, hair_top + t.hairline * 0.5), (t.face_width * 0.8, 0.06), t.hair, angle=-12)
+        canvas.ellipse(
+            (cx - 0.05, hair_top + t.hairline * 0.5), (t.face_width * 0.8, 0.06), t.hair, angle=-12
+        )
     if t.beard:
-        canvas.ellipse((cx, jaw_y + 0.02), (t.face_width * t.jaw_width * 0.95, t.face_height * 0.55), t.hair, start=15, end=165)
+        canvas.ellipse(
+            (cx, jaw_y + 0.02),
+            (t.face_width * t.jaw_width * 0.95, t.face_height * 0.55),
+            t.hair,
+            start=15,
+            end=165,
+        )
 
 
-def _draw_features(canvas: _Canvas, t: IdentityTraits, yaw: float, smile: float, eye_open: float, brow_raise: float) -> None:
+def _draw_features(
+    canvas: _Canvas, t: IdentityTraits, yaw: float, smile: float, eye_open: float, brow_raise: float
+) -> None:
     cx = 0.5 + 0.05 * yaw
     for side in (-1, 1):
         eye_x = cx + side * t.eye_spacing * (1.0 - 0.25 * side * yaw)
@@ -181,7 +203,9 @@ def _draw_features(canvas: _Canvas, t: IdentityTraits, yaw: float, smile: float,
     if curve >= 0:
         canvas.ellipse(mouth, (t.mouth_width, max(curve, 0.006)), t.lip, start=0, end=180, thickness=0.015)
     else:
-        canvas.ellipse((cx, t.mouth_height - curve), (t.mouth_width, -curve), t.lip, start=180, end=360, thickness=0.015)
+        canvas.ellipse(
+            (cx, t.mouth_height - curve), (t.mouth_width, -curve), t.lip, start=180, end=360, thickness=0.015
+        )
     if t.mole is not None:
         canvas.ellipse((cx + t.mole[0], t.mole[1]), (0.008, 0.008), (40, 50, 70))
 
@@ -209,7 +233,10 @@ def render_face(traits: IdentityTraits, rng: np.random.Generator, size: int) -> 
     ).astype(np.float32)
     image *= rng.uniform(0.7, 1.25)
     direction = rng.uniform(0, 2 * np.pi)
-    ramp = (np.cos(direction) * np.linspace(-1, 1, size)[None, :] + np.sin(direction) * np.linspace(-1, 1, size)[:, None])
+    ramp = (
+        np.cos(direction) * np.linspace(-1, 1, size)[None, :]
+        + np.sin(direction) * np.linspace(-1, 1, size)[:, None]
+    )
     image *= (1.0 + rng.uniform(0.0, 0.35) * ramp)[:, :, None]
     sigma = rng.uniform(0.0, 1.3)
     if sigma > 0.3:

@@ -68,6 +68,26 @@ def build_card(
     }
 
 
+def with_verification_report(card: dict[str, Any], report_path: Path) -> dict[str, Any]:
+    """The card with the results of a `facetrain eval` verification report, which replace the
+    checkpoint's own (the report may come from other pairs, or from after training)."""
+    try:
+        report = json.loads(report_path.read_text())
+    except FileNotFoundError:
+        raise FacetrainError(
+            f"evaluation report {report_path} does not exist; run facetrain eval first"
+        ) from None
+    except (OSError, UnicodeDecodeError, json.JSONDecodeError) as error:
+        raise FacetrainError(f"cannot read evaluation report {report_path}: {error}") from None
+    if not isinstance(report, dict) or not isinstance(report.get("threshold"), int | float):
+        raise FacetrainError(
+            f"{report_path} is not a verification report with a threshold; "
+            "pass the NAME.json that `facetrain eval --pairs` wrote"
+        )
+    evaluation = {**card.get("evaluation", {}), "verification": report}
+    return {**card, "evaluation": evaluation, "threshold": float(report["threshold"])}
+
+
 def normalized_evaluation(evaluation: dict[str, Any]) -> dict[str, Any]:
     """Evaluation results keyed by kind; the trainer stores its verification figures unkeyed."""
     if "verification" in evaluation or "accuracy" not in evaluation:

@@ -12,7 +12,7 @@ from tqdm import tqdm
 
 from facetrain.errors import FacetrainError
 from facetrain.export.atomic import atomic_target, refuse_to_overwrite
-from facetrain.export.card import CARD_NAME, write_card
+from facetrain.export.card import CARD_NAME, with_verification_report, write_card
 from facetrain.export.formats import DEFAULT_FORMATS, export_format
 from facetrain.export.loading import LoadedModel, load_model
 from facetrain.export.safetensors_format import HEAD_NAME, write_head
@@ -34,9 +34,11 @@ def export_model(
     with_head: bool = False,
     overwrite: bool = False,
     progress: bool = True,
+    verification_report: str | Path | None = None,
 ) -> ExportResult:
     """Load `source` (a training checkpoint or an exported model) and export it; see `export_loaded`."""
-    return export_loaded(load_model(source, device="cpu"), out_dir, formats, with_head, overwrite, progress)
+    loaded = load_model(source, device="cpu")
+    return export_loaded(loaded, out_dir, formats, with_head, overwrite, progress, verification_report)
 
 
 def export_loaded(
@@ -46,11 +48,13 @@ def export_loaded(
     with_head: bool = False,
     overwrite: bool = False,
     progress: bool = True,
+    verification_report: str | Path | None = None,
 ) -> ExportResult:
     """Write the requested formats, optionally the gathered head, and the card into `out_dir`.
 
     Each file is written atomically and checked before it replaces anything; the card is written
-    last, so a card always describes files that exist and passed their checks.
+    last, so a card always describes files that exist and passed their checks. A `facetrain eval`
+    verification report, when given, replaces the checkpoint's evaluation results and threshold.
     """
     out_dir = Path(out_dir)
     writers = {name: export_format(name) for name in dict.fromkeys(formats)}
@@ -66,6 +70,8 @@ def export_loaded(
     out_dir.mkdir(parents=True, exist_ok=True)
 
     card = dict(loaded.card, files={})
+    if verification_report is not None:
+        card = with_verification_report(card, Path(verification_report))
     written = []
     with tqdm(list(writers.items()), desc="export", unit="file", disable=not progress) as bar:
         for name, writer in bar:

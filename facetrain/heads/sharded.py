@@ -12,9 +12,18 @@ from torch import nn
 
 from facetrain.errors import EveryRankError, FacetrainError
 from facetrain.heads.fused_softmax import ShardedMarginSoftmax
-from facetrain.heads.margins import build_margin
+from facetrain.heads.margins import Margin, build_margin
 from facetrain.heads.partition import class_range
 from facetrain.parallel import comm
+
+
+def check_head_settings(margin: str, scale: float, sample_rate: float, margin_params: dict) -> Margin:
+    """The margin for these settings, or a one-line error; cheap, so callers check before heavy work."""
+    if scale <= 0:
+        raise FacetrainError(f"head scale must be > 0, got {scale} (head.scale)")
+    if not 0.0 < sample_rate <= 1.0:
+        raise FacetrainError(f"head sample_rate must be in (0, 1], got {sample_rate} (head.sample_rate)")
+    return build_margin(margin, **margin_params)
 
 
 class ShardedMarginHead(nn.Module):
@@ -36,10 +45,7 @@ class ShardedMarginHead(nn.Module):
         **margin_params: float,
     ):
         super().__init__()
-        if scale <= 0:
-            raise FacetrainError(f"head scale must be > 0, got {scale} (head.scale)")
-        if not 0.0 < sample_rate <= 1.0:
-            raise FacetrainError(f"head sample_rate must be in (0, 1], got {sample_rate} (head.sample_rate)")
+        self.margin = check_head_settings(margin, scale, sample_rate, margin_params)
         if embedding_size < 1:
             raise FacetrainError(f"embedding size must be >= 1, got {embedding_size}")
         self.group = group
@@ -52,7 +58,6 @@ class ShardedMarginHead(nn.Module):
             )
         self.num_classes = num_classes
         self.embedding_size = embedding_size
-        self.margin = build_margin(margin, **margin_params)
         self.scale = float(scale)
         self.sample_rate = float(sample_rate)
         self.class_start, self.class_count = class_range(num_classes, self.world_size, self.rank)
