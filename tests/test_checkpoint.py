@@ -123,3 +123,21 @@ def test_tampered_index_is_refused_without_running_it(tmp_path):
     with pytest.raises(FacetrainError, match="not allowed"):
         load_full_head(checkpoint)
     assert not __import__("os").path.exists("/tmp/facetrain-exploit-ran")
+
+
+def batchnorm_worker(rank, world_size, run_dir):
+    backbone, head, optimizer = build()
+    backbone.append(torch.nn.BatchNorm1d(DIM))
+    backbone[1].running_mean.fill_(float(rank + 1))  # each rank's statistics come from its own batches
+    save_checkpoint(run_dir, TrainState(step=1), Config(), backbone, head, optimizer, None, [])
+    return backbone.state_dict()
+
+
+def test_backbone_statistics_are_rank_zeros(tmp_path):
+    from facetrain.train.checkpoint import load_backbone_weights
+
+    rank_zero = run_distributed(batchnorm_worker, 2, tmp_path)[0]
+    backbone, _, _ = build()
+    backbone.append(torch.nn.BatchNorm1d(DIM))
+    load_backbone_weights(resolve_checkpoint(tmp_path), backbone)
+    assert all(torch.equal(backbone.state_dict()[k], v) for k, v in rank_zero.items())

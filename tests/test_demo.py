@@ -55,5 +55,6 @@ def test_demo_script_runs_every_step_at_a_reduced_size(tmp_path: Path) -> None:
     for similarity, threshold, verdict in comparisons:
         assert -1.0 <= float(similarity) <= 1.0
         assert float(threshold) == pytest.approx(card["threshold"], abs=1e-4)
-        assert verdict == ("same person" if float(similarity) >= float(threshold) else "different people")
+        if abs(float(similarity) - float(threshold)) > 1e-4:  # printed to 4 decimals: ties are unreadable
+            assert verdict == ("same person" if float(similarity) > float(threshold) else "different people")
     assert str(run / "export") in result.stdout

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
+import cv2
 import torch
 from torch.utils.data import DataLoader
 
@@ -58,6 +59,11 @@ def build_train_dataset(cfg: DataConfig) -> FaceDataset:
     return FaceDataset(table, build_train_transform(cfg.image_size, cfg.augment), cfg.skip_bad_images)
 
 
+def _single_threaded_worker(worker_id: int) -> None:
+    """Each worker is one core's worth of decoding; OpenCV's own thread pool would oversubscribe the CPU."""
+    cv2.setNumThreads(0)
+
+
 def build_train_loader(
     dataset: FaceDataset, cfg: DataConfig, batch_size: int, rank: int, world_size: int, seed: int
 ) -> tuple[DataLoader, ResumableDistributedSampler | IdentitySampler]:
@@ -78,6 +84,7 @@ def build_train_loader(
         pin_memory=cfg.pin_memory,
         persistent_workers=cfg.persistent_workers and workers > 0,
         prefetch_factor=cfg.prefetch_factor if workers > 0 else None,
+        worker_init_fn=_single_threaded_worker if workers > 0 else None,
         # its own generator, so making an iterator never draws from the global RNG that a resumed run
         # restores (worker seeds derive from it)
         generator=torch.Generator().manual_seed(seed + 31 * rank),

@@ -18,7 +18,7 @@ import numpy as np
 import torch
 from torch.utils.data import Dataset
 
-from facetrain.data.decode import BadImageError, decode_image, read_file_bytes
+from facetrain.data.decode import BadImageError, DataError, decode_image, read_file_bytes
 from facetrain.errors import FacetrainError
 
 logger = logging.getLogger(__name__)
@@ -117,6 +117,8 @@ class FaceDataset(Dataset):
 
     def __getitem__(self, index: int) -> tuple[torch.Tensor, int]:
         size = len(self)
+        if not -size <= index < size:
+            raise IndexError(f"sample {index} of a dataset of {size}")
         for offset in range(size):
             candidate = (index + offset) % size
             try:
@@ -131,4 +133,4 @@ class FaceDataset(Dataset):
                 logger.warning("skipping bad image: %s", error)
                 continue
             return self.transform(image), int(self.table.labels[candidate])
-        raise FacetrainError(f"every image of dataset {self.table.description} is unreadable")
+        raise DataError(f"every image of dataset {self.table.description} is unreadable; check data.path")

@@ -319,7 +319,12 @@ def _identity_range(header: ImageHeader, records: RecordIOFile) -> tuple[int, in
 
 
 def scan_recordio(rec_path: str | Path, progress: bool = True) -> SampleTable:
-    """Labels are remapped to 0..C-1 in the order of the stored numeric labels."""
+    """Labels are remapped to 0..C-1 in the order of the stored numeric labels.
+
+    `rec_path` may also be the dataset folder, as insightface ships them (`faces_emore/train.rec`).
+    """
+    if Path(rec_path).is_dir():
+        rec_path = Path(rec_path) / "train.rec"
     records = RecordIOFile(rec_path)
     if not records.offsets:
         raise FacetrainError(f"RecordIO index {records.idx_path} is empty; rebuild it with the .rec")

@@ -54,7 +54,9 @@ def check_pairs_settings(identities: int, images_per_identity: int, folds: int, 
         )
 
 
-def write_pairs(path: Path, names: list[str], images_per_identity: int, folds: int, per_fold: int, seed: int):
+def write_pairs(
+    path: Path, names: list[str], images_per_identity: int, folds: int, per_fold: int, seed: int
+) -> None:
     """LFW View-2 format: `folds\tper_fold`, then per fold `per_fold` matched and `per_fold` mismatched."""
     check_pairs_settings(len(names), images_per_identity, folds, per_fold)
     rng = np.random.default_rng(seed)

@@ -29,12 +29,13 @@ def build_card(
 ) -> dict[str, Any]:
     """The card of a backbone trained with `config`; `meta` is the checkpoint's meta.json."""
     evaluation = normalized_evaluation(meta.get("evaluation") or {})
+    embedding_size = int(getattr(module, "embedding_size", config.model.embedding_size))
     return {
         "format": CARD_FORMAT,
         "format_version": CARD_VERSION,
         "facetrain_version": __version__,
         "architecture": config.model.backbone,
-        "embedding_size": int(getattr(module, "embedding_size", config.model.embedding_size)),
+        "embedding_size": embedding_size,
         "input": {
             "name": "images",
             "shape": ["batch", 3, image_size[0], image_size[1]],
@@ -51,7 +52,7 @@ def build_card(
         },
         "output": {
             "name": "embeddings",
-            "shape": ["batch", int(getattr(module, "embedding_size", config.model.embedding_size))],
+            "shape": ["batch", embedding_size],
             "l2_normalized": False,
             "similarity": "cosine",
         },

@@ -122,8 +122,10 @@ def save_checkpoint(
         shutil.rmtree(tmp, ignore_errors=True)
     comm.barrier()
 
-    named = dict(backbone.named_parameters())
-    entries = {f"backbone/{k}": v for k, v in backbone.state_dict().items()}
+    # The backbone is written by rank 0 alone: its parameters match on every rank, but batch-norm
+    # running statistics are updated from each rank's own batch, and rank 0's are the ones verified.
+    named = dict(backbone.named_parameters()) if primary else {}
+    entries = {f"backbone/{k}": v for k, v in backbone.state_dict().items()} if primary else {}
     entries[_range_key("head/weight", head.class_start, head.class_count)] = head.weight.detach()
     entries.update(_optimizer_entries(optimizer, named, head))
     if scaler is not None and scaler.is_enabled():
