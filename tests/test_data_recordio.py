@@ -177,3 +177,12 @@ def test_writer_refuses_to_replace_existing_files(png_folder, rec_path):
         write_recordio(png_folder, rec_path.with_suffix(""), progress=False)
     write_recordio(png_folder, rec_path.with_suffix(""), overwrite=True, progress=False)
     assert len(scan_recordio(rec_path, progress=False).labels) == 9
+
+
+def test_orl_round_trips_through_recordio(shared_data, tmp_path):
+    folder = scan_image_folder(shared_data / "orl")
+    rec_path, _ = write_recordio(shared_data / "orl", tmp_path / "orl", progress=False)
+    table = scan_recordio(rec_path, progress=False)
+    assert len(table.class_names) == 40 and table.labels.tolist() == folder.labels.tolist()
+    assert all(table.reader.read(i) == folder.reader.read(i) for i in range(400))
+    np.testing.assert_array_equal(decode_image(table.reader.read(123)), decode_image(folder.reader.read(123)))

@@ -10,7 +10,7 @@ import pytest
 import torch
 
 from facetrain.config import DataConfig
-from facetrain.data import SOURCES, build_train_dataset
+from facetrain.data import SOURCES, build_train_dataset, build_train_loader
 from facetrain.data.dataset import FaceDataset
 from facetrain.data.decode import decode_image
 from facetrain.data.folder import scan_image_folder
@@ -141,15 +141,19 @@ MARKET_FILES = {
 }
 
 
-@pytest.fixture
-def market_root(tmp_path: Path) -> Path:
+def write_market_tree(root: Path) -> Path:
+    """MARKET_FILES as 32x16 images, plus a Thumbs.db in every split as real copies often have."""
     rng = np.random.default_rng(3)
-    root = tmp_path / "market"
     for folder, names in MARKET_FILES.items():
         for name in names:
             write_image(root / folder / name, random_rgb(rng, 32, 16))
         (root / folder / "Thumbs.db").write_bytes(b"\0")
     return root
+
+
+@pytest.fixture
+def market_root(tmp_path: Path) -> Path:
+    return write_market_tree(tmp_path / "market")
 
 
 def test_market1501_names_parse_to_person_and_camera():
@@ -217,3 +221,22 @@ def test_orl_faces_read_as_40_identities_of_10_images(shared_data):
         assert (image[:, :, 0] == image[:, :, 2]).all()
         tensor, label = dataset[index]
         assert tensor.shape == (3, 112, 92) and label == table.labels[index]
+
+
+def test_training_loader_with_worker_processes(mixed_folder):
+    root, _ = mixed_folder
+    cfg = DataConfig(
+        source="folder",
+        path=str(root),
+        image_size=[8, 8],
+        num_workers=2,
+        persistent_workers=True,
+        prefetch_factor=1,
+    )
+    dataset = build_train_dataset(cfg)
+    loader, sampler = build_train_loader(dataset, cfg, batch_size=2, rank=0, world_size=1, seed=0)
+    for epoch in range(2):
+        sampler.set_epoch(epoch)
+        shapes = [images.shape for images, _ in loader]
+        assert len(shapes) == len(dataset) // 2
+        assert all(shape == (2, 3, 8, 8) for shape in shapes)

@@ -7,6 +7,7 @@ people. Everything is a function of the seed: the same seed writes the same byte
 
 from __future__ import annotations
 
+import multiprocessing
 import os
 import shutil
 from concurrent.futures import ProcessPoolExecutor
@@ -76,8 +77,12 @@ def write_pairs(
 
 
 def _render_all(jobs: list[tuple[Path, str, int, int, int]], progress: bool) -> None:
-    """Identities are independent, so they render in parallel; each one's images depend only on its seed."""
-    workers = min(len(jobs), os.cpu_count() or 1)
+    """Identities are independent, so they render in parallel; each one's images depend only on its seed.
+
+    A daemonic process (a spawned rank of the tests or benchmarks) may not start children, so it renders
+    them itself.
+    """
+    workers = 1 if multiprocessing.current_process().daemon else min(len(jobs), os.cpu_count() or 1)
     bar = tqdm(total=len(jobs), desc="synth", unit="identity", disable=not progress)
     with bar:
         if workers <= 1:

@@ -249,8 +249,11 @@ def _batches(loader, sampler, state: TrainState, global_batch: int, dataset, is_
             raise FacetrainError(
                 "the training set gives no full batch per rank; lower train.batch_size or add images"
             )
-        bad = getattr(dataset, "bad_images", 0)
-        if bad and is_primary:
-            tqdm.write(f"epoch {state.epoch}: skipped {bad} unreadable images (data.skip_bad_images)")
+        if dataset.bad_images and is_primary:
+            tqdm.write(
+                f"epoch {state.epoch}: skipped {dataset.bad_images} unreadable images on rank 0 "
+                "(data.skip_bad_images)"
+            )
+        dataset.reset_bad_images()
         state.epoch += 1
         state.consumed = 0
