@@ -62,7 +62,9 @@ def test_malicious_bin_is_refused_without_running(tmp_path: Path):
     marker = tmp_path / "pwned"
     path = tmp_path / "evil.bin"
     path.write_bytes(pickle.dumps((IMAGES, [CreatesFileWhenUnpickled(marker), False])))
-    with pytest.raises(FacetrainError, match=r"evil.bin: refused to load: the pickle asks for (posix|nt|os)\.system"):
+    with pytest.raises(
+        FacetrainError, match=r"evil.bin: refused to load: the pickle asks for (posix|nt|os)\.system"
+    ):
         read_insightface_bin(path)
     assert not marker.exists()
 

@@ -69,9 +69,13 @@ def test_paths_bytes_and_arrays_embed_alike(tmp_path: Path, faces: list[np.ndarr
         cv2.imwrite(str(paths[-1]), cv2.cvtColor(face, cv2.COLOR_RGB2BGR))
     module = tiny_conv_net(IMAGE_SIZE)
     from_arrays = embed_images(module, faces, IMAGE_SIZE, progress=False)
-    np.testing.assert_allclose(embed_images(module, paths, IMAGE_SIZE, progress=False), from_arrays, atol=1e-6)
+    np.testing.assert_allclose(
+        embed_images(module, paths, IMAGE_SIZE, progress=False), from_arrays, atol=1e-6
+    )
     encoded = [path.read_bytes() for path in paths]
-    np.testing.assert_allclose(embed_images(module, encoded, IMAGE_SIZE, progress=False), from_arrays, atol=1e-6)
+    np.testing.assert_allclose(
+        embed_images(module, encoded, IMAGE_SIZE, progress=False), from_arrays, atol=1e-6
+    )
 
 
 def test_training_mode_is_restored_and_no_gradients_flow(faces: list[np.ndarray]):

@@ -43,9 +43,13 @@ def test_verification_files(verification_result: VerificationResult, tmp_path: P
         rows = list(csv.DictReader(file))
     assert [int(row["fold"]) for row in rows] == list(range(10))
     assert sum(int(row["pairs"]) for row in rows) == 2000
-    np.testing.assert_allclose([float(row["accuracy"]) for row in rows], [fold.accuracy for fold in metrics.folds], atol=1e-6)
+    np.testing.assert_allclose(
+        [float(row["accuracy"]) for row in rows], [fold.accuracy for fold in metrics.folds], atol=1e-6
+    )
     assert written[2].read_bytes().startswith(b"\x89PNG\r\n\x1a\n")
-    assert sorted(path.name for path in (tmp_path / "eval").iterdir()) == sorted(path.name for path in written)
+    assert sorted(path.name for path in (tmp_path / "eval").iterdir()) == sorted(
+        path.name for path in written
+    )
 
 
 def test_running_again_replaces_the_same_files(verification_result: VerificationResult, tmp_path: Path):

@@ -4,7 +4,6 @@ from __future__ import annotations
 
 from pathlib import Path
 
-import cv2
 import numpy as np
 import pytest
 import torch
@@ -12,7 +11,7 @@ from sklearn.metrics import average_precision_score
 
 from facetrain.errors import FacetrainError
 from facetrain.eval.retrieval import evaluate_market1501, retrieval_metrics
-from tests.test_eval_support import ColourMean, colour_face
+from tests.test_eval_support import ColourMean, write_market
 
 
 def fan(count: int) -> np.ndarray:
@@ -25,7 +24,9 @@ def test_hand_computed_market_protocol():
     gallery_pids = np.array([1, 0, 1, -1, 2, 1])
     gallery_camids = np.array([1, 2, 2, 3, 2, 3])
     queries = np.tile([1.0, 0.0], (3, 1))
-    metrics = retrieval_metrics(queries, np.array([1, 2, 3]), np.array([1, 1, 1]), fan(6), gallery_pids, gallery_camids)
+    metrics = retrieval_metrics(
+        queries, np.array([1, 2, 3]), np.array([1, 1, 1]), fan(6), gallery_pids, gallery_camids
+    )
     # query 1 keeps [distractor, hit, wrong, hit] (same-camera match and junk removed): AP (1/2 + 2/4) / 2
     # query 2 keeps [wrong, wrong, wrong, hit, wrong]: AP 1/4; query 3 has no true match and is not scored
     assert metrics.cmc == {1: 0.0, 5: 1.0, 10: 1.0}
@@ -51,7 +52,9 @@ def test_matches_sklearn_average_precision_on_random_data():
         if relevant.any():
             precisions.append(average_precision_score(relevant, similarities))
             first_ranks.append(int(np.sum(similarities > similarities[relevant].max())))
-    metrics = retrieval_metrics(queries, query_pids, query_camids, gallery, gallery_pids, gallery_camids, ranks=(1, 5))
+    metrics = retrieval_metrics(
+        queries, query_pids, query_camids, gallery, gallery_pids, gallery_camids, ranks=(1, 5)
+    )
     assert metrics.mean_ap == pytest.approx(np.mean(precisions), abs=1e-6)
     assert metrics.cmc[1] == pytest.approx(np.mean(np.array(first_ranks) < 1))
     assert metrics.cmc[5] == pytest.approx(np.mean(np.array(first_ranks) < 5))
@@ -61,21 +64,6 @@ def test_matches_sklearn_average_precision_on_random_data():
 def test_no_scorable_query_is_a_user_error():
     with pytest.raises(FacetrainError, match="no query has a true match"):
         retrieval_metrics(fan(1), np.array([1]), np.array([1]), fan(2), np.array([1, 2]), np.array([1, 1]))
-
-
-def write_market(root: Path) -> None:
-    """3 people seen by cameras 1-2, plus a distractor and a junk box that copies a query's colour."""
-    boxes = {
-        "query": [(1, 1), (2, 1), (3, 2)],
-        "bounding_box_test": [(1, 1), (1, 2), (2, 2), (2, 2), (3, 1), (0, 1), (-1, 2)],
-    }
-    for split, entries in boxes.items():
-        (root / split).mkdir(parents=True)
-        for index, (pid, camid) in enumerate(entries):
-            identity = {0: 4, -1: 0}.get(pid, pid - 1)
-            image = cv2.cvtColor(colour_face(identity, seed=index, size=(32, 16)), cv2.COLOR_RGB2BGR)
-            cv2.imwrite(str(root / split / f"{pid:04d}_c{camid}s1_{index:06d}_00.jpg"), image)
-    (root / "bounding_box_train").mkdir()
 
 
 def test_evaluate_market1501_folders(tmp_path: Path):

@@ -50,10 +50,27 @@ def write_lfw_style_set(root: Path, identities: int = 6, per_identity: int = 4, 
             lines.append(f"{name}\t{first}\t{second}")
         for _ in range(per_class):
             one, other = rng.choice(identities, 2, replace=False)
-            lines.append(f"{names[one]}\t{rng.integers(1, per_identity + 1)}\t{names[other]}\t{rng.integers(1, per_identity + 1)}")
+            lines.append(
+                f"{names[one]}\t{rng.integers(1, per_identity + 1)}\t{names[other]}\t{rng.integers(1, per_identity + 1)}"
+            )
     pairs = root / "pairs.txt"
     pairs.write_text("\n".join(lines) + "\n")
     return pairs
+
+
+def write_market(root: Path) -> None:
+    """3 people seen by cameras 1-2, plus a distractor and a junk box that copies a query's colour."""
+    boxes = {
+        "query": [(1, 1), (2, 1), (3, 2)],
+        "bounding_box_test": [(1, 1), (1, 2), (2, 2), (2, 2), (3, 1), (0, 1), (-1, 2)],
+    }
+    for split, entries in boxes.items():
+        (root / split).mkdir(parents=True)
+        for index, (pid, camid) in enumerate(entries):
+            identity = {0: 4, -1: 0}.get(pid, pid - 1)
+            image = cv2.cvtColor(colour_face(identity, seed=index, size=(32, 16)), cv2.COLOR_RGB2BGR)
+            cv2.imwrite(str(root / split / f"{pid:04d}_c{camid}s1_{index:06d}_00.jpg"), image)
+    (root / "bounding_box_train").mkdir()
 
 
 class ColourMean(nn.Module):

@@ -318,7 +318,8 @@ def test_bench_pipeline_writes_json_and_plots_and_keeps_earlier_results(tmp_path
 
     args = [
         "--backbone", "small", "--image-size", "16", "--batch-size", "8", "--embedding-size", "8",
-        "--microbatches", "2", "--split-sizes", "4,2", "--repeats", "2", "--steps", "1", "--warmup", "0",
+        "--microbatches", "2", "--split-sizes", "4,2", "--split-at", "stage3", "--repeats", "2", "--steps", "1",
+        "--warmup", "0",
         "--out", str(tmp_path),
     ]  # fmt: skip
     result = CliRunner().invoke(pipeline_command, args)
@@ -331,6 +332,7 @@ def test_bench_pipeline_writes_json_and_plots_and_keeps_earlier_results(tmp_path
         "pipelined",
     }
     assert [row["split_size"] for row in report["sweep"]] == [2, 4, 8]
+    assert report["settings"]["split_points"] == ["stage3.down"]
     assert all(len(run["step_s"]) == 2 and run["mean_s"] > 0 for run in report["runs"].values())
     for name in ("bars", "sweep"):
         assert (tmp_path / OUTPUT_NAMES[name]).read_bytes().startswith(b"\x89PNG")

@@ -38,7 +38,12 @@ from facetrain.models import BACKBONES, build_backbone
 from facetrain.parallel import comm
 from facetrain.parallel.env import DistEnv
 from facetrain.parallel.pipeline import PipelineRuntime
-from facetrain.parallel.pipeline_split import balanced_boundaries, measure_unit_costs, pipeline_units
+from facetrain.parallel.pipeline_split import (
+    balanced_boundaries,
+    boundaries_from_split_points,
+    measure_unit_costs,
+    pipeline_units,
+)
 
 OUTPUT_NAMES = {
     "json": "bench_pipeline.json",
@@ -59,6 +64,7 @@ class PipelineBenchSettings:
     microbatches: int = 4
     split_sizes: tuple[int, ...] = (32, 16, 8)
     schedule: str = "gpipe"
+    split_at: tuple[str, ...] = ()
     repeats: int = 3
     steps: int = 2
     warmup: int = 1
@@ -108,6 +114,9 @@ def plan_split_points(settings: PipelineBenchSettings) -> list[str]:
     """One cut for every run (balanced on the pipelined micro-batch, one thread), so runs compare."""
     torch.set_num_threads(1)
     units = pipeline_units(make_backbone(settings))
+    if settings.split_at:
+        starts = boundaries_from_split_points(units, list(settings.split_at), settings.stages)
+        return [units[start].name for start in starts]
     shape = (settings.batch_size // settings.microbatches, *settings.input_shape[1:])
     costs = measure_unit_costs(units, torch.randn(shape))
     return [units[start].name for start in balanced_boundaries(costs, settings.stages)]
@@ -374,6 +383,11 @@ def write_outputs(report: dict, out: Path) -> str:
     help="Pipeline schedule of the pipelined runs.",
 )
 @click.option(
+    "--split-at",
+    default="",
+    help="Modules where stages 2..S begin, comma-separated (e.g. layer3.5); default: balance by cost.",
+)
+@click.option(
     "--repeats",
     default=DEFAULTS.repeats,
     show_default=True,
@@ -411,6 +425,7 @@ def pipeline_command(
     microbatches: int,
     split_sizes: str,
     schedule: str,
+    split_at: str,
     repeats: int,
     steps: int,
     warmup: int,
@@ -428,6 +443,7 @@ def pipeline_command(
       facetrain bench pipeline
       facetrain bench pipeline --backbone r18 --image-size 32 --batch-size 16 --split-sizes 8,4,2
       facetrain bench pipeline --microbatches 8 --split-sizes 32,16,8,4 --repeats 5 --overwrite
+      facetrain bench pipeline --split-at layer3.5 --out runs/bench/pipeline-fixed-cut
     """
     settings = PipelineBenchSettings(
         backbone=backbone,
@@ -438,6 +454,7 @@ def pipeline_command(
         microbatches=microbatches,
         split_sizes=tuple(parse_int_list(split_sizes, "--split-sizes")),
         schedule=schedule,
+        split_at=tuple(name.strip() for name in split_at.split(",") if name.strip()),
         repeats=repeats,
         steps=steps,
         warmup=warmup,

@@ -1,0 +1,138 @@
+"""`facetrain eval` end to end on an exported small backbone and synthetic held-out pairs."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+import torch
+from click.testing import CliRunner
+
+from facetrain.cli import main
+from facetrain.config import Config
+from facetrain.eval.pairs import load_pairs
+from facetrain.eval.retrieval import evaluate_market1501
+from facetrain.eval.verification import verify
+from facetrain.export.card import build_card
+from facetrain.export.exporter import export_loaded
+from facetrain.export.loading import LoadedModel, load_model
+from facetrain.models import build_backbone
+from tests.test_eval_support import write_lfw_style_set, write_market
+
+IMAGE_SIZE = (32, 32)
+
+
+@pytest.fixture(scope="module")
+def model_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    torch.set_num_threads(1)
+    torch.manual_seed(0)
+    config = Config()
+    config.model.backbone = "small"
+    config.model.embedding_size = 16
+    config.data.image_size = list(IMAGE_SIZE)
+    module = build_backbone(config.model, image_size=IMAGE_SIZE).eval()
+    card = build_card(module, config, {"step": 1}, IMAGE_SIZE, Path("fresh"))
+    out = tmp_path_factory.mktemp("model")
+    export_loaded(
+        LoadedModel(module, IMAGE_SIZE, card, Path("fresh"), "checkpoint"),
+        out,
+        ["safetensors"],
+        progress=False,
+    )
+    return out
+
+
+@pytest.fixture(scope="module")
+def pairs_file(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    return write_lfw_style_set(tmp_path_factory.mktemp("heldout"))
+
+
+def run(*args: object) -> tuple[int, str]:
+    result = CliRunner().invoke(main, ["eval", *(str(arg) for arg in args)])
+    if result.exception and not isinstance(result.exception, SystemExit):
+        raise result.exception
+    return result.exit_code, result.output
+
+
+def test_help_shows_examples():
+    code, output = run("--help")
+    assert code == 0 and "Examples:" in output and "facetrain eval runs/" in output
+
+
+def test_eval_pairs_writes_the_report_beside_the_model(model_dir: Path, pairs_file: Path):
+    code, output = run(model_dir, "--pairs", pairs_file, "--batch-size", "5", "--quiet")
+    assert code == 0, output
+    assert "accuracy" in output and "over 2 folds" in output and "ROC AUC" in output
+    report = model_dir / "eval"
+    assert sorted(path.name for path in report.iterdir()) == [
+        "pairs.json",
+        "pairs_folds.csv",
+        "pairs_roc.png",
+    ]
+    figures = json.loads((report / "pairs.json").read_text())
+    loaded = load_model(model_dir)
+    expected = verify(load_pairs(pairs_file), loaded.module, loaded.image_size, progress=False)
+    assert figures["model"] == str(model_dir)
+    assert figures["accuracy"] == pytest.approx(expected.accuracy)
+    assert figures["auc"] == pytest.approx(expected.metrics.auc)
+    assert figures["xnorm"] == pytest.approx(expected.xnorm, rel=1e-5)
+    assert figures["num_pairs"] == 12 and figures["flip"] is True
+
+
+def test_skip_missing_and_no_flip(model_dir: Path, pairs_file: Path, tmp_path: Path):
+    lines = pairs_file.read_text().splitlines()
+    broken = tmp_path / "pairs.txt"
+    broken.write_text("\n".join([lines[0], "Nobody\t1\t2", *lines[2:]]) + "\n")
+    code, output = run(
+        model_dir, "--pairs", broken, "--images", pairs_file.parent, "--quiet", "--out", tmp_path / "r"
+    )
+    assert code == 2
+    assert (
+        "error: " in output and "2 images used by 1 pairs are missing" in output and "Traceback" not in output
+    )
+    code, output = run(
+        model_dir,
+        "--pairs",
+        broken,
+        "--images",
+        pairs_file.parent,
+        "--skip-missing",
+        "--no-flip",
+        "--quiet",
+        "--out",
+        tmp_path / "r",
+    )
+    assert code == 0, output
+    assert "skipped 1 pairs: 2 images missing" in output
+    figures = json.loads((tmp_path / "r" / "pairs.json").read_text())
+    assert figures["skipped_pairs"] == 1 and figures["num_pairs"] == 11 and figures["flip"] is False
+
+
+def test_malformed_line_is_a_one_line_error(model_dir: Path, tmp_path: Path):
+    (tmp_path / "pairs.txt").write_text("Ann 1 2\nAnn 1\n")
+    code, output = run(model_dir, "--pairs", tmp_path / "pairs.txt")
+    assert code == 2 and output.strip().splitlines() == [
+        f"error: {tmp_path / 'pairs.txt'} line 2: expected 'name i j' or 'name1 i name2 j', got 2 fields"
+    ]
+
+
+@pytest.mark.parametrize(
+    "args",
+    [[], ["--pairs", "p.txt", "--market", "m"], ["--market", "m", "--skip-missing"]],
+)
+def test_usage_errors(model_dir: Path, args: list[str]):
+    code, output = run(model_dir, *args)
+    assert code == 2 and "Usage:" in output
+
+
+def test_eval_market(model_dir: Path, tmp_path: Path):
+    write_market(tmp_path / "market")
+    code, output = run(model_dir, "--market", tmp_path / "market", "--out", tmp_path / "r", "--quiet")
+    assert code == 0, output
+    assert "rank-1" in output and "mAP" in output
+    figures = json.loads((tmp_path / "r" / "market1501.json").read_text())
+    loaded = load_model(model_dir)
+    expected = evaluate_market1501(loaded.module, tmp_path / "market", loaded.image_size, progress=False)
+    assert figures["mAP"] == pytest.approx(expected.metrics.mean_ap)
+    assert figures["rank1"] == pytest.approx(expected.metrics.cmc[1])
