@@ -242,7 +242,11 @@ def sharded_head_worker(rank: int, world_size: int, cfg: ParallelConfig) -> dict
     backbone = tiny_backbone()
     reference = copy.deepcopy(backbone)
     runtime = PipelineRuntime(
-        backbone, cfg, DistEnv(rank, world_size, rank, torch.device("cpu")), (BATCH, 3, *SIZE)
+        backbone,
+        cfg,
+        DistEnv(rank, world_size, rank, torch.device("cpu")),
+        (BATCH, 3, *SIZE),
+        gradient_reduction="sum",
     )
     images, labels = replica_batch(runtime.dp_index)
     result: dict = {"stage": runtime.stage_index}
@@ -257,14 +261,15 @@ def sharded_head_worker(rank: int, world_size: int, cfg: ParallelConfig) -> dict
     result["grads"] = {name: p.grad.clone() for name, p in runtime.named_parameters()}
     if runtime.is_last:
         reference_head = head()
-        # The unsplit model as the trainer runs it: DDP-averaged backbone, head sharded over the same ranks.
+        # The unsplit model as the trainer runs it: the head's loss is the mean over all replicas'
+        # batches, so the replicas' backbone gradients are summed (wrap_data_parallel's rule).
         total = 0.0
         for image_mb, label_mb in zip(images.chunk(cfg.microbatches), labels.chunk(cfg.microbatches)):
             part = reference_head(reference(image_mb), label_mb) / cfg.microbatches
             part.backward()
             total += part.item()
         for p in reference.parameters():
-            comm.all_reduce_(p.grad, "sum", runtime.dp_group).div_(runtime.replicas)
+            comm.all_reduce_(p.grad, "sum", runtime.dp_group)
         result["expected_loss"] = total
         result["expected_grads"] = {name: p.grad for name, p in reference.named_parameters()}
         result["head_grad_error"] = (loss_fn.weight.grad - reference_head.weight.grad).abs().max().item()

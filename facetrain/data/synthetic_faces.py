@@ -241,5 +241,5 @@ def render_face(traits: IdentityTraits, rng: np.random.Generator, size: int) -> 
     sigma = rng.uniform(0.0, 1.3)
     if sigma > 0.3:
         image = cv2.GaussianBlur(image, (0, 0), sigma)
-    image += rng.normal(0.0, rng.uniform(2.0, 9.0), size=image.shape).astype(np.float32)
+    image += rng.standard_normal(size=image.shape, dtype=np.float32) * np.float32(rng.uniform(2.0, 9.0))
     return np.clip(image, 0, 255).astype(np.uint8)

@@ -81,8 +81,19 @@ class PipelineRuntime:
     """
 
     def __init__(
-        self, backbone: nn.Module, cfg: ParallelConfig, env: DistEnv, sample_input_shape: Sequence[int]
+        self,
+        backbone: nn.Module,
+        cfg: ParallelConfig,
+        env: DistEnv,
+        sample_input_shape: Sequence[int],
+        gradient_reduction: str = "mean",
     ):
+        """`gradient_reduction` combines the D replicas' stage gradients: "mean" when each replica's loss
+        is the mean over its own batch (as plain DDP assumes), "sum" when the loss is already the mean
+        over all replicas' batches, as the sharded head's is (each replica then holds its share)."""
+        if gradient_reduction not in ("mean", "sum"):
+            raise ValueError(f"gradient_reduction must be mean or sum, got {gradient_reduction!r}")
+        self.gradient_reduction = gradient_reduction
         batch = int(sample_input_shape[0])
         if cfg.microbatches < 1 or batch % cfg.microbatches:
             raise FacetrainError(
@@ -199,13 +210,16 @@ class PipelineRuntime:
         return loss
 
     def average_gradients(self) -> None:
-        """Mean of this stage's gradients over its D replicas, then identical BN statistics everywhere."""
+        """Combine this stage's gradients over its D replicas (see `gradient_reduction`), then make the
+        batch-norm statistics identical everywhere."""
         if self.replicas == 1:
             return
         grads = [p.grad for p in self.module.parameters() if p.grad is not None]
         if grads:
             flat = torch.cat([g.reshape(-1) for g in grads])
-            comm.all_reduce_(flat, "sum", self.dp_group).div_(self.replicas)
+            comm.all_reduce_(flat, "sum", self.dp_group)
+            if self.gradient_reduction == "mean":
+                flat.div_(self.replicas)
             offset = 0
             for grad in grads:
                 grad.copy_(flat[offset : offset + grad.numel()].view_as(grad))

@@ -90,6 +90,8 @@ def _optimizer_entries(
         for key, value in optimizer.state.get(param, {}).items():
             tensor = value if torch.is_tensor(value) else torch.tensor(value)
             entries[f"optim/backbone/{name}/{key}"] = tensor
+    if head is None:
+        return entries
     for key, value in optimizer.state.get(head.weight, {}).items():
         tensor = value if torch.is_tensor(value) else torch.tensor(value)
         if tensor.dim() and tensor.shape[0] == head.class_count:
@@ -111,8 +113,13 @@ def save_checkpoint(
     evaluation: dict | None = None,
     is_best: bool = False,
     keep: int = 3,
+    writes_backbone: bool | None = None,
 ) -> Path:
-    """Collective: every rank of the head's group calls it. Returns the checkpoint directory."""
+    """Collective: every rank calls it. Returns the checkpoint directory.
+
+    `head` is None on pipeline stages that hold no head. `writes_backbone` says whether this rank's
+    backbone (or pipeline stage) goes in; by default rank 0 alone writes it.
+    """
     root = run_dir / "checkpoints"
     final = root / f"step_{state.step:08d}"
     tmp = root / f"step_{state.step:08d}.tmp"
@@ -124,9 +131,11 @@ def save_checkpoint(
 
     # The backbone is written by rank 0 alone: its parameters match on every rank, but batch-norm
     # running statistics are updated from each rank's own batch, and rank 0's are the ones verified.
-    named = dict(backbone.named_parameters()) if primary else {}
-    entries = {f"backbone/{k}": v for k, v in backbone.state_dict().items()} if primary else {}
-    entries[_range_key("head/weight", head.class_start, head.class_count)] = head.weight.detach()
+    writes_backbone = primary if writes_backbone is None else writes_backbone
+    named = dict(backbone.named_parameters()) if writes_backbone else {}
+    entries = {f"backbone/{k}": v for k, v in backbone.state_dict().items()} if writes_backbone else {}
+    if head is not None:
+        entries[_range_key("head/weight", head.class_start, head.class_count)] = head.weight.detach()
     entries.update(_optimizer_entries(optimizer, named, head))
     if scaler is not None and scaler.is_enabled():
         entries["scaler/scale"] = torch.tensor(scaler.get_scale())
@@ -138,8 +147,8 @@ def save_checkpoint(
         meta = {
             **asdict(state),
             "world_size": comm.world_size(),
-            "num_classes": head.num_classes,
-            "embedding_size": head.embedding_size,
+            "num_classes": len(class_names),
+            "embedding_size": config.model.embedding_size,
             "evaluation": evaluation or {},
             "saved_at": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
         }
@@ -169,41 +178,34 @@ def _prune(root: Path, keep: int) -> None:
 def load_checkpoint(
     path: str | Path,
     backbone: nn.Module,
-    head: ShardedMarginHead,
+    head: ShardedMarginHead | None,
     optimizer: torch.optim.Optimizer,
     scaler: torch.amp.GradScaler | None,
 ) -> TrainState:
-    """Restore everything into already-built objects; the head is resharded by class range."""
+    """Restore everything into already-built objects; the head is resharded by class range.
+
+    `backbone` may be one pipeline stage (its parameter names are a subset of the whole backbone's),
+    and `head` None on a stage without one.
+    """
     checkpoint = resolve_checkpoint(path)
     meta = read_meta(checkpoint)
-    if meta["num_classes"] != head.num_classes or meta["embedding_size"] != head.embedding_size:
+    if head is not None and (meta["num_classes"], meta["embedding_size"]) != (
+        head.num_classes,
+        head.embedding_size,
+    ):
         raise FacetrainError(
             f"checkpoint {checkpoint} has {meta['num_classes']} classes x {meta['embedding_size']} dims, "
             f"but this run has {head.num_classes} x {head.embedding_size}; is it the same dataset and model?"
         )
     index = tensor_index(checkpoint)
-    device = head.weight.device
+    device = next(backbone.parameters()).device
     load_backbone_weights(checkpoint, backbone, index)
-
-    with torch.no_grad():
-        head.weight.copy_(
-            read_class_rows(checkpoint, index, "head/weight", head.class_start, head.class_count)
-        )
     named = dict(backbone.named_parameters())
-    backbone_keys = [k for k in index if k.startswith("optim/backbone/")]
+    backbone_keys = [k for k in index if k.startswith("optim/backbone/") and _param_name(k) in named]
     for key, value in load_tensors(checkpoint, backbone_keys, index).items():
-        name, state_key = key[len("optim/backbone/") :].rsplit("/", 1)
-        optimizer.state[named[name]][state_key] = value.to(device)
-    head_state = optimizer.state[head.weight]
-    for key in {k.rsplit("/", 1)[0] if _is_range(k) else k for k in index if k.startswith("optim/head/")}:
-        state_key = key[len("optim/head/") :]
-        if any(_is_range(k) and k.rsplit("/", 1)[0] == key for k in index):
-            head_state[state_key] = read_class_rows(
-                checkpoint, index, key, head.class_start, head.class_count
-            )
-        else:
-            head_state[state_key] = load_tensors(checkpoint, [key], index)[key]
-        head_state[state_key] = head_state[state_key].to(device)
+        optimizer.state[named[_param_name(key)]][key.rsplit("/", 1)[1]] = value.to(device)
+    if head is not None:
+        _load_head(checkpoint, index, head, optimizer)
 
     if scaler is not None and scaler.is_enabled() and "scaler/scale" in index:
         values = load_tensors(checkpoint, ["scaler/scale", "scaler/growth_tracker"], index)
@@ -216,6 +218,27 @@ def load_checkpoint(
         torch.manual_seed(meta["step"] * 1009 + comm.rank())
     fields = {k: meta[k] for k in ("step", "epoch", "consumed", "best_accuracy", "best_step")}
     return TrainState(**fields)
+
+
+def _param_name(optimizer_key: str) -> str:
+    return optimizer_key[len("optim/backbone/") :].rsplit("/", 1)[0]
+
+
+def _load_head(
+    checkpoint: Path, index: dict, head: ShardedMarginHead, optimizer: torch.optim.Optimizer
+) -> None:
+    with torch.no_grad():
+        head.weight.copy_(
+            read_class_rows(checkpoint, index, "head/weight", head.class_start, head.class_count)
+        )
+    head_state = optimizer.state[head.weight]
+    for key in {k.rsplit("/", 1)[0] if _is_range(k) else k for k in index if k.startswith("optim/head/")}:
+        state_key = key[len("optim/head/") :]
+        if any(_is_range(k) and k.rsplit("/", 1)[0] == key for k in index):
+            value = read_class_rows(checkpoint, index, key, head.class_start, head.class_count)
+        else:
+            value = load_tensors(checkpoint, [key], index)[key]
+        head_state[state_key] = value.to(head.weight.device)
 
 
 def _is_range(key: str) -> bool:

@@ -27,13 +27,12 @@ def _adamw(groups, cfg: OptimConfig) -> torch.optim.Optimizer:
     return torch.optim.AdamW(groups, lr=cfg.lr, betas=tuple(cfg.betas))
 
 
-def build_optimizer(cfg: OptimConfig, backbone: nn.Module, head: nn.Module) -> torch.optim.Optimizer:
-    """One optimizer over both; the head may have its own weight decay."""
+def build_optimizer(cfg: OptimConfig, backbone: nn.Module, head: nn.Module | None) -> torch.optim.Optimizer:
+    """One optimizer over both; the head may have its own weight decay (a pipeline stage may have none)."""
     head_decay = cfg.weight_decay if cfg.head_weight_decay is None else cfg.head_weight_decay
-    groups = [
-        {"params": list(backbone.parameters()), "weight_decay": cfg.weight_decay, "name": "backbone"},
-        {"params": list(head.parameters()), "weight_decay": head_decay, "name": "head"},
-    ]
+    groups = [{"params": list(backbone.parameters()), "weight_decay": cfg.weight_decay, "name": "backbone"}]
+    if head is not None:
+        groups.append({"params": list(head.parameters()), "weight_decay": head_decay, "name": "head"})
     return OPTIMIZERS.build(cfg.name, groups, cfg)
 
 

@@ -6,7 +6,6 @@ asked, then step until `train.steps`, logging, verifying and checkpointing on th
 
 from __future__ import annotations
 
-import contextlib
 import json
 import math
 import time
@@ -23,7 +22,6 @@ from facetrain.heads import ShardedMarginHead
 from facetrain.models import build_backbone
 from facetrain.parallel import comm
 from facetrain.parallel.env import destroy_distributed, init_distributed, is_initialized
-from facetrain.parallel.data_parallel import wrap_data_parallel
 from facetrain.train.checkpoint import (
     TrainState,
     latest_checkpoint,
@@ -33,6 +31,7 @@ from facetrain.train.checkpoint import (
 )
 from facetrain.train.metrics_log import MetricsLog
 from facetrain.train.optim import build_optimizer, learning_rate, set_learning_rate
+from facetrain.train.strategy import build_strategy
 from facetrain.train.verification import Verifier
 
 AUTOCAST_DTYPES = {"fp32": None, "bf16": torch.bfloat16, "fp16": torch.float16}
@@ -61,28 +60,33 @@ def _train(cfg: Config, resume: str | None, env) -> dict:
 
     # Data. The primary rank goes first, so a synthetic set is generated once, not by every rank.
     dataset = comm.primary_first(lambda: build_train_dataset(cfg.data))
-    loader, sampler = build_train_loader(
-        dataset, cfg.data, cfg.train.batch_size, env.rank, env.world_size, cfg.train.seed
-    )
     if env.is_primary:
         (run_dir / "classes.json").write_text(json.dumps(dataset.class_names))
 
     # Model: same initial weights on every rank; the head is drawn the same whatever the world size.
+    # The strategy spreads the backbone: DDP replicas, or pipeline stages x replicas.
     torch.manual_seed(cfg.train.seed)
     backbone = build_backbone(cfg.model, tuple(cfg.data.image_size)).to(env.device)
     memory_format = torch.channels_last if cfg.model.channels_last else torch.contiguous_format
     backbone = backbone.to(memory_format=memory_format)
-    model = wrap_data_parallel(backbone, env.device)
-    head = ShardedMarginHead(
-        dataset.num_classes,
-        cfg.model.embedding_size,
-        margin=cfg.head.margin,
-        scale=cfg.head.scale,
-        sample_rate=cfg.head.sample_rate,
-        **cfg.head.margin_params,
+    strategy = build_strategy(backbone, cfg, env)
+    backbone = strategy.backbone
+    head = None
+    if strategy.has_head:
+        head = ShardedMarginHead(
+            dataset.num_classes,
+            cfg.model.embedding_size,
+            margin=cfg.head.margin,
+            scale=cfg.head.scale,
+            sample_rate=cfg.head.sample_rate,
+            group=strategy.head_group,
+            **cfg.head.margin_params,
+        )
+        head.reset_parameters(seed=cfg.train.seed)
+        head = head.to(env.device)
+    loader, sampler = build_train_loader(
+        dataset, cfg.data, cfg.train.batch_size, strategy.data_rank, strategy.data_world_size, cfg.train.seed
     )
-    head.reset_parameters(seed=cfg.train.seed)
-    head = head.to(env.device)
     optimizer = build_optimizer(cfg.optim, backbone, head)
     scaler = torch.amp.GradScaler(env.device.type, enabled=cfg.train.precision == "fp16")
     torch.manual_seed(cfg.train.seed + 7919 * (env.rank + 1))  # per-rank streams: dropout, Partial FC
@@ -92,11 +96,11 @@ def _train(cfg: Config, resume: str | None, env) -> dict:
         state = load_checkpoint(checkpoint_to_resume, backbone, head, optimizer, scaler)
         if env.is_primary:
             tqdm.write(f"resumed from {checkpoint_to_resume} at step {state.step}")
-    verifier = Verifier(cfg, env) if cfg.eval.pairs else None
+    verifier = Verifier(cfg, env) if cfg.eval.pairs and strategy.verifies else None
     log = MetricsLog(run_dir, enabled=env.is_primary)
 
     accumulation = cfg.optim.grad_accumulation
-    global_batch = cfg.train.batch_size * env.world_size
+    global_batch = cfg.train.batch_size * strategy.data_world_size
     batches = _batches(loader, sampler, state, global_batch, dataset, env.is_primary)
     progress = tqdm(
         total=cfg.train.steps, initial=state.step, desc="train", unit="step", disable=not env.is_primary
@@ -106,7 +110,7 @@ def _train(cfg: Config, resume: str | None, env) -> dict:
     window_loss, window_accuracy, window_steps, window_start = 0.0, 0.0, 0, time.perf_counter()
     nonfinite_in_a_row = 0
     started = time.perf_counter()
-    model.train()
+    backbone.train()
     try:
         while state.step < cfg.train.steps:
             lr = learning_rate(cfg.optim, state.step, cfg.train.steps)
@@ -116,16 +120,14 @@ def _train(cfg: Config, resume: str | None, env) -> dict:
                 images, labels = next(batches)
                 images = images.to(env.device, non_blocking=True, memory_format=memory_format)
                 labels = labels.to(env.device, non_blocking=True)
-                last_micro_step = micro_step == accumulation - 1
-                sync = contextlib.nullcontext() if last_micro_step or model is backbone else model.no_sync()
-                with sync:
-                    with torch.autocast(
-                        env.device.type, dtype=autocast_dtype, enabled=autocast_dtype is not None
-                    ):
-                        loss = head(model(images), labels)
-                    scaler.scale(loss / accumulation).backward()
+                autocast = torch.autocast(
+                    env.device.type, dtype=autocast_dtype, enabled=autocast_dtype is not None
+                )
+                loss, accuracy = strategy.forward_backward(
+                    images, labels, head, autocast, scaler, accumulation, micro_step == accumulation - 1
+                )
                 step_loss += loss.item() / accumulation
-                step_accuracy += float(head.accuracy) / accumulation
+                step_accuracy += float(accuracy) / accumulation
 
             if not math.isfinite(step_loss):
                 nonfinite_in_a_row += 1
@@ -138,7 +140,7 @@ def _train(cfg: Config, resume: str | None, env) -> dict:
                 nonfinite_in_a_row = 0
             scaler.unscale_(optimizer)
             if cfg.optim.grad_clip is not None:
-                torch.nn.utils.clip_grad_norm_(backbone.parameters(), cfg.optim.grad_clip)
+                strategy.clip_grad_norm_(cfg.optim.grad_clip)
             scaler.step(optimizer)  # an fp16 step with non-finite gradients is skipped here
             scaler.update()
             optimizer.zero_grad(set_to_none=True)
@@ -192,6 +194,7 @@ def _train(cfg: Config, resume: str | None, env) -> dict:
                         evaluation=evaluation if is_best or final_step else None,
                         is_best=is_best,
                         keep=cfg.train.keep_checkpoints,
+                        writes_backbone=strategy.writes_backbone,
                     )
                 )
     finally:
