@@ -23,7 +23,9 @@ def test_resume_gives_the_same_losses_as_training_straight(tmp_path):
     assert result.returncode == 0, result.stderr
     result = run_cli("train", "-c", str(first_half), "--nproc", "2")
     assert result.returncode == 0, result.stderr
-    result = run_cli("train", "-c", str(first_half), "--nproc", "2", "--set", "train.steps=6", "--resume", "auto")
+    result = run_cli(
+        "train", "-c", str(first_half), "--nproc", "2", "--set", "train.steps=6", "--resume", "auto"
+    )
     assert result.returncode == 0, result.stderr
     expected, resumed = logged_losses(tmp_path / "straight"), logged_losses(tmp_path / "halves")
     assert len(expected) == len(resumed) == 6
@@ -36,7 +38,15 @@ def test_two_rank_run_resumes_on_one_and_three_ranks(tmp_path):
     assert run_cli("train", "-c", str(config), "--nproc", "2").returncode == 0
     for nproc, steps in ((1, 3), (3, 4)):
         result = run_cli(
-            "train", "-c", str(config), "--nproc", str(nproc), "--set", f"train.steps={steps}", "--resume", "auto"
+            "train",
+            "-c",
+            str(config),
+            "--nproc",
+            str(nproc),
+            "--set",
+            f"train.steps={steps}",
+            "--resume",
+            "auto",
         )
         assert result.returncode == 0, result.stderr
         meta = json.loads((tmp_path / "run" / "checkpoints" / f"step_{steps:08d}" / "meta.json").read_text())
@@ -75,7 +85,9 @@ def test_more_ranks_than_classes_is_one_line(tmp_path):
     from facetrain.config import SynthConfig
     from facetrain.data.synthetic import generate_synthetic
 
-    generate_synthetic(tmp_path / "synth", SynthConfig(identities=2, heldout_identities=0, image_size=32), progress=False)
+    generate_synthetic(
+        tmp_path / "synth", SynthConfig(identities=2, heldout_identities=0, image_size=32), progress=False
+    )
     config = tiny_config(tmp_path, "run")
     result = run_cli("train", "-c", str(config), "--nproc", "3")
     assert result.returncode == 2
@@ -116,5 +128,7 @@ def test_nonfinite_loss_stops_with_the_step_and_last_checkpoint(tmp_path):
     result = run_cli("train", "-c", str(config))
     assert result.returncode == 2
     line = result.stderr.strip().splitlines()[-1]
-    assert line.startswith("error: the loss became nan at step ") or line.startswith("error: the loss became inf")
+    assert line.startswith("error: the loss became nan at step ") or line.startswith(
+        "error: the loss became inf"
+    )
     assert "last good checkpoint" in line

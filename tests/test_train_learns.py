@@ -46,7 +46,13 @@ def test_synthetic_training_beats_the_untrained_network(tmp_path):
             }
         },
         optim={"lr": 0.1, "schedule": "polynomial", "warmup_steps": 10},
-        train={"steps": 150, "batch_size": 16, "log_every": 10, "checkpoint_every": 150, "deterministic": False},
+        train={
+            "steps": 150,
+            "batch_size": 16,
+            "log_every": 10,
+            "checkpoint_every": 150,
+            "deterministic": False,
+        },
         eval={"pairs": str(tmp_path / "synth" / "heldout" / "pairs.txt")},
     )
     result = run_cli("train", "-c", str(config), "--nproc", "2", timeout=600)
@@ -81,7 +87,12 @@ def write_orl_split(orl, tmp_path):
 def test_orl_real_faces(shared_data, tmp_path):
     """Measured (2 ranks, 600 steps, ~50 s): accuracy 0.965, AUC 0.947, EER 0.116; untrained EER ~0.2."""
     train_list, pairs = write_orl_split(shared_data / "orl", tmp_path)
-    augment = {"horizontal_flip": True, "random_resized_crop": True, "crop_scale": [0.8, 1.0], "color_jitter": 0.2}
+    augment = {
+        "horizontal_flip": True,
+        "random_resized_crop": True,
+        "crop_scale": [0.8, 1.0],
+        "color_jitter": 0.2,
+    }
     config = tiny_config(
         tmp_path,
         "orl",
@@ -89,7 +100,13 @@ def test_orl_real_faces(shared_data, tmp_path):
         model={"backbone": "small", "embedding_size": 64},
         head={"margin": "cosface", "scale": 30.0, "margin_params": {"m": 0.2}},
         optim={"lr": 0.1, "schedule": "polynomial", "warmup_steps": 30},
-        train={"steps": 600, "batch_size": 16, "log_every": 50, "checkpoint_every": 600, "deterministic": False},
+        train={
+            "steps": 600,
+            "batch_size": 16,
+            "log_every": 50,
+            "checkpoint_every": 600,
+            "deterministic": False,
+        },
         eval={"pairs": str(pairs)},
     )
     result = run_cli("train", "-c", str(config), "--nproc", "2", timeout=900)

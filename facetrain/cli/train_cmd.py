@@ -44,14 +44,18 @@ def train(config_path: str | None, overrides: tuple[str, ...], resume: str | Non
           -m facetrain train -c configs/glint360k_r100.yaml
     """
     from facetrain.config import load_config
-
     from facetrain.heads.sharded import check_head_settings
 
     # a bad config fails here, once, before any rank starts
     config = load_config(config_path, overrides)
-    check_head_settings(config.head.margin, config.head.scale, config.head.sample_rate, config.head.margin_params)
+    check_head_settings(
+        config.head.margin, config.head.scale, config.head.sample_rate, config.head.margin_params
+    )
     if nproc > 1 and "WORLD_SIZE" not in os.environ:
         from facetrain.parallel.launch import launch_local
+        from facetrain.train.strategy import check_strategy_settings
+
+        check_strategy_settings(config, nproc)
 
         argv = ["train", *(["-c", config_path] if config_path else [])]
         argv += [arg for override in overrides for arg in ("--set", override)]

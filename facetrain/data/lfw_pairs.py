@@ -33,6 +33,13 @@ def draw_lfw_pairs(
             f"{folds} folds x {pairs_per_fold} pairs need {needed} matched pairs but only "
             f"{matched_available} exist; use more held-out identities or images, or fewer pairs"
         )
+    counts = np.array([image_counts[name] for name in names])
+    mismatched_available = (counts.sum() ** 2 - (counts**2).sum()) // 2
+    if mismatched_available < needed:
+        raise FacetrainError(
+            f"{folds} folds x {pairs_per_fold} pairs need {needed} mismatched pairs but only "
+            f"{mismatched_available} exist; use more held-out identities or images, or fewer pairs"
+        )
     seen: set[tuple] = set()
     result = []
     for _ in range(folds):
@@ -47,7 +54,12 @@ def draw_lfw_pairs(
         while len(mismatched) < pairs_per_fold:
             first, second = sorted(rng.choice(len(names), size=2, replace=False))
             name1, name2 = names[first], names[second]
-            pair = (name1, int(rng.integers(image_counts[name1])) + 1, name2, int(rng.integers(image_counts[name2])) + 1)
+            pair = (
+                name1,
+                int(rng.integers(image_counts[name1])) + 1,
+                name2,
+                int(rng.integers(image_counts[name2])) + 1,
+            )
             if pair not in seen:
                 seen.add(pair)
                 mismatched.append(pair)

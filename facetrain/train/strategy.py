@@ -61,17 +61,6 @@ class PipelineStrategy:
     def __init__(self, backbone: nn.Module, cfg: Config, env: DistEnv):
         from facetrain.parallel.pipeline import PipelineRuntime
 
-        if cfg.train.precision != "fp32":
-            raise EveryRankError("parallel.pipeline_stages > 1 supports train.precision=fp32 only")
-        if cfg.optim.grad_accumulation != 1:
-            raise EveryRankError(
-                "parallel.pipeline_stages > 1 uses parallel.microbatches; set optim.grad_accumulation=1"
-            )
-        if cfg.eval.pairs:
-            raise EveryRankError(
-                "eval.pairs during training needs parallel.pipeline_stages=1; evaluate the checkpoint "
-                "afterwards with facetrain eval"
-            )
         shape = (cfg.train.batch_size, 3, *cfg.data.image_size)
         self.runtime = PipelineRuntime(backbone, cfg.parallel, env, shape, gradient_reduction="sum")
         self.backbone = self.runtime.module  # this rank's stage, named as in the whole backbone
@@ -96,10 +85,30 @@ class PipelineStrategy:
         self.runtime.clip_grad_norm_(max_norm)
 
 
-def build_strategy(backbone: nn.Module, cfg: Config, env: DistEnv):
+def check_strategy_settings(cfg: Config, world_size: int) -> None:
+    """Cheap checks of the parallel settings, made before any data or model is built."""
     stages = cfg.parallel.pipeline_stages
-    if stages < 1 or env.world_size % stages:
+    if stages < 1 or world_size % stages:
         raise EveryRankError(
-            f"parallel.pipeline_stages={stages} must divide the world size {env.world_size} (world = stages x replicas)"
+            f"parallel.pipeline_stages={stages} must divide the world size {world_size} (world = stages x replicas)"
         )
-    return PipelineStrategy(backbone, cfg, env) if stages > 1 else DataParallelStrategy(backbone, cfg, env)
+    if stages == 1:
+        return
+    if cfg.train.precision != "fp32":
+        raise EveryRankError("parallel.pipeline_stages > 1 supports train.precision=fp32 only")
+    if cfg.optim.grad_accumulation != 1:
+        raise EveryRankError(
+            "parallel.pipeline_stages > 1 uses parallel.microbatches; set optim.grad_accumulation=1"
+        )
+    if cfg.eval.pairs:
+        raise EveryRankError(
+            "eval.pairs during training needs parallel.pipeline_stages=1; evaluate the checkpoint "
+            "afterwards with facetrain eval"
+        )
+
+
+def build_strategy(backbone: nn.Module, cfg: Config, env: DistEnv):
+    check_strategy_settings(cfg, env.world_size)
+    if cfg.parallel.pipeline_stages > 1:
+        return PipelineStrategy(backbone, cfg, env)
+    return DataParallelStrategy(backbone, cfg, env)

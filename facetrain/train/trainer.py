@@ -31,7 +31,7 @@ from facetrain.train.checkpoint import (
 )
 from facetrain.train.metrics_log import MetricsLog
 from facetrain.train.optim import build_optimizer, learning_rate, set_learning_rate
-from facetrain.train.strategy import build_strategy
+from facetrain.train.strategy import build_strategy, check_strategy_settings
 from facetrain.train.verification import Verifier
 
 AUTOCAST_DTYPES = {"fp32": None, "bf16": torch.bfloat16, "fp16": torch.float16}
@@ -52,6 +52,7 @@ def _train(cfg: Config, resume: str | None, env) -> dict:
     run_dir = Path(cfg.train.output_dir)
     checkpoint_to_resume = _checkpoint_to_resume(run_dir, resume)
     autocast_dtype = _autocast_dtype(cfg.train.precision, env.device)
+    check_strategy_settings(cfg, env.world_size)
     if cfg.train.deterministic:
         torch.use_deterministic_algorithms(True, warn_only=True)
     if env.is_primary:
