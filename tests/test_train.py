@@ -56,12 +56,13 @@ def test_two_rank_run_resumes_on_one_and_three_ranks(tmp_path):
 def test_existing_run_is_not_trained_over(tmp_path):
     config = tiny_config(tmp_path, "run", train={"steps": 1})
     assert run_cli("train", "-c", str(config)).returncode == 0
-    result = run_cli("train", "-c", str(config))
-    assert result.returncode == 2
-    assert result.stderr.strip().splitlines() == [
-        f"error: {tmp_path / 'run'} already holds checkpoints; pass --resume auto to continue that run, "
-        "or choose another train.output_dir"
-    ]
+    for nproc in ("1", "2"):
+        result = run_cli("train", "-c", str(config), "--nproc", nproc)
+        assert result.returncode == 2
+        assert result.stderr.strip().splitlines() == [
+            f"error: {tmp_path / 'run'} already holds checkpoints; pass --resume auto to continue that run, "
+            "or choose another train.output_dir"
+        ]
 
 
 @pytest.mark.parametrize(
@@ -85,9 +86,15 @@ def test_more_ranks_than_classes_is_one_line(tmp_path):
     from facetrain.config import SynthConfig
     from facetrain.data.synthetic import generate_synthetic
 
-    generate_synthetic(
-        tmp_path / "synth", SynthConfig(identities=2, heldout_identities=0, image_size=32), progress=False
+    two_identities = SynthConfig(
+        identities=2,
+        heldout_identities=4,
+        heldout_images_per_identity=2,
+        pairs_folds=2,
+        pairs_per_fold=2,
+        image_size=32,
     )
+    generate_synthetic(tmp_path / "synth", two_identities, progress=False)
     config = tiny_config(tmp_path, "run")
     result = run_cli("train", "-c", str(config), "--nproc", "3")
     assert result.returncode == 2

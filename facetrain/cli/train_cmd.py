@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import os
 import sys
+from pathlib import Path
 
 import click
 
@@ -54,8 +55,10 @@ def train(config_path: str | None, overrides: tuple[str, ...], resume: str | Non
     if nproc > 1 and "WORLD_SIZE" not in os.environ:
         from facetrain.parallel.launch import launch_local
         from facetrain.train.strategy import check_strategy_settings
+        from facetrain.train.trainer import find_checkpoint_to_resume
 
         check_strategy_settings(config, nproc)
+        find_checkpoint_to_resume(Path(config.train.output_dir), resume)
 
         argv = ["train", *(["-c", config_path] if config_path else [])]
         argv += [arg for override in overrides for arg in ("--set", override)]

@@ -17,7 +17,7 @@ from tqdm import tqdm
 
 from facetrain.config import Config, save_config
 from facetrain.data import build_train_dataset, build_train_loader
-from facetrain.errors import EveryRankError, FacetrainError
+from facetrain.errors import EveryRankError
 from facetrain.heads import ShardedMarginHead
 from facetrain.models import build_backbone
 from facetrain.parallel import comm
@@ -50,7 +50,7 @@ def train(cfg: Config, resume: str | None = None) -> dict:
 
 def _train(cfg: Config, resume: str | None, env) -> dict:
     run_dir = Path(cfg.train.output_dir)
-    checkpoint_to_resume = _checkpoint_to_resume(run_dir, resume)
+    checkpoint_to_resume = find_checkpoint_to_resume(run_dir, resume)
     autocast_dtype = _autocast_dtype(cfg.train.precision, env.device)
     check_strategy_settings(cfg, env.world_size)
     if cfg.train.deterministic:
@@ -218,11 +218,11 @@ def _train(cfg: Config, resume: str | None, env) -> dict:
     return summary
 
 
-def _checkpoint_to_resume(run_dir: Path, resume: str | None) -> Path | None:
+def find_checkpoint_to_resume(run_dir: Path, resume: str | None) -> Path | None:
     """What to resume from, refusing to silently train over an earlier run's checkpoints."""
     if resume is None:
         if latest_checkpoint(run_dir) is not None:
-            raise FacetrainError(
+            raise EveryRankError(
                 f"{run_dir} already holds checkpoints; pass --resume auto to continue that run, "
                 "or choose another train.output_dir"
             )
@@ -234,9 +234,9 @@ def _checkpoint_to_resume(run_dir: Path, resume: str | None) -> Path | None:
 
 def _autocast_dtype(precision: str, device: torch.device) -> torch.dtype | None:
     if precision not in AUTOCAST_DTYPES:
-        raise FacetrainError(f"train.precision must be fp32, bf16 or fp16, got {precision!r}")
+        raise EveryRankError(f"train.precision must be fp32, bf16 or fp16, got {precision!r}")
     if precision == "fp16" and device.type != "cuda":
-        raise FacetrainError("train.precision=fp16 needs CUDA; use bf16 on CPU")
+        raise EveryRankError("train.precision=fp16 needs CUDA; use bf16 on CPU")
     return AUTOCAST_DTYPES[precision]
 
 
@@ -250,7 +250,7 @@ def _batches(loader, sampler, state: TrainState, global_batch: int, dataset, is_
             yielded = True
             yield images, labels
         if not yielded and state.consumed == 0:
-            raise FacetrainError(
+            raise EveryRankError(
                 "the training set gives no full batch per rank; lower train.batch_size or add images"
             )
         if dataset.bad_images and is_primary:
