@@ -23,6 +23,12 @@ from tests.distributed import run_distributed
 NUM_CLASSES, DIM = 11, 6
 
 
+def config() -> Config:
+    cfg = Config()
+    cfg.model.embedding_size = DIM
+    return cfg
+
+
 def build(seed=0):
     torch.manual_seed(seed)
     backbone = torch.nn.Sequential(torch.nn.Linear(4, DIM))
@@ -45,7 +51,7 @@ def save_worker(rank, world_size, run_dir):
     take_steps(backbone, head, optimizer)
     state = TrainState(step=7, epoch=1, consumed=40)
     save_checkpoint(
-        run_dir, state, Config(), backbone, head, optimizer, None, [str(i) for i in range(NUM_CLASSES)]
+        run_dir, state, config(), backbone, head, optimizer, None, [str(i) for i in range(NUM_CLASSES)]
     )
     momentum = optimizer.state[head.weight]["momentum_buffer"]
     return head.class_start, head.weight.detach(), momentum, backbone[0].weight.detach()
@@ -105,7 +111,7 @@ def test_keeps_the_last_k(tmp_path):
     backbone, head, optimizer = build()
     for step in range(1, 6):
         save_checkpoint(
-            tmp_path, TrainState(step=step), Config(), backbone, head, optimizer, None, [], keep=2
+            tmp_path, TrainState(step=step), config(), backbone, head, optimizer, None, [], keep=2
         )
     kept = sorted(p.name for p in (tmp_path / "checkpoints").glob("step_*"))
     assert kept == ["step_00000004", "step_00000005"]
@@ -118,7 +124,7 @@ class _Exploit:
 
 def test_tampered_index_is_refused_without_running_it(tmp_path):
     backbone, head, optimizer = build()
-    checkpoint = save_checkpoint(tmp_path, TrainState(step=1), Config(), backbone, head, optimizer, None, [])
+    checkpoint = save_checkpoint(tmp_path, TrainState(step=1), config(), backbone, head, optimizer, None, [])
     (checkpoint / ".metadata").write_bytes(pickle.dumps(_Exploit()))
     with pytest.raises(FacetrainError, match="not allowed"):
         load_full_head(checkpoint)
@@ -129,7 +135,7 @@ def batchnorm_worker(rank, world_size, run_dir):
     backbone, head, optimizer = build()
     backbone.append(torch.nn.BatchNorm1d(DIM))
     backbone[1].running_mean.fill_(float(rank + 1))  # each rank's statistics come from its own batches
-    save_checkpoint(run_dir, TrainState(step=1), Config(), backbone, head, optimizer, None, [])
+    save_checkpoint(run_dir, TrainState(step=1), config(), backbone, head, optimizer, None, [])
     return backbone.state_dict()
 
 

@@ -1,172 +1,167 @@
-"""The built-in synthetic face set: `OUT/train/<id>/<id>_NNNN.jpg`, plus held-out identities for verification.
+"""The built-in dataset: synthetic faces written as an image folder, plus a held-out verification set.
 
-Every identity and every image has its own seeded generator (`seed`, identity index, image index), so
-the output is byte-identical for a seed regardless of how many processes draw it. Held-out identities
-use indices after the training ones, so they are new people, and `heldout/pairs.txt` (LFW View 2
-format) makes verification on unseen identities measurable.
+`OUT/train/<identity>/<identity>_NNNN.png` holds the training identities; `OUT/heldout/` holds other
+identities and an LFW View-2 style `pairs.txt`, so verification measures generalisation to unseen
+people. Everything is a function of the seed: the same seed writes the same bytes.
 """
 
 from __future__ import annotations
 
-import dataclasses
-import fcntl
-import json
 import multiprocessing
 import os
 import shutil
+from concurrent.futures import ProcessPoolExecutor
 from pathlib import Path
 
 import cv2
 import numpy as np
 from tqdm import tqdm
 
-from facetrain.config.schema import SynthConfig
-from facetrain.data.lfw_pairs import draw_lfw_pairs, write_lfw_pairs
+from facetrain.config import SynthConfig
 from facetrain.data.synthetic_faces import draw_identity_traits, render_face
 from facetrain.errors import FacetrainError
 
-IMAGE_EXTENSION = "jpg"
-JPEG_QUALITY = 92
-SETTINGS_FILE = "synth.json"
-_PAIRS_STREAM = 1_000_003
+HELDOUT_SEED_OFFSET = 1_000_003
 
 
 def identity_name(index: int) -> str:
     return f"id{index:05d}"
 
 
-def image_name(identity: str, number: int) -> str:
-    """LFW naming: images are numbered from 1."""
-    return f"{identity}_{number:04d}.{IMAGE_EXTENSION}"
-
-
-def _write_identity(job: tuple[str, int, int, int, int]) -> None:
-    folder, index, count, size, seed = job
-    cv2.setNumThreads(1)
-    name = identity_name(index)
-    traits = draw_identity_traits(np.random.default_rng([seed, index]))
-    target = Path(folder) / name
-    target.mkdir(parents=True, exist_ok=True)
-    for number in range(1, count + 1):
-        image = render_face(traits, np.random.default_rng([seed, index, number]), size)
-        ok, encoded = cv2.imencode(".jpg", image, [cv2.IMWRITE_JPEG_QUALITY, JPEG_QUALITY])
+def _render_identity(job: tuple[Path, str, int, int, int]) -> None:
+    folder, name, seed, images, size = job
+    rng = np.random.default_rng(seed)
+    traits = draw_identity_traits(rng)
+    folder.mkdir(parents=True, exist_ok=True)
+    for number in range(1, images + 1):
+        image = render_face(traits, rng, size)
+        ok, encoded = cv2.imencode(".png", image, [cv2.IMWRITE_PNG_COMPRESSION, 1])
         if not ok:
-            raise RuntimeError(f"OpenCV could not encode {name} image {number}")
-        (target / image_name(name, number)).write_bytes(encoded.tobytes())
+            raise OSError(f"cannot encode {name}_{number:04d}.png")
+        (folder / f"{name}_{number:04d}.png").write_bytes(encoded.tobytes())
 
 
-def _check_config(cfg: SynthConfig) -> None:
-    positive = {
-        "identities": cfg.identities,
-        "images_per_identity": cfg.images_per_identity,
-        "heldout_identities": cfg.heldout_identities,
-        "heldout_images_per_identity": cfg.heldout_images_per_identity,
-        "pairs_folds": cfg.pairs_folds,
-        "pairs_per_fold": cfg.pairs_per_fold,
-    }
-    for key, value in positive.items():
-        if value < 1:
-            raise FacetrainError(f"data.synth.{key} must be at least 1, got {value}")
-    if cfg.image_size < 32:
-        raise FacetrainError(f"data.synth.image_size must be at least 32 pixels, got {cfg.image_size}")
-    if cfg.heldout_identities < 2 or cfg.heldout_images_per_identity < 2:
-        raise FacetrainError("data.synth needs heldout_identities >= 2 and heldout_images_per_identity >= 2")
-
-
-def generate_synthetic(
-    out_dir: str | Path,
-    cfg: SynthConfig,
-    overwrite: bool = False,
-    progress: bool = True,
-    workers: int | None = None,
-) -> Path:
-    """Write `out_dir/train`, `out_dir/heldout` (with `pairs.txt`) and the settings used; returns `out_dir`.
-
-    Both folders are built under a temporary name and moved into place, `train` last, so an existing
-    `train` folder always means a complete set.
-    """
-    _check_config(cfg)
-    out_dir = Path(out_dir)
-    existing = [out_dir / part for part in ("train", "heldout") if (out_dir / part).exists()]
-    if existing and not overwrite:
-        raise FacetrainError(f"{existing[0]} already exists; pass --overwrite to replace the synthetic set")
-    out_dir.mkdir(parents=True, exist_ok=True)
-    staging = out_dir / f".synth-tmp-{os.getpid()}"
-    shutil.rmtree(staging, ignore_errors=True)
-    train_jobs = [
-        (str(staging / "train"), index, cfg.images_per_identity, cfg.image_size, cfg.seed)
-        for index in range(cfg.identities)
-    ]
-    heldout_indices = range(cfg.identities, cfg.identities + cfg.heldout_identities)
-    heldout_jobs = [
-        (str(staging / "heldout"), index, cfg.heldout_images_per_identity, cfg.image_size, cfg.seed)
-        for index in heldout_indices
-    ]
-    workers = workers or min(len(train_jobs) + len(heldout_jobs), len(os.sched_getaffinity(0)))
-    try:
-        _run_jobs(train_jobs + heldout_jobs, workers, progress)
-        counts = {identity_name(index): cfg.heldout_images_per_identity for index in heldout_indices}
-        pairs = draw_lfw_pairs(
-            counts, cfg.pairs_folds, cfg.pairs_per_fold, np.random.default_rng([cfg.seed, _PAIRS_STREAM])
+def check_pairs_settings(identities: int, images_per_identity: int, folds: int, per_fold: int) -> None:
+    """Fail before rendering anything when the held-out set cannot fill the requested pairs file."""
+    if folds < 1 or per_fold < 1:
+        raise FacetrainError(
+            f"data.synth.pairs_folds and pairs_per_fold must be >= 1, got {folds} and {per_fold}"
         )
-        write_lfw_pairs(staging / "heldout" / "pairs.txt", pairs)
-        for part in ("heldout", "train"):
-            shutil.rmtree(out_dir / part, ignore_errors=True)
-            os.replace(staging / part, out_dir / part)
-        settings = json.dumps(dataclasses.asdict(cfg), indent=2, sort_keys=True) + "\n"
-        (staging / SETTINGS_FILE).write_text(settings)
-        os.replace(staging / SETTINGS_FILE, out_dir / SETTINGS_FILE)
-    finally:
-        shutil.rmtree(staging, ignore_errors=True)
-    return out_dir
+    if identities < 2 * folds or images_per_identity < 2:
+        raise FacetrainError(
+            f"a pairs file with {folds} folds needs >= {2 * folds} held-out identities with >= 2 images "
+            f"each, got {identities} with {images_per_identity}; lower data.synth.pairs_folds or add "
+            "held-out identities"
+        )
 
 
-def _run_jobs(jobs: list[tuple[str, int, int, int, int]], workers: int, progress: bool) -> None:
-    bar = tqdm(total=len(jobs), desc="drawing identities", unit="id", disable=not progress)
+def write_pairs(
+    path: Path, names: list[str], images_per_identity: int, folds: int, per_fold: int, seed: int
+) -> None:
+    """LFW View-2 format: `folds\tper_fold`, then per fold `per_fold` matched and `per_fold` mismatched."""
+    check_pairs_settings(len(names), images_per_identity, folds, per_fold)
+    rng = np.random.default_rng(seed)
+    lines = [f"{folds}\t{per_fold}"]
+    # identities are split over folds, as in LFW, so no person appears in two folds
+    groups = np.array_split(rng.permutation(len(names)), folds)
+    for group in groups:
+        for _ in range(per_fold):
+            name = names[rng.choice(group)]
+            i, j = rng.choice(np.arange(1, images_per_identity + 1), size=2, replace=False)
+            lines.append(f"{name}\t{i}\t{j}")
+        for _ in range(per_fold):
+            a, b = rng.choice(group, size=2, replace=False)
+            i, j = rng.integers(1, images_per_identity + 1, size=2)
+            lines.append(f"{names[a]}\t{i}\t{names[b]}\t{j}")
+    path.write_text("\n".join(lines) + "\n")
+
+
+def _render_all(jobs: list[tuple[Path, str, int, int, int]], progress: bool) -> None:
+    """Identities are independent, so they render in parallel; each one's images depend only on its seed.
+
+    A daemonic process (a spawned rank of the tests or benchmarks) may not start children, so it renders
+    them itself.
+    """
+    workers = 1 if multiprocessing.current_process().daemon else min(len(jobs), os.cpu_count() or 1)
+    bar = tqdm(total=len(jobs), desc="synth", unit="identity", disable=not progress)
     with bar:
         if workers <= 1:
             for job in jobs:
-                _write_identity(job)
+                _render_identity(job)
                 bar.update()
             return
-        with multiprocessing.get_context().Pool(workers) as pool:
-            for _ in pool.imap_unordered(_write_identity, jobs):
+        with ProcessPoolExecutor(workers) as pool:
+            for _ in pool.map(_render_identity, jobs, chunksize=4):
                 bar.update()
 
 
-def ensure_synthetic(root: str | Path, cfg: SynthConfig, progress: bool = True) -> Path:
-    """`root/train`, generating the set first when it is missing.
+def generate_synthetic(
+    out_dir: str | Path, cfg: SynthConfig, overwrite: bool = False, progress: bool = True
+) -> Path:
+    """Write the training and held-out sets under `out_dir`; refuse to replace one unless `overwrite`.
 
-    Several ranks may call this at once: a file lock lets the first one generate while the others
-    wait and then read what it wrote.
+    The set is written beside `out_dir` and moved into place when complete, so an interrupted run
+    leaves no half-written dataset behind and an existing one is only removed once its replacement is
+    ready.
     """
-    root = Path(root)
-    root.mkdir(parents=True, exist_ok=True)
-    with open(root / ".synth.lock", "w") as lock:
-        fcntl.flock(lock, fcntl.LOCK_EX)
-        if not (root / "train").is_dir():
-            print(
-                f"generating the synthetic face set in {root} ({cfg.identities} identities x "
-                f"{cfg.images_per_identity} images, seed {cfg.seed}); later runs reuse it",
-                flush=True,
-            )
-            generate_synthetic(root, cfg, overwrite=True, progress=progress)
-        else:
-            _warn_if_settings_differ(root, cfg)
-    return root / "train"
-
-
-def _warn_if_settings_differ(root: Path, cfg: SynthConfig) -> None:
-    settings_path = root / SETTINGS_FILE
-    if not settings_path.is_file():
-        return
-    try:
-        stored = json.loads(settings_path.read_text())
-    except (OSError, ValueError):
-        return
-    if stored != dataclasses.asdict(cfg):
-        print(
-            f"note: {root} was generated with other data.synth settings than this config; using it as it is "
-            f"(run `facetrain synth {root} --overwrite` with the new settings to regenerate)",
-            flush=True,
+    out_dir = Path(out_dir)
+    replacing = out_dir.exists() and (not out_dir.is_dir() or any(out_dir.iterdir()))
+    if replacing and not overwrite:
+        raise FacetrainError(f"{out_dir} already exists; pass --overwrite to replace it")
+    if cfg.identities < 1 or cfg.images_per_identity < 1 or cfg.image_size < 8:
+        raise FacetrainError(
+            "data.synth needs at least 1 identity with at least 1 image, and image_size >= 8; "
+            f"got {cfg.identities} identities x {cfg.images_per_identity} images at {cfg.image_size} px"
         )
+    if cfg.heldout_identities < 0 or (cfg.heldout_identities and cfg.heldout_images_per_identity < 1):
+        raise FacetrainError("data.synth.heldout_identities must be >= 0, each with >= 1 image")
+    if cfg.heldout_identities:
+        check_pairs_settings(
+            cfg.heldout_identities, cfg.heldout_images_per_identity, cfg.pairs_folds, cfg.pairs_per_fold
+        )
+    tmp = out_dir.with_name(out_dir.name + ".tmp")
+    shutil.rmtree(tmp, ignore_errors=True)
+    train_names = [identity_name(i) for i in range(cfg.identities)]
+    heldout_names = [identity_name(cfg.identities + i) for i in range(cfg.heldout_identities)]
+    jobs = [
+        (tmp / "train" / name, name, cfg.seed * 7919 + i, cfg.images_per_identity, cfg.image_size)
+        for i, name in enumerate(train_names)
+    ]
+    jobs += [
+        (
+            tmp / "heldout" / name,
+            name,
+            cfg.seed * 7919 + HELDOUT_SEED_OFFSET + i,
+            cfg.heldout_images_per_identity,
+            cfg.image_size,
+        )
+        for i, name in enumerate(heldout_names)
+    ]
+    try:
+        _render_all(jobs, progress)
+        if heldout_names:
+            write_pairs(
+                tmp / "heldout" / "pairs.txt",
+                heldout_names,
+                cfg.heldout_images_per_identity,
+                cfg.pairs_folds,
+                cfg.pairs_per_fold,
+                cfg.seed,
+            )
+    except BaseException:
+        shutil.rmtree(tmp, ignore_errors=True)
+        raise
+    if replacing:
+        _remove(out_dir)
+    elif out_dir.is_dir():
+        out_dir.rmdir()
+    out_dir.parent.mkdir(parents=True, exist_ok=True)
+    os.replace(tmp, out_dir)
+    return out_dir
+
+
+def _remove(path: Path) -> None:
+    if path.is_dir() and not path.is_symlink():
+        shutil.rmtree(path)
+    else:
+        path.unlink()

@@ -212,7 +212,7 @@ def _draw_features(
 
 def render_face(traits: IdentityTraits, rng: np.random.Generator, size: int) -> np.ndarray:
     """One BGR uint8 image of `traits` under a fresh draw of pose, expression, lighting and noise."""
-    canvas = _Canvas(size * _SUPERSAMPLE, tuple(rng.uniform(70, 190, size=3)))
+    canvas = _Canvas(size * _SUPERSAMPLE, tuple(rng.uniform(40, 220, size=3)))
     yaw = rng.uniform(-1.0, 1.0)
     _draw_head(canvas, traits, yaw)
     _draw_features(
@@ -231,7 +231,7 @@ def render_face(traits: IdentityTraits, rng: np.random.Generator, size: int) -> 
     image = cv2.warpAffine(
         canvas.image, warp, (size, size), flags=cv2.INTER_LINEAR, borderMode=cv2.BORDER_REPLICATE
     ).astype(np.float32)
-    image *= rng.uniform(0.8, 1.2)
+    image *= rng.uniform(0.7, 1.25)
     direction = rng.uniform(0, 2 * np.pi)
     ramp = (
         np.cos(direction) * np.linspace(-1, 1, size)[None, :]
@@ -241,5 +241,5 @@ def render_face(traits: IdentityTraits, rng: np.random.Generator, size: int) -> 
     sigma = rng.uniform(0.0, 1.3)
     if sigma > 0.3:
         image = cv2.GaussianBlur(image, (0, 0), sigma)
-    image += rng.standard_normal(size=image.shape, dtype=np.float32) * np.float32(rng.uniform(2.0, 9.0))
+    image += rng.normal(0.0, rng.uniform(2.0, 9.0), size=image.shape).astype(np.float32)
     return np.clip(image, 0, 255).astype(np.uint8)
