@@ -16,7 +16,6 @@ from facetrain.data.market1501 import scan_market1501_train
 from facetrain.data.recordio import scan_recordio
 from facetrain.data.samplers import IdentitySampler, ResumableDistributedSampler
 from facetrain.data.transforms import build_train_transform
-from facetrain.errors import FacetrainError
 from facetrain.registry import Registry
 
 SOURCES: Registry[SampleTable] = Registry("data source")
@@ -59,6 +58,19 @@ def build_train_dataset(cfg: DataConfig) -> FaceDataset:
     return FaceDataset(table, build_train_transform(cfg.image_size, cfg.augment), cfg.skip_bad_images)
 
 
+SAMPLERS: Registry[ResumableDistributedSampler | IdentitySampler] = Registry("data sampler")
+
+
+@SAMPLERS.register("distributed")
+def _distributed(dataset, cfg: DataConfig, batch_size: int, rank: int, world_size: int, seed: int):
+    return ResumableDistributedSampler(len(dataset), rank, world_size, seed=seed)
+
+
+@SAMPLERS.register("identity")
+def _identity(dataset, cfg: DataConfig, batch_size: int, rank: int, world_size: int, seed: int):
+    return IdentitySampler(dataset.labels, batch_size, cfg.images_per_identity, rank, world_size, seed)
+
+
 def _single_threaded_worker(worker_id: int) -> None:
     """Each worker is one core's worth of decoding; OpenCV's own thread pool would oversubscribe the CPU."""
     cv2.setNumThreads(0)
@@ -68,12 +80,7 @@ def build_train_loader(
     dataset: FaceDataset, cfg: DataConfig, batch_size: int, rank: int, world_size: int, seed: int
 ) -> tuple[DataLoader, ResumableDistributedSampler | IdentitySampler]:
     """A loader of this rank's full batches and its sampler (whose `set_epoch(epoch, consumed)` resumes)."""
-    if cfg.sampler == "distributed":
-        sampler = ResumableDistributedSampler(len(dataset), rank, world_size, seed=seed)
-    elif cfg.sampler == "identity":
-        sampler = IdentitySampler(dataset.labels, batch_size, cfg.images_per_identity, rank, world_size, seed)
-    else:
-        raise FacetrainError(f"data.sampler must be distributed or identity, got {cfg.sampler!r}")
+    sampler = SAMPLERS.build(cfg.sampler, dataset, cfg, batch_size, rank, world_size, seed)
     workers = cfg.num_workers
     loader = DataLoader(
         dataset,
@@ -93,6 +100,7 @@ def build_train_loader(
 
 
 __all__ = [
+    "SAMPLERS",
     "SOURCES",
     "FaceDataset",
     "IdentitySampler",
