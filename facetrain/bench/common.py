@@ -268,20 +268,3 @@ def parse_name_list(text: str, option: str, known: Iterable[str]) -> list[str]:
     if not names or unknown:
         raise FacetrainError(f"{option}: unknown or missing name in {text!r}; choose from {', '.join(known)}")
     return names
-
-
-def refuse_to_overwrite(paths: Iterable[Path], flag: str = "--overwrite") -> None:
-    existing = [path for path in paths if path.exists()]
-    if existing:
-        raise FacetrainError(f"{existing[0]} already exists; pass {flag} to replace it")
-
-
-def write_atomic(path: Path, write: Callable[[Path], Any]) -> None:
-    """Call `write(tmp)` on a temporary file beside `path`, then move it into place in one step."""
-    path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_name(f".{path.name}.tmp-{os.getpid()}{path.suffix}")
-    try:
-        write(tmp)
-        os.replace(tmp, path)
-    finally:
-        tmp.unlink(missing_ok=True)

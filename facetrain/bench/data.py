@@ -23,7 +23,7 @@ import numpy as np
 import torch
 from tqdm import tqdm
 
-from facetrain.bench.common import machine_info, refuse_to_overwrite, write_atomic
+from facetrain.bench.common import machine_info
 from facetrain.config.schema import AugmentConfig
 from facetrain.data.dataset import FaceDataset, SampleTable
 from facetrain.data.decode import decode_image
@@ -31,6 +31,7 @@ from facetrain.data.folder import scan_image_folder
 from facetrain.data.recordio import scan_recordio, write_recordio
 from facetrain.data.synthetic_faces import draw_identity_traits, render_face
 from facetrain.data.transforms import build_train_transform
+from facetrain.files import refuse_to_overwrite, write_atomic
 
 TARGET_IMAGES_PER_S = 1500.0
 IMAGE_SIZE = 112

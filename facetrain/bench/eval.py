@@ -18,10 +18,11 @@ import click
 import numpy as np
 import torch
 
-from facetrain.bench.common import machine_info, refuse_to_overwrite, timed_repeats, write_atomic
+from facetrain.bench.common import machine_info, timed_repeats
 from facetrain.config.schema import ModelConfig
 from facetrain.eval.embedding import compute_embeddings
 from facetrain.eval.metrics import verification_metrics
+from facetrain.files import refuse_to_overwrite, write_atomic
 from facetrain.models import build_backbone
 
 METRIC_TARGET_S = 1.0

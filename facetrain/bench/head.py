@@ -21,11 +21,11 @@ from facetrain.bench.common import (
     mean_of_max_over_ranks,
     parse_int_list,
     parse_name_list,
-    refuse_to_overwrite,
 )
 from facetrain.bench.head_cases import BENCH_HEADS, HeadCase, measure_case
 from facetrain.bench.head_report import OUTPUT_NAMES, evaluate_targets, write_outputs
 from facetrain.errors import FacetrainError
+from facetrain.files import refuse_to_overwrite
 
 GIB = 2**30
 # RSS of one worker after importing torch and joining gloo, before any head exists (measured ~0.53 GiB).

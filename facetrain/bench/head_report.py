@@ -9,7 +9,7 @@ from pathlib import Path
 from matplotlib.backends.backend_agg import FigureCanvasAgg
 from matplotlib.figure import Figure
 
-from facetrain.bench.common import write_atomic
+from facetrain.files import write_atomic
 
 OUTPUT_NAMES = {"json": "bench_head.json", "plot": "bench_head.png", "table": "bench_head.md"}
 STEP_OVER_GEMM_TARGET = 1.3

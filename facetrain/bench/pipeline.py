@@ -28,12 +28,11 @@ from facetrain.bench.common import (
     machine_info,
     mean_of_max_over_ranks,
     parse_int_list,
-    refuse_to_overwrite,
     timed_repeats,
-    write_atomic,
 )
 from facetrain.config.schema import ModelConfig, ParallelConfig
 from facetrain.errors import FacetrainError
+from facetrain.files import refuse_to_overwrite, write_atomic
 from facetrain.models import BACKBONES, build_backbone
 from facetrain.parallel import comm
 from facetrain.parallel.env import DistEnv

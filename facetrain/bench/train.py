@@ -16,8 +16,9 @@ import click
 import torch
 from torch import nn
 
-from facetrain.bench.common import PeakRss, WorkerPool, machine_info, mean_of_max_over_ranks, write_atomic
+from facetrain.bench.common import PeakRss, WorkerPool, machine_info, mean_of_max_over_ranks
 from facetrain.config import ModelConfig
+from facetrain.files import write_atomic
 from facetrain.heads import DenseMarginHead, ShardedMarginHead
 from facetrain.models import build_backbone
 from facetrain.parallel import comm

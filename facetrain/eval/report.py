@@ -18,7 +18,7 @@ from matplotlib.figure import Figure
 
 from facetrain.eval.retrieval import RetrievalResult
 from facetrain.eval.verification import VerificationResult
-from facetrain.export.atomic import atomic_target
+from facetrain.files import atomic_target
 
 
 def verification_table(result: VerificationResult) -> str:

@@ -17,7 +17,7 @@ from facetrain import __version__
 from facetrain.config import Config, from_dict, to_dict
 from facetrain.data.transforms import PIXEL_MEAN, PIXEL_SCALE
 from facetrain.errors import FacetrainError
-from facetrain.export.atomic import atomic_write_text
+from facetrain.files import atomic_write_text
 
 CARD_NAME = "model.json"
 CARD_FORMAT = "facetrain-model"

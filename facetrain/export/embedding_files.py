@@ -15,7 +15,7 @@ import numpy as np
 import pandas as pd
 
 from facetrain.errors import FacetrainError
-from facetrain.export.atomic import atomic_target, atomic_write_text, refuse_to_overwrite
+from facetrain.files import atomic_target, atomic_write_text, refuse_to_overwrite
 from facetrain.registry import Registry
 
 EmbeddingWriter = Callable[[Path, list[str], np.ndarray], list[Path]]

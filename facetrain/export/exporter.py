@@ -11,11 +11,11 @@ import torch
 from tqdm import tqdm
 
 from facetrain.errors import FacetrainError
-from facetrain.export.atomic import atomic_target, refuse_to_overwrite
 from facetrain.export.card import CARD_NAME, with_verification_report, write_card
 from facetrain.export.formats import DEFAULT_FORMATS, export_format
 from facetrain.export.loading import LoadedModel, load_model
 from facetrain.export.safetensors_format import HEAD_NAME, write_head
+from facetrain.files import atomic_target, refuse_to_overwrite
 
 CLASSES_NAME = "classes.json"
 

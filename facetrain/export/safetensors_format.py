@@ -17,7 +17,7 @@ from safetensors.torch import save_model as save_safetensors_model
 from torch import nn
 
 from facetrain.errors import FacetrainError
-from facetrain.export.atomic import atomic_target
+from facetrain.files import atomic_target
 
 SAFETENSORS_NAME = "model.safetensors"
 HEAD_NAME = "head.safetensors"

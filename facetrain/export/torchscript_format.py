@@ -17,9 +17,9 @@ import torch
 from torch import nn
 
 from facetrain.errors import FacetrainError
-from facetrain.export.atomic import atomic_target
 from facetrain.export.card import CARD_NAME, card_image_size, card_json
 from facetrain.export.verify import check_outputs, example_batch
+from facetrain.files import atomic_target
 
 TORCHSCRIPT_NAME = "model.torchscript.pt"
 

@@ -23,6 +23,7 @@ from torch import nn
 
 from facetrain.config import Config, from_dict, save_config
 from facetrain.errors import FacetrainError
+from facetrain.files import atomic_write_text
 from facetrain.heads import ShardedMarginHead
 from facetrain.parallel import comm
 from facetrain.parallel.checkpoint_io import load_tensors, save_tensors, tensor_index
@@ -37,12 +38,6 @@ class TrainState:
     consumed: int = 0  # samples all ranks together have used in the current epoch
     best_accuracy: float | None = None
     best_step: int | None = None
-
-
-def _write_atomic(path: Path, text: str) -> None:
-    tmp = path.with_name(path.name + ".tmp")
-    tmp.write_text(text)
-    os.replace(tmp, path)
 
 
 def resolve_checkpoint(path: str | Path) -> Path:
@@ -158,9 +153,9 @@ def save_checkpoint(
         if final.exists():
             shutil.rmtree(final)
         os.replace(tmp, final)
-        _write_atomic(root / "last", final.name)
+        atomic_write_text(root / "last", final.name)
         if is_best:
-            _write_atomic(root / "best", final.name)
+            atomic_write_text(root / "best", final.name)
         _prune(root, keep)
     comm.barrier()
     return final

@@ -1,12 +1,16 @@
-"""Atomic writes: an interrupted export never leaves a half-written model where a good one was."""
+"""Writing user-visible files safely: atomically, and never over an existing file unless asked.
+
+An interrupted export, report or benchmark never leaves a half-written file where a good one was.
+"""
 
 from __future__ import annotations
 
 import os
-from collections.abc import Iterator
+from collections.abc import Callable, Iterable, Iterator
 from contextlib import contextmanager
 from functools import cache
 from pathlib import Path
+from typing import Any
 
 from facetrain.errors import FacetrainError
 
@@ -25,7 +29,9 @@ def atomic_target(path: Path) -> Iterator[Path]:
 
     The file gets ordinary permissions: some writers (safetensors) create private 0600 files.
     """
-    tmp = path.with_name(f".{path.name}.tmp-{os.getpid()}")
+    tmp = path.with_name(
+        f".{path.name}.tmp-{os.getpid()}{path.suffix}"
+    )  # keeps the suffix for writers that read it
     try:
         yield tmp
         os.chmod(tmp, _new_file_mode())
@@ -39,7 +45,14 @@ def atomic_write_text(path: Path, text: str) -> None:
         tmp.write_text(text)
 
 
-def refuse_to_overwrite(paths: list[Path], flag: str = "--overwrite") -> None:
+def write_atomic(path: Path, write: Callable[[Path], Any]) -> None:
+    """Call `write(tmp)` on a temporary file beside `path`, then move it into place in one step."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    with atomic_target(path) as tmp:
+        write(tmp)
+
+
+def refuse_to_overwrite(paths: Iterable[Path], flag: str = "--overwrite") -> None:
     """One-line error naming the first existing file, so user files are only replaced when asked."""
     existing = [path for path in paths if path.exists()]
     if existing:
