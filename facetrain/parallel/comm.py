@@ -50,6 +50,13 @@ def rank(group: ProcessGroup | None = None) -> int:
     return dist.get_rank(group) if dist.is_available() and dist.is_initialized() else 0
 
 
+def collective_device(group: ProcessGroup | None = None) -> torch.device:
+    """Where a small tensor must live to go through a collective: the GPU for nccl, else the CPU."""
+    if is_active(group) and dist.get_backend(group) == "nccl":
+        return torch.device("cuda", torch.cuda.current_device())
+    return torch.device("cpu")
+
+
 def _nbytes(tensor: torch.Tensor) -> int:
     return tensor.numel() * tensor.element_size()
 
@@ -192,15 +199,6 @@ class _GatherColumnsToRoot(torch.autograd.Function):
         return mine[:, : widths[me]], None
 
 
-def check_same_everywhere(value: int, what: str, group: ProcessGroup | None = None) -> None:
-    """Fail on every rank at once (never hang) when ranks disagree about a setting."""
-    if not is_active(group):
-        return
-    values = all_gather_equal(torch.tensor([value], dtype=torch.int64), group).tolist()
-    if len(set(values)) > 1:
-        raise FacetrainError(f"ranks disagree on {what}: {values}; every rank must use the same value")
-
-
 def barrier(group: ProcessGroup | None = None) -> None:
     if is_active(group):
         dist.barrier(group=group)
@@ -220,7 +218,7 @@ def primary_first(fn, also_others: bool = True, group: ProcessGroup | None = Non
             result = fn()
         except FacetrainError as error:
             failure = error
-    flag = torch.tensor([0 if failure is None else 1], dtype=torch.int64)
+    flag = torch.tensor([0 if failure is None else 1], dtype=torch.int64, device=collective_device(group))
     broadcast_(flag, 0, group)
     if failure is not None:
         raise failure

@@ -136,6 +136,8 @@ def save_checkpoint(
         entries["scaler/scale"] = torch.tensor(scaler.get_scale())
         entries["scaler/growth_tracker"] = torch.tensor(scaler._get_growth_tracker())
     entries[f"rng/{comm.rank()}/torch"] = torch.get_rng_state()
+    if torch.cuda.is_available():
+        entries[f"rng/{comm.rank()}/cuda"] = torch.cuda.get_rng_state()
     save_tensors({k: v.detach().cpu() for k, v in entries.items()}, tmp)
 
     if primary:
@@ -206,9 +208,11 @@ def load_checkpoint(
         values = load_tensors(checkpoint, ["scaler/scale", "scaler/growth_tracker"], index)
         scaler.update(float(values["scaler/scale"]))
         scaler._init_growth_tracker = int(values["scaler/growth_tracker"])
-    rng_key = f"rng/{comm.rank()}/torch"
+    rng_key, cuda_key = f"rng/{comm.rank()}/torch", f"rng/{comm.rank()}/cuda"
     if meta["world_size"] == comm.world_size() and rng_key in index:
         torch.set_rng_state(load_tensors(checkpoint, [rng_key], index)[rng_key])
+        if torch.cuda.is_available() and cuda_key in index:
+            torch.cuda.set_rng_state(load_tensors(checkpoint, [cuda_key], index)[cuda_key])
     else:  # another world size: the old per-rank streams do not map onto the new ranks
         torch.manual_seed(meta["step"] * 1009 + comm.rank())
     fields = {k: meta[k] for k in ("step", "epoch", "consumed", "best_accuracy", "best_step")}

@@ -77,7 +77,10 @@ class PipelineStrategy:
         self, images, labels, head, autocast, scaler, accumulation: int, last_micro_step: bool
     ):
         loss = self.runtime.step(images, labels, head)
-        accuracy = head.accuracy.detach().reshape(1).clone() if self.has_head else torch.zeros(1)
+        device = comm.collective_device(self.runtime.pp_group)
+        accuracy = (
+            head.accuracy.detach().reshape(1).to(device) if self.has_head else torch.zeros(1, device=device)
+        )
         comm.broadcast_(accuracy, src=self.runtime.stages - 1, group=self.runtime.pp_group)
         return loss, accuracy[0]
 

@@ -29,7 +29,7 @@ class Verifier:
         self.pairs = comm.primary_first(load, also_others=False)
 
     def run(self, backbone: nn.Module, step: int) -> dict:
-        accuracy = torch.zeros(1, dtype=torch.float64)
+        accuracy = torch.zeros(1, dtype=torch.float64, device=comm.collective_device())
         results: dict = {}
         if self.env.is_primary:
             from facetrain.eval.verification import verify
