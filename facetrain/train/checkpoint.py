@@ -76,6 +76,11 @@ def _parse_range(key: str) -> tuple[int, int]:
     return int(start), int(count)
 
 
+def _as_tensor(value) -> torch.Tensor:
+    """Optimizer state holds tensors and, for some optimizers, plain numbers (a step count)."""
+    return value if torch.is_tensor(value) else torch.tensor(value)
+
+
 def _optimizer_entries(
     optimizer: torch.optim.Optimizer, named: dict[str, nn.Parameter], head: ShardedMarginHead
 ):
@@ -83,12 +88,11 @@ def _optimizer_entries(
     entries = {}
     for name, param in named.items():
         for key, value in optimizer.state.get(param, {}).items():
-            tensor = value if torch.is_tensor(value) else torch.tensor(value)
-            entries[f"optim/backbone/{name}/{key}"] = tensor
+            entries[f"optim/backbone/{name}/{key}"] = _as_tensor(value)
     if head is None:
         return entries
     for key, value in optimizer.state.get(head.weight, {}).items():
-        tensor = value if torch.is_tensor(value) else torch.tensor(value)
+        tensor = _as_tensor(value)
         if tensor.dim() and tensor.shape[0] == head.class_count:
             entries[_range_key(f"optim/head/{key}", head.class_start, head.class_count)] = tensor
         else:

@@ -111,6 +111,7 @@ def _train(cfg: Config, resume: str | None, env) -> dict:
     window_loss, window_accuracy, window_steps, window_start = 0.0, 0.0, 0, time.perf_counter()
     nonfinite_in_a_row = 0
     started = time.perf_counter()
+    autocast = torch.autocast(env.device.type, dtype=autocast_dtype, enabled=autocast_dtype is not None)
     backbone.train()
     try:
         while state.step < cfg.train.steps:
@@ -121,9 +122,6 @@ def _train(cfg: Config, resume: str | None, env) -> dict:
                 images, labels = next(batches)
                 images = images.to(env.device, non_blocking=True, memory_format=memory_format)
                 labels = labels.to(env.device, non_blocking=True)
-                autocast = torch.autocast(
-                    env.device.type, dtype=autocast_dtype, enabled=autocast_dtype is not None
-                )
                 loss, accuracy = strategy.forward_backward(
                     images, labels, head, autocast, scaler, accumulation, micro_step == accumulation - 1
                 )
