@@ -14,8 +14,8 @@ from facetrain.config import Config
 from facetrain.eval.pairs import load_pairs
 from facetrain.eval.retrieval import evaluate_market1501
 from facetrain.eval.verification import verify
-from facetrain.export.card import build_card
-from facetrain.export.exporter import export_loaded
+from facetrain.export.card import build_card, with_verification_report
+from facetrain.export.exporter import export_loaded, export_model
 from facetrain.export.loading import LoadedModel, load_model
 from facetrain.models import build_backbone
 from tests.test_eval_support import write_lfw_style_set, write_market
@@ -136,3 +136,74 @@ def test_eval_market(model_dir: Path, tmp_path: Path):
     expected = evaluate_market1501(loaded.module, tmp_path / "market", loaded.image_size, progress=False)
     assert figures["mAP"] == pytest.approx(expected.metrics.mean_ap)
     assert figures["rank1"] == pytest.approx(expected.metrics.cmc[1])
+
+
+def test_eval_folder_makes_balanced_pairs_and_keeps_them(model_dir: Path, tmp_path: Path):
+    root = tmp_path / "heldout"
+    write_lfw_style_set(root)
+    code, output = run(
+        model_dir, "--folder", root, "--seed", "3", "--folds", "4", "--out", tmp_path / "r", "--quiet"
+    )
+    assert code == 0, output
+    assert "72 (36 matched, 36 mismatched, 0 skipped)" in output and "over 4 folds (the file's)" not in output
+    assert "over 4 folds (stratified)" in output and "baseline" in output and "50.00%" in output
+    assert sorted(path.name for path in (tmp_path / "r").iterdir()) == [
+        "heldout.json",
+        "heldout_folds.csv",
+        "heldout_pairs.csv",
+        "heldout_roc.png",
+    ]
+    figures = json.loads((tmp_path / "r" / "heldout.json").read_text())
+    kept = load_pairs(tmp_path / "r" / "heldout_pairs.csv")
+    assert kept.num_pairs == 72 and kept.num_matched == 36 and len(set(kept.folds.tolist())) == 4
+    loaded = load_model(model_dir)
+    expected = verify(kept, loaded.module, loaded.image_size, progress=False)
+    assert figures["accuracy"] == pytest.approx(expected.accuracy)
+    assert figures["threshold"] == pytest.approx(expected.metrics.operating_point.threshold)
+    assert figures["baseline_accuracy"] == 0.5 and figures["folds_source"] == "stratified"
+
+
+@pytest.mark.parametrize(
+    "args",
+    [
+        ["--pairs", "p.txt", "--folder", "f"],
+        ["--pairs", "p.txt", "--seed", "1"],
+        ["--folder", "f", "--images", "i"],
+    ],
+)
+def test_folder_usage_errors(model_dir: Path, args: list[str]):
+    code, output = run(model_dir, *args)
+    assert code == 2 and "Usage:" in output
+
+
+def test_the_card_and_compare_say_at_which_far_the_threshold_sits(model_dir: Path, tmp_path: Path):
+    root = tmp_path / "heldout"
+    write_lfw_style_set(root)
+    assert run(model_dir, "--folder", root, "--out", tmp_path / "r", "--quiet")[0] == 0
+    report = json.loads((tmp_path / "r" / "heldout.json").read_text())
+    exported = export_model(
+        model_dir,
+        tmp_path / "export",
+        ["safetensors"],
+        progress=False,
+        verification_report=tmp_path / "r/heldout.json",
+    )
+    card = exported.card
+    assert card["threshold"] == report["threshold"] and card["threshold_far"] == report["threshold_far"]
+    assert card["threshold_tar"] == report["threshold_tar"]
+    photos = sorted(root.rglob("*.png"))[:2]
+    result = CliRunner().invoke(main, ["compare", *map(str, photos), "-m", str(tmp_path / "export")])
+    assert result.exit_code == 0, result.output
+    assert f"threshold {report['threshold']:.4f}" in result.output
+    assert f"(threshold at FAR {100 * report['threshold_far']:.2f}% in evaluation)" in result.output
+    by_hand = CliRunner().invoke(
+        main, ["compare", *map(str, photos), "-m", str(tmp_path / "export"), "--threshold", "0.5"]
+    )
+    assert by_hand.exit_code == 0 and "FAR" not in by_hand.output
+
+
+def test_a_report_without_far_leaves_it_null_in_the_card(tmp_path: Path):
+    old_report = tmp_path / "old.json"
+    old_report.write_text(json.dumps({"accuracy": 0.9, "threshold": 0.31}))
+    card = with_verification_report({"evaluation": {}}, old_report)
+    assert card["threshold"] == 0.31 and card["threshold_far"] is None and card["threshold_tar"] is None

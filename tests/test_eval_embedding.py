@@ -97,10 +97,12 @@ def test_verify_a_perfect_model_on_an_lfw_style_set(tmp_path: Path):
     result = verify(pairs, ColourMean(), IMAGE_SIZE, batch_size=5, progress=False)
     assert result.accuracy == 1.0 and result.metrics.auc == 1.0 and result.metrics.eer == 0.0
     assert len(result.metrics.folds) == 2, "the folds of pairs.txt are used"
+    assert result.folds_source == "the file's"
     figures = json.loads(json.dumps(result.as_dict()))
     assert figures["num_pairs"] == 12 and figures["num_matched"] == 6
     assert figures["accuracy"] == 1.0 and figures["flip"] is True
-    assert figures["threshold"] == result.metrics.best_threshold
+    assert figures["threshold"] == result.metrics.operating_point.threshold
+    assert figures["threshold_far"] == 0.0 and figures["threshold_tar"] == 1.0
 
 
 def test_verify_matches_metrics_of_reference_scores(tmp_path: Path):

@@ -11,9 +11,10 @@ from sklearn.metrics import roc_auc_score
 from sklearn.metrics import roc_curve as sklearn_roc_curve
 
 from facetrain.errors import FacetrainError
+from facetrain.eval.folds import contiguous_folds
 from facetrain.eval.metrics import (
+    balanced_operating_point,
     best_threshold,
-    contiguous_folds,
     cross_validated_accuracy,
     equal_error_rate,
     roc_curve,
@@ -40,8 +41,12 @@ def test_hand_computed_roc_auc_eer_and_best_threshold():
     metrics = verification_metrics(HAND_SCORES, HAND_SAME, folds=np.array([0, 0, 0, 1, 1, 1]))
     assert metrics.auc == pytest.approx(8 / 9)
     assert metrics.eer == pytest.approx(1 / 3)
-    assert metrics.best_threshold == pytest.approx(0.55)
-    assert metrics.best_accuracy == pytest.approx(5 / 6)
+    assert best_threshold(HAND_SCORES, HAND_SAME) == pytest.approx((0.55, 5 / 6))
+    point = metrics.operating_point
+    assert point.threshold == pytest.approx(0.55), "a balanced set: the accuracy-best threshold"
+    assert point.accuracy == pytest.approx(5 / 6)
+    assert point.false_accept_rate == pytest.approx(1 / 3) and point.true_accept_rate == pytest.approx(1.0)
+    assert metrics.baseline_accuracy == 0.5
     assert metrics.tar_at_far == {}, "3 mismatched pairs cannot resolve FAR 0.1"
 
 
@@ -72,7 +77,7 @@ def test_perfect_separation():
     metrics = verification_metrics(scores, issame)
     assert metrics.accuracy_mean == 1.0 and metrics.accuracy_std == 0.0
     assert metrics.auc == 1.0 and metrics.eer == 0.0
-    assert 0.2 < metrics.best_threshold < 0.8
+    assert 0.2 < metrics.operating_point.threshold < 0.8
 
 
 @pytest.mark.parametrize("seed", [0, 1, 2])
@@ -111,6 +116,34 @@ def test_thresholds_and_fold_accuracy_match_brute_force(seed: int):
         threshold, _ = brute_force_best_threshold(scores[~test], issame[~test])
         assert fold.threshold == pytest.approx(threshold)
         assert fold.accuracy == pytest.approx(np.mean((scores[test] >= threshold) == issame[test]))
+
+
+def brute_force_balanced_threshold(scores: np.ndarray, issame: np.ndarray) -> float:
+    values = np.unique(scores)
+    candidates = [values[0], *((values[:-1] + values[1:]) / 2), np.nextafter(values[-1], np.inf)]
+    balanced = [((scores >= t)[issame].mean() + (scores < t)[~issame].mean()) / 2 for t in candidates]
+    return float(candidates[int(np.argmax(balanced))])
+
+
+@pytest.mark.parametrize("seed", [6, 7])
+def test_balanced_threshold_matches_brute_force_on_a_skewed_set(seed: int):
+    """On a set that is 91% mismatched, as all pairs of 10 people are, the deployed threshold must
+    not be the accuracy-best one, which rejects most genuine pairs."""
+    rng = np.random.default_rng(seed)
+    issame = rng.random(3000) < 0.09
+    scores = np.round(np.where(issame, rng.normal(0.5, 0.15, 3000), rng.normal(0.1, 0.15, 3000)), 3)
+    point = balanced_operating_point(scores, issame)
+    assert point.threshold == pytest.approx(brute_force_balanced_threshold(scores, issame))
+    accepted = scores >= point.threshold
+    assert point.false_accept_rate == pytest.approx(accepted[~issame].mean())
+    assert point.true_accept_rate == pytest.approx(accepted[issame].mean())
+    assert point.accuracy == pytest.approx(np.mean(accepted == issame))
+    accuracy_best, _ = best_threshold(scores, issame)
+    assert point.threshold < accuracy_best
+    assert point.true_accept_rate > np.mean(scores[issame] >= accuracy_best)
+    metrics = verification_metrics(scores, issame)
+    assert metrics.baseline_accuracy == pytest.approx(1 - issame.mean())
+    assert metrics.operating_point == point
 
 
 def test_contiguous_folds_are_consecutive_blocks():

@@ -9,6 +9,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
+from facetrain.eval.folds import FOLDS_STRATIFIED
 from facetrain.eval.metrics import verification_metrics
 from facetrain.eval.report import (
     retrieval_table,
@@ -26,7 +27,9 @@ def verification_result() -> VerificationResult:
     issame = rng.random(2000) < 0.5
     scores = np.where(issame, rng.normal(0.6, 0.2, 2000), rng.normal(0.1, 0.2, 2000))
     metrics = verification_metrics(scores, issame)
-    return VerificationResult("data/lfw/pairs.txt", metrics, 21.5, True, 3, ["a/x.jpg", "b/y.jpg"])
+    return VerificationResult(
+        "data/lfw/pairs.txt", metrics, 21.5, True, 3, ["a/x.jpg", "b/y.jpg"], FOLDS_STRATIFIED
+    )
 
 
 def test_verification_files(verification_result: VerificationResult, tmp_path: Path):
@@ -39,6 +42,14 @@ def test_verification_files(verification_result: VerificationResult, tmp_path: P
     assert figures["auc"] == metrics.auc and figures["eer"] == metrics.eer
     assert figures["tar_at_far"] == {"0.1": metrics.tar_at_far[0.1], "0.01": metrics.tar_at_far[0.01]}
     assert figures["skipped_pairs"] == 3 and figures["missing_images"] == 2 and figures["xnorm"] == 21.5
+    point = metrics.operating_point
+    assert figures["threshold"] == point.threshold and figures["threshold_far"] == point.false_accept_rate
+    assert (
+        figures["threshold_tar"] == point.true_accept_rate and figures["threshold_accuracy"] == point.accuracy
+    )
+    assert figures["baseline_accuracy"] == metrics.baseline_accuracy
+    assert figures["num_mismatched"] == 2000 - metrics.num_matched
+    assert figures["folds_source"] == "stratified" and figures["threshold_rule"].startswith("balanced")
     with written[1].open() as file:
         rows = list(csv.DictReader(file))
     assert [int(row["fold"]) for row in rows] == list(range(10))
@@ -63,7 +74,14 @@ def test_running_again_replaces_the_same_files(verification_result: Verification
 def test_verification_table(verification_result: VerificationResult):
     table = verification_table(verification_result)
     metrics = verification_result.metrics
-    assert f"{100 * metrics.accuracy_mean:.2f}% ± {100 * metrics.accuracy_std:.2f}% over 10 folds" in table
+    assert (
+        f"{100 * metrics.accuracy_mean:.2f}% ± {100 * metrics.accuracy_std:.2f}% over 10 folds (stratified)"
+        in table
+    )
+    point = metrics.operating_point
+    assert f"{point.threshold:.4f} (balanced): FAR {100 * point.false_accept_rate:.2f}%" in table
+    majority = "different" if 2 * metrics.num_matched <= metrics.num_pairs else "same"
+    assert f'{100 * metrics.baseline_accuracy:.2f}% by answering "{majority}" every time' in table
     assert "TAR @ FAR=0.01" in table and "TAR @ FAR=0.001" not in table
     assert "missing images  2, e.g. a/x.jpg" in table
     assert "2000 (" in table and "3 skipped" in table

@@ -13,7 +13,9 @@ import pytest
 import torch
 
 from facetrain.config import load_config
+from facetrain.eval.pair_making import balanced_pair_set, write_pairs_csv
 from facetrain.eval.verification import load_pairs, verify
+from facetrain.export.loading import load_model
 from facetrain.models import build_backbone
 from tests.train_helpers import run_cli, tiny_config
 
@@ -64,8 +66,16 @@ def test_synthetic_training_beats_the_untrained_network(tmp_path):
     assert trained["accuracy"] >= 0.65
 
 
+# Measured on the balanced ORL pairs (2-core CPU machine): accuracy 0.871 with the trainer of commit
+# f1919ff (three runs alike; 0.866-0.882 over mismatched samples of seeds 0-5) and 0.900 with the
+# refactored trainer; the margin below covers other machines' runs.
+ORL_BALANCED_ACCURACY = 0.84
+
+
 def write_orl_split(orl, tmp_path):
-    """Train list: subjects s1-s30. Pairs: every pair of the 100 images of held-out s31-s40."""
+    """Train list: subjects s1-s30. Held out s31-s40 (100 images) scored two ways: balanced pairs (all
+    450 matched pairs, 450 mismatched pairs sampled with seed 0, 10 stratified folds), the protocol
+    reported, and all 4,950 pairs, 91% mismatched, kept beside it with its all-"different" baseline."""
     train_list = tmp_path / "orl_train.csv"
     with train_list.open("w", newline="") as handle:
         writer = csv.writer(handle)
@@ -74,19 +84,23 @@ def write_orl_split(orl, tmp_path):
             for image in range(1, 11):
                 writer.writerow([orl / f"s{subject}" / f"{image}.pgm", subject - 1])
     held_out = [(s, orl / f"s{s}" / f"{k}.pgm") for s in range(31, 41) for k in range(1, 11)]
-    pairs = tmp_path / "orl_pairs.csv"
-    with pairs.open("w", newline="") as handle:
+    balanced = tmp_path / "orl_balanced_pairs.csv"
+    subjects, paths = zip(*held_out)
+    write_pairs_csv(balanced_pair_set(paths, subjects, "orl s31-s40", seed=0), balanced)
+    all_pairs = tmp_path / "orl_all_pairs.csv"
+    with all_pairs.open("w", newline="") as handle:
         writer = csv.writer(handle)
         writer.writerow(["path1", "path2", "same"])
         for (s1, p1), (s2, p2) in itertools.combinations(held_out, 2):
             writer.writerow([p1, p2, int(s1 == s2)])
-    return train_list, pairs
+    return train_list, balanced, all_pairs
 
 
 @pytest.mark.slow
 def test_orl_real_faces(shared_data, tmp_path):
-    """Measured (2 ranks, 600 steps, ~50 s): accuracy 0.965, AUC 0.947, EER 0.116; untrained EER ~0.2."""
-    train_list, pairs = write_orl_split(shared_data / "orl", tmp_path)
+    """Trained on s1-s30, verified on held-out s31-s40; the thresholds below sit under measured runs
+    (2 ranks, 600 steps, ~50 s each), quoted in the comments."""
+    train_list, balanced, all_pairs = write_orl_split(shared_data / "orl", tmp_path)
     augment = {
         "horizontal_flip": True,
         "random_resized_crop": True,
@@ -107,18 +121,30 @@ def test_orl_real_faces(shared_data, tmp_path):
             "checkpoint_every": 600,
             "deterministic": False,
         },
-        eval={"pairs": str(pairs)},
+        eval={"pairs": str(balanced)},
     )
     result = run_cli("train", "-c", str(config), "--nproc", "2", timeout=900)
     assert result.returncode == 0, result.stderr
     trained = trained_result(tmp_path / "orl")
-    untrained = untrained_result(config, pairs)
+    untrained = untrained_result(config, balanced)
+    model = load_model(tmp_path / "orl")
+    everything = verify(load_pairs(all_pairs), model.module, model.image_size, progress=False).metrics
     print(
-        f"ORL s31-s40, all {trained['num_pairs']} pairs: trained accuracy {trained['accuracy']:.3f} "
-        f"AUC {trained['auc']:.3f} EER {trained['eer']:.3f}; untrained accuracy {untrained.accuracy:.3f} "
-        f"AUC {untrained.metrics.auc:.3f} EER {untrained.metrics.eer:.3f}"
+        f"ORL s31-s40, balanced {trained['num_pairs']} pairs: trained accuracy {trained['accuracy']:.3f} "
+        f"AUC {trained['auc']:.3f} EER {trained['eer']:.3f}, threshold {trained['threshold']:.3f} at FAR "
+        f"{trained['threshold_far']:.3f} TAR {trained['threshold_tar']:.3f}; untrained accuracy "
+        f"{untrained.accuracy:.3f} AUC {untrained.metrics.auc:.3f}. All {everything.num_pairs} pairs: "
+        f"accuracy {everything.accuracy_mean:.3f} AUC {everything.auc:.3f}, all-different baseline "
+        f"{everything.baseline_accuracy:.3f}"
     )
-    assert trained["num_pairs"] == 4950 and trained["num_matched"] == 450
-    assert trained["accuracy"] >= 0.95  # 90.9% is what "always different" scores on these pairs
-    assert trained["auc"] >= max(0.92, untrained.metrics.auc + 0.03)
-    assert trained["eer"] <= 0.75 * untrained.metrics.eer
+    assert trained["num_pairs"] == 900 and trained["num_matched"] == 450
+    assert trained["folds"] == 10 and trained["baseline_accuracy"] == 0.5
+    assert trained["accuracy"] >= ORL_BALANCED_ACCURACY
+    assert trained["accuracy"] >= untrained.accuracy + 0.04  # measured: 0.871 / 0.900 vs 0.79
+    assert trained["auc"] >= max(0.91, untrained.metrics.auc + 0.03)  # measured: 0.943 / 0.958 vs 0.88
+    # measured: threshold 0.470 at FAR 0.064, TAR 0.809 / 0.392 at FAR 0.087, TAR 0.891 (at f1919ff the
+    # accuracy-best threshold on all pairs, used before, sat at 0.651: TAR 0.673, a third of genuine
+    # pairs called "different")
+    assert trained["threshold_tar"] >= 0.7 and trained["threshold_far"] <= 0.2
+    assert everything.num_pairs == 4950 and everything.baseline_accuracy == pytest.approx(4500 / 4950)
+    assert everything.accuracy_mean >= everything.baseline_accuracy + 0.03  # measured: 0.964 vs 0.909

@@ -7,6 +7,7 @@ from pathlib import Path
 import click
 
 from facetrain.errors import FacetrainError
+from facetrain.eval.folds import DEFAULT_FOLD_SEED, DEFAULT_FOLDS
 
 
 @click.command()
@@ -24,6 +25,25 @@ from facetrain.errors import FacetrainError
     help="Image root of --pairs (default: the pairs file's folder).",
 )
 @click.option("--skip-missing", is_flag=True, help="Drop pairs whose images are missing (and report them).")
+@click.option(
+    "--folder",
+    "folder_root",
+    type=click.Path(path_type=Path),
+    help="Folder of identities ROOT/<identity>/<image>: verify on balanced pairs made from it.",
+)
+@click.option(
+    "--seed",
+    type=int,
+    default=None,
+    help=f"With --folder: seed of the mismatched-pair sample and the folds [default: {DEFAULT_FOLD_SEED}].",
+)
+@click.option(
+    "--folds",
+    "num_folds",
+    type=click.IntRange(min=2),
+    default=None,
+    help=f"With --folder: cross-validation folds [default: {DEFAULT_FOLDS}].",
+)
 @click.option(
     "--market",
     "market_root",
@@ -50,6 +70,9 @@ def eval_command(
     pairs_path: Path | None,
     images_root: Path | None,
     skip_missing: bool,
+    folder_root: Path | None,
+    seed: int | None,
+    num_folds: int | None,
     market_root: Path | None,
     no_flip: bool,
     batch_size: int,
@@ -58,19 +81,23 @@ def eval_command(
     out_dir: Path | None,
     quiet: bool,
 ) -> None:
-    """Evaluate MODEL: face verification on --pairs, or person re-id retrieval on --market.
+    """Evaluate MODEL: face verification on --pairs or --folder, or person re-id retrieval on --market.
 
     MODEL is a training checkpoint (written by any number of ranks; a last/best pointer or run
     directory works too), an export directory, or an exported model file. Verification prints
-    10-fold accuracy (thresholds chosen on the other 9 folds; the folds of pairs.txt when it has
-    them), the best threshold, ROC AUC, EER, TAR at FAR 1e-1/1e-2/1e-3 and XNorm, and writes
+    10-fold accuracy (thresholds chosen on the other 9 folds; the file's folds when it has them,
+    else stratified ones), the all-"different" baseline, the threshold to deploy (best balanced
+    accuracy) with its FAR and TAR, ROC AUC, EER, TAR at FAR 1e-1/1e-2/1e-3 and XNorm, and writes
     NAME.json, NAME_folds.csv and NAME_roc.png to --out, NAME being the pairs file's stem.
+    --folder makes balanced pairs from a folder of identities (as `facetrain pairs make` does),
+    names the report after the folder and keeps the pairs as NAME_pairs.csv.
     Re-id prints CMC rank-1/5/10 and mAP (Market-1501 protocol) and writes market1501.json.
     Running the same evaluation again replaces its own report files in --out.
 
     \b
     Examples:
       facetrain eval runs/demo/checkpoints/last --pairs data/synth/heldout/pairs.txt
+      facetrain eval runs/orl/export --folder data/orl_heldout --seed 1
       facetrain eval runs/lfw/export --pairs lfw/pairs.txt --images lfw/aligned --skip-missing
       facetrain eval runs/ms1m/checkpoints/best --pairs faces_emore/agedb_30.bin --no-flip
       facetrain eval runs/reid/export --market data/Market-1501 --batch-size 256 --out reports/reid
@@ -85,10 +112,14 @@ def eval_command(
     )
     from facetrain.export.loading import load_model
 
-    if (pairs_path is None) == (market_root is None):
-        raise click.UsageError("give exactly one of --pairs (verification) or --market (re-id retrieval)")
-    if market_root is not None and (images_root is not None or skip_missing):
+    if [pairs_path, folder_root, market_root].count(None) != 2:
+        raise click.UsageError(
+            "give exactly one of --pairs or --folder (verification) or --market (re-id retrieval)"
+        )
+    if pairs_path is None and (images_root is not None or skip_missing):
         raise click.UsageError("--images and --skip-missing apply to --pairs only")
+    if folder_root is None and (seed is not None or num_folds is not None):
+        raise click.UsageError("--seed and --folds apply to --folder only")
     device = device or ("cuda" if torch.cuda.is_available() else "cpu")
     if device.startswith("cuda") and not torch.cuda.is_available():
         raise FacetrainError(f"--device {device}: no CUDA device is available here; use --device cpu")
@@ -102,10 +133,18 @@ def eval_command(
     }
     extra = {"model": str(model)}
 
-    if pairs_path is not None:
+    if market_root is None:
+        from facetrain.eval.pair_making import folder_pair_set, write_pairs_csv
         from facetrain.eval.verification import load_pairs, verify
 
-        pairs = load_pairs(pairs_path, images_root, skip_missing)
+        if folder_root is not None:
+            pairs = folder_pair_set(
+                folder_root,
+                DEFAULT_FOLD_SEED if seed is None else seed,
+                DEFAULT_FOLDS if num_folds is None else num_folds,
+            )
+        else:
+            pairs = load_pairs(pairs_path, images_root, skip_missing)
         if pairs.skipped_pairs:
             click.echo(
                 f"skipped {pairs.skipped_pairs} pairs: {len(pairs.missing)} images missing, e.g. {pairs.missing[0]}",
@@ -115,6 +154,8 @@ def eval_command(
         result = verify(pairs, loaded.module, loaded.image_size, **options)
         click.echo(verification_table(result))
         written = write_verification_report(result, out_dir, extra)
+        if folder_root is not None:
+            written.append(write_pairs_csv(pairs, out_dir / f"{result.name}_pairs.csv", overwrite=True))
     else:
         from facetrain.eval.retrieval import evaluate_market1501
 

@@ -30,6 +30,29 @@ def _resolve_device(device: str | None) -> str:
     return device
 
 
+def _aligner(align: bool, detector: str, image_size: tuple[int, int]):
+    """With --align, a face aligner to the model's input size; the align extra is needed only then."""
+    if not align:
+        return None
+    from facetrain.align.aligner import FaceAligner
+
+    return FaceAligner(image_size, detector)
+
+
+align_option = click.option(
+    "--align",
+    is_flag=True,
+    help="Find and align the face in each photo first (needs pip install 'facetrain[align]').",
+)
+detector_option = click.option(
+    "--detector",
+    type=click.Choice(["hog", "cnn"]),
+    default="hog",
+    show_default=True,
+    help="Face detector for --align.",
+)
+
+
 def _parse_formats(value: str) -> list[str]:
     return [name.strip() for name in value.split(",") if name.strip()]
 
@@ -92,9 +115,10 @@ def export(
         diff = checks.get(path.name)
         check = "" if diff is None else f"  max |diff| vs PyTorch {diff:.2e}"
         click.echo(f"  {path.name:<24} {_human_size(path.stat().st_size):>10}{check}")
-    threshold = result.card.get("threshold")
+    threshold, threshold_far = result.card.get("threshold"), result.card.get("threshold_far")
     if threshold is not None:
-        click.echo(f"verification threshold (cosine): {threshold:.4f}")
+        where = "" if threshold_far is None else f" (FAR {100 * threshold_far:.2f}% on the evaluation pairs)"
+        click.echo(f"verification threshold (cosine): {threshold:.4f}{where}")
 
 
 @click.command()
@@ -115,6 +139,8 @@ def export(
 )
 @click.option("--device", default=None, help="cpu, cuda or cuda:N (default: cuda when available, else cpu).")
 @click.option("--overwrite", is_flag=True, help="Replace the output file if it exists.")
+@align_option
+@detector_option
 def embed(
     paths: tuple[Path, ...],
     model_path: Path,
@@ -123,16 +149,21 @@ def embed(
     flip: bool | None,
     device: str | None,
     overwrite: bool,
+    align: bool,
+    detector: str,
 ) -> None:
     """Write L2-normalized embeddings of images, and of every image under folders.
 
     Rows follow the order of PATHS, folders expanded in sorted order. Tables (.parquet, .csv) have a
-    `path` column then e0, e1, ...; a .npy gets the paths in a .paths.txt beside it.
+    `path` column then e0, e1, ...; a .npy gets the paths in a .paths.txt beside it. With --align,
+    raw photos are aligned to the model's input first (as `facetrain align` does); photos without
+    a face are left out and named on stderr.
 
     \b
     Examples:
       facetrain embed data/synth/heldout -m runs/demo/export -o embeddings.npy
       facetrain embed a.jpg b.jpg -m runs/demo/checkpoints/best -o faces.csv
+      facetrain embed raw_photos/ -m runs/demo/export -o faces.npy --align
       facetrain embed photos/ -m exported/model.torchscript.pt -o faces.parquet --batch-size 128
     """
     from facetrain.eval.embedding import embed_images
@@ -145,9 +176,21 @@ def embed(
     images = collect_images(paths)
     model = load_model(model_path, device=_resolve_device(device))
     flip = default_flip(model.card) if flip is None else flip
-    vectors = embed_images(model.module, images, model.image_size, batch_size=batch_size, flip=flip)
-    written = write([str(path) for path in images], vectors)
-    click.echo(f"wrote {len(images)} embeddings of size {vectors.shape[1]} to {', '.join(map(str, written))}")
+    aligner = _aligner(align, detector, model.image_size)
+    embedded, inputs = images, images
+    if aligner is not None:
+        from facetrain.align.batch import align_images
+
+        embedded, inputs, faceless = align_images(aligner, images)
+        if faceless:
+            click.echo(f"left out {len(faceless)} images without a face, e.g. {faceless[0]}", err=True)
+        if not embedded:
+            raise FacetrainError("no face found in any of the images; nothing to embed")
+    vectors = embed_images(model.module, inputs, model.image_size, batch_size=batch_size, flip=flip)
+    written = write([str(path) for path in embedded], vectors)
+    click.echo(
+        f"wrote {len(embedded)} embeddings of size {vectors.shape[1]} to {', '.join(map(str, written))}"
+    )
 
 
 @click.command()
@@ -161,6 +204,8 @@ def embed(
     "--flip/--no-flip", default=None, help="Add the mirrored image's embedding [default: as evaluated]."
 )
 @click.option("--device", default=None, help="cpu, cuda or cuda:N (default: cuda when available, else cpu).")
+@align_option
+@detector_option
 def compare(
     first: Path,
     second: Path,
@@ -168,21 +213,32 @@ def compare(
     threshold: float | None,
     flip: bool | None,
     device: str | None,
+    align: bool,
+    detector: str,
 ) -> None:
     """Say whether two face images show the same person.
 
     Prints the cosine similarity of their embeddings and the decision at the threshold that
-    evaluation found (stored in the model card), or at --threshold.
+    evaluation found (stored in the model card, with the false-accept rate it gave there), or at
+    --threshold. With --align the two can be raw photos: each face is found and aligned first.
 
     \b
     Examples:
       facetrain compare a.jpg b.jpg -m runs/demo/export
+      facetrain compare photo1.jpg photo2.jpg -m runs/demo/export --align
       facetrain compare a.jpg b.jpg -m runs/demo/checkpoints/best --threshold 0.3
     """
     from facetrain.export.compare import compare_images
     from facetrain.export.loading import load_model
 
     model = load_model(model_path, device=_resolve_device(device))
-    result = compare_images(model, first, second, threshold, flip)
+    result = compare_images(
+        model, first, second, threshold, flip, _aligner(align, detector, model.image_size)
+    )
     verdict = "same person" if result.same else "different people"
-    click.echo(f"similarity {result.similarity:.4f}  threshold {result.threshold:.4f}  -> {verdict}")
+    where = (
+        ""
+        if result.threshold_far is None
+        else f"  (threshold at FAR {100 * result.threshold_far:.2f}% in evaluation)"
+    )
+    click.echo(f"similarity {result.similarity:.4f}  threshold {result.threshold:.4f}  -> {verdict}{where}")

@@ -1,33 +1,134 @@
 """insightface `.bin` verification sets (lfw.bin, cfp_fp.bin, agedb_30.bin, ...), read without trusting them.
 
 A .bin is a pickle of `(encoded_images, issame)`. Unpickling can call any importable function, so the
-unpickler here refuses every global: lists, tuples, bytes, numbers, booleans and None need none, and
-those are all a genuine .bin holds. The published files were written by Python 2, whose byte strings
-load as bytes with `encoding="bytes"`.
+unpickler here resolves only the few globals genuine files use, each to a stand-in written here that
+checks its arguments, and refuses every other global:
+
+- byte strings, lists, tuples, numbers, booleans and None need none (the published files, written by
+  Python 2, whose byte strings load as bytes with `encoding="bytes"`);
+- `_codecs.encode(text, "latin1")` is how Python 3 writes bytes at protocol 2;
+- numpy's `_reconstruct`, `ndarray` and `dtype` (protocols 2-4) or `_frombuffer` (protocol 5) are how
+  a numpy array is pickled, and insightface's own `build_eval_pack.py` stores each image as the uint8
+  array `cv2.imencode` returns. Only 1-byte unsigned buffers are accepted, so an object array (whose
+  items would be arbitrary pickled objects) or any other dtype is refused before numpy sees it.
 """
 
 from __future__ import annotations
 
 import io
+import math
 import pickle
+from collections.abc import Callable
 from pathlib import Path
 
 import numpy as np
 
 from facetrain.errors import FacetrainError
+from facetrain.eval.folds import FOLDS_IN_FILE_ORDER, contiguous_folds
 from facetrain.eval.pair_set import PairSet
 
+UINT8_NAMES = ("u1", "uint8", "|u1")
+UINT8_BYTE_ORDERS = ("|", "=")
+LATIN1_NAMES = ("latin1", "latin-1", "iso-8859-1")
 
-class RefusedGlobal(Exception):
+
+class Refused(Exception):
     """Raised inside the unpickler so the refusal cannot be swallowed by pickle's own error handling."""
+
+
+def _text(value: object) -> object:
+    """Python 2 strings arrive as bytes under `encoding="bytes"`; compare them as text."""
+    return value.decode("latin-1") if isinstance(value, bytes) else value
+
+
+class _NdarrayClass:
+    """Stands in for `numpy.ndarray`, which a pickle names only as `_reconstruct`'s first argument."""
+
+
+class _Uint8Dtype:
+    """Stands in for `numpy.dtype("u1")`; pickles restore a dtype's byte order through `__setstate__`."""
+
+    def __setstate__(self, state: object) -> None:
+        if not (isinstance(state, tuple) and len(state) >= 2 and _text(state[1]) in UINT8_BYTE_ORDERS):
+            raise Refused(f"the pickle asks for a uint8 dtype with the state {state!r:.80}")
+
+
+class _EncodedImage:
+    """Stands in for a uint8 numpy array holding one encoded image; `data` is its bytes."""
+
+    def __init__(self, data: bytes | None = None):
+        self.data = data
+
+    def __setstate__(self, state: object) -> None:
+        if not (isinstance(state, tuple) and len(state) == 5):
+            raise Refused("the pickle asks for a numpy array with an unknown state")
+        _version, shape, dtype, fortran, raw = state
+        if not isinstance(dtype, _Uint8Dtype):
+            raise Refused(f"the pickle asks for a numpy array of {type(dtype).__name__}, not uint8")
+        if not isinstance(raw, (bytes, bytearray)):
+            raise Refused("the pickle asks for a numpy array whose items are objects, not a uint8 buffer")
+        self.data = _sized(bytes(raw), shape, bool(fortran))
+
+
+def _sized(data: bytes, shape: object, fortran: bool = False) -> bytes:
+    """The array's bytes in C order (what `ndarray.tobytes()` gives), after checking they fill `shape`."""
+    if not (isinstance(shape, tuple) and all(isinstance(side, int) and side >= 0 for side in shape)):
+        raise Refused(f"the pickle asks for a numpy array of shape {shape!r:.80}")
+    if math.prod(shape) != len(data):
+        raise Refused(f"the pickle asks for a numpy array of shape {shape} from {len(data)} bytes")
+    if fortran and len(shape) > 1:
+        return np.frombuffer(data, dtype=np.uint8).reshape(shape, order="F").tobytes(order="C")
+    return data
+
+
+def _dtype(name: object, align: object = False, copy: object = True) -> _Uint8Dtype:
+    if _text(name) not in UINT8_NAMES:
+        raise Refused(f"the pickle asks for a numpy array of dtype {_text(name)!r:.40}, not uint8")
+    return _Uint8Dtype()
+
+
+def _reconstruct(cls: object, shape: object, typecode: object) -> _EncodedImage:
+    if cls is not _NdarrayClass:
+        raise Refused(f"the pickle asks numpy to reconstruct {cls!r:.80}, not an ndarray")
+    return _EncodedImage()
+
+
+def _frombuffer(buffer: object, dtype: object, shape: object, order: object = "C") -> _EncodedImage:
+    if not isinstance(dtype, _Uint8Dtype):
+        raise Refused(f"the pickle asks for a numpy buffer of {type(dtype).__name__}, not uint8")
+    if isinstance(buffer, pickle.PickleBuffer):
+        buffer = buffer.raw()
+    if not isinstance(buffer, (bytes, bytearray, memoryview)):
+        raise Refused(f"the pickle asks for a numpy array from a {type(buffer).__name__}, not a byte buffer")
+    return _EncodedImage(_sized(bytes(buffer), shape, _text(order) == "F"))
+
+
+def _latin1_encode(text: object, encoding: object = "utf-8") -> bytes:
+    if not isinstance(text, str) or _text(encoding) not in LATIN1_NAMES:
+        raise Refused(f"the pickle asks for _codecs.encode with {type(text).__name__} as {encoding!r:.20}")
+    return text.encode("latin-1")
+
+
+ALLOWED_GLOBALS: dict[tuple[str, str], Callable | type] = {
+    ("_codecs", "encode"): _latin1_encode,
+    ("numpy", "ndarray"): _NdarrayClass,
+    ("numpy", "dtype"): _dtype,
+    ("numpy.core.multiarray", "_reconstruct"): _reconstruct,
+    ("numpy._core.multiarray", "_reconstruct"): _reconstruct,
+    ("numpy.core.numeric", "_frombuffer"): _frombuffer,
+    ("numpy._core.numeric", "_frombuffer"): _frombuffer,
+}
 
 
 class _DataOnlyUnpickler(pickle.Unpickler):
     def find_class(self, module: str, name: str):
-        raise RefusedGlobal(f"{module}.{name}")
+        try:
+            return ALLOWED_GLOBALS[(module, name)]
+        except KeyError:
+            raise Refused(f"the pickle asks for {module}.{name}") from None
 
     def persistent_load(self, pid):
-        raise RefusedGlobal(f"persistent id {pid!r}")
+        raise Refused(f"the pickle asks for persistent id {pid!r:.80}")
 
 
 def read_insightface_bin(path: str | Path) -> tuple[list[bytes], np.ndarray]:
@@ -38,9 +139,9 @@ def read_insightface_bin(path: str | Path) -> tuple[list[bytes], np.ndarray]:
         raise FacetrainError(f"cannot read {path}: {error.strerror}") from None
     try:
         content = _DataOnlyUnpickler(io.BytesIO(data), encoding="bytes").load()
-    except RefusedGlobal as refused:
+    except Refused as refused:
         raise FacetrainError(
-            f"{path}: refused to load: the pickle asks for {refused}, and a verification .bin may only hold "
+            f"{path}: refused to load: {refused}, and a verification .bin may only hold "
             "images and flags; do not use this file"
         ) from None
     except Exception as error:
@@ -51,10 +152,22 @@ def read_insightface_bin(path: str | Path) -> tuple[list[bytes], np.ndarray]:
 
 
 def load_insightface_bin(path: Path, images_root: Path | None, skip_missing: bool) -> PairSet:
-    """A PairSet of in-memory images; a .bin has no image files, so the root and skipping do not apply."""
+    """A PairSet of in-memory images; a .bin has no image files, so the root and skipping do not apply.
+
+    The published .bin files store LFW, CFP and AgeDB pairs in their protocols' fold order, so 10
+    consecutive blocks are their folds (insightface scores them the same way).
+    """
     images, issame = read_insightface_bin(path)
     left = np.arange(0, len(images), 2, dtype=np.int64)
-    return PairSet(source=str(path), images=images, left=left, right=left + 1, issame=issame)
+    return PairSet(
+        source=str(path),
+        images=images,
+        left=left,
+        right=left + 1,
+        issame=issame,
+        folds=contiguous_folds(len(issame)),
+        folds_source=FOLDS_IN_FILE_ORDER,
+    )
 
 
 def _checked(path: str | Path, content: object) -> tuple[list[bytes], np.ndarray]:
@@ -62,13 +175,17 @@ def _checked(path: str | Path, content: object) -> tuple[list[bytes], np.ndarray
         raise FacetrainError(f"{path}: expected a pickled (images, issame) pair")
     images, issame = content
     if not isinstance(images, (list, tuple)) or not all(
-        isinstance(image, (bytes, bytearray)) for image in images
+        isinstance(image, (bytes, bytearray)) or (isinstance(image, _EncodedImage) and image.data is not None)
+        for image in images
     ):
-        raise FacetrainError(f"{path}: the first element must be a list of encoded images (bytes)")
+        raise FacetrainError(
+            f"{path}: the first element must be a list of encoded images (bytes or uint8 arrays)"
+        )
     if not isinstance(issame, (list, tuple)) or not all(flag in (0, 1) for flag in issame):
         raise FacetrainError(f"{path}: the second element must be a list of booleans")
     if len(images) != 2 * len(issame):
         raise FacetrainError(
             f"{path}: {len(images)} images cannot form {len(issame)} pairs (need exactly twice as many)"
         )
-    return [bytes(image) for image in images], np.array(issame, dtype=bool)
+    encoded = [image.data if isinstance(image, _EncodedImage) else bytes(image) for image in images]
+    return encoded, np.array(issame, dtype=bool)

@@ -2,7 +2,7 @@
 
 The View 2 file starts with a `folds<TAB>pairs_per_class` header and then holds, per fold, that many
 matched lines `name i j` followed by as many mismatched lines `name1 i name2 j`. View 1 files have a
-single-number header and no folds. Images sit at `root/name/name_%04d.<ext>` with whatever image
+single-number header and no folds (scoring gives them stratified ones). Images sit at `root/name/name_%04d.<ext>` with whatever image
 extension is on disk (the official set is .jpg; aligned copies are often .png).
 """
 

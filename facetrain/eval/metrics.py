@@ -14,8 +14,8 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from facetrain.errors import FacetrainError
+from facetrain.eval.folds import stratified_folds
 
-DEFAULT_FOLDS = 10
 FALSE_ACCEPT_RATES = (1e-1, 1e-2, 1e-3)
 
 
@@ -37,30 +37,34 @@ class FoldResult:
 
 
 @dataclass(frozen=True)
+class OperatingPoint:
+    """A threshold to decide with and what it does on the pairs it was chosen on."""
+
+    threshold: float
+    accuracy: float
+    false_accept_rate: float
+    true_accept_rate: float
+
+
+@dataclass(frozen=True)
 class VerificationMetrics:
-    """The verification figures of one pair set; `roc` is kept for plotting but not for JSON."""
+    """The verification figures of one pair set; `roc` is kept for plotting but not for JSON.
+
+    `baseline_accuracy` is what answering the more frequent answer every time scores ("different"
+    on all-pairs sets), the floor against which `accuracy_mean` means anything.
+    """
 
     num_pairs: int
     num_matched: int
     accuracy_mean: float
     accuracy_std: float
     folds: list[FoldResult]
-    best_threshold: float
-    best_accuracy: float
+    operating_point: OperatingPoint
+    baseline_accuracy: float
     auc: float
     eer: float
     tar_at_far: dict[float, float]
     roc: RocCurve = field(repr=False)
-
-
-def contiguous_folds(num_pairs: int, num_folds: int = DEFAULT_FOLDS) -> np.ndarray:
-    """Fold ids for pairs without their own folds: consecutive blocks, as LFW-ordered .bin files need."""
-    if num_pairs < 2:
-        raise FacetrainError(f"verification needs at least 2 pairs, got {num_pairs}")
-    num_folds = min(num_folds, num_pairs)
-    return np.repeat(
-        np.arange(num_folds), [len(block) for block in np.array_split(np.arange(num_pairs), num_folds)]
-    )
 
 
 def roc_curve(scores: np.ndarray, issame: np.ndarray) -> RocCurve:
@@ -106,12 +110,43 @@ def best_threshold(scores: np.ndarray, issame: np.ndarray) -> tuple[float, float
     Candidates lie midway between consecutive distinct scores (plus one accepting everything and one
     rejecting everything), so a threshold never sits on a training score; ties go to the lowest.
     """
+    threshold, correct = _best_cut(scores, issame, matched_weight=1.0, mismatched_weight=1.0)
+    return threshold, correct / len(scores)
+
+
+def balanced_operating_point(scores: np.ndarray, issame: np.ndarray) -> OperatingPoint:
+    """The threshold with the best balanced accuracy, the mean of the true-accept and true-reject rates.
+
+    Plain accuracy on a set that is 91% mismatched rewards rejecting almost everything, so the
+    threshold it picks calls most genuine pairs "different". Weighting each class by the inverse of
+    its count gives the threshold that would be best on balanced pairs, whatever the set's mix; on a
+    balanced set it is the accuracy-best threshold.
+    """
+    num_matched = int(issame.sum())
+    threshold, _ = _best_cut(
+        scores, issame, matched_weight=1.0 / num_matched, mismatched_weight=1.0 / (len(scores) - num_matched)
+    )
+    accepted = scores >= threshold
+    return OperatingPoint(
+        threshold=threshold,
+        accuracy=float(np.mean(accepted == issame)),
+        false_accept_rate=float(accepted[~issame].mean()),
+        true_accept_rate=float(accepted[issame].mean()),
+    )
+
+
+def _best_cut(
+    scores: np.ndarray, issame: np.ndarray, matched_weight: float, mismatched_weight: float
+) -> tuple[float, float]:
+    """The lowest threshold maximizing the weighted count of correct decisions, and that count."""
     order = np.argsort(scores, kind="stable")
     sorted_scores, sorted_same = scores[order], issame[order]
     rejected_mismatches = np.r_[0, np.cumsum(~sorted_same)]
     rejected_matches = np.r_[0, np.cumsum(sorted_same)]
     cuts = np.r_[0, np.flatnonzero(np.diff(sorted_scores)) + 1, len(scores)]
-    correct = rejected_mismatches[cuts] + (rejected_matches[-1] - rejected_matches[cuts])
+    correct = mismatched_weight * rejected_mismatches[cuts] + matched_weight * (
+        rejected_matches[-1] - rejected_matches[cuts]
+    )
     best = int(np.argmax(correct))
     cut = cuts[best]
     if cut == 0:
@@ -120,7 +155,7 @@ def best_threshold(scores: np.ndarray, issame: np.ndarray) -> tuple[float, float
         threshold = np.nextafter(sorted_scores[-1], np.inf)
     else:
         threshold = (sorted_scores[cut - 1] + sorted_scores[cut]) / 2
-    return float(threshold), float(correct[best] / len(scores))
+    return float(threshold), float(correct[best])
 
 
 def accuracy_at(scores: np.ndarray, issame: np.ndarray, threshold: float) -> float:
@@ -144,16 +179,15 @@ def cross_validated_accuracy(scores: np.ndarray, issame: np.ndarray, folds: np.n
 def verification_metrics(
     scores: np.ndarray, issame: np.ndarray, folds: np.ndarray | None = None
 ) -> VerificationMetrics:
-    """All verification figures; without `folds`, 10 consecutive blocks of pairs are the folds."""
+    """All verification figures; without `folds`, 10 stratified folds (seed 0) are made."""
     scores, issame = _validated(scores, issame)
-    folds = contiguous_folds(len(scores)) if folds is None else np.asarray(folds)
+    folds = stratified_folds(issame) if folds is None else np.asarray(folds)
     if folds.shape != scores.shape:
         raise ValueError(f"folds has shape {folds.shape}, scores {scores.shape}")
     if len(np.unique(folds)) < 2:
         raise FacetrainError("verification needs at least 2 folds to choose thresholds on held-out pairs")
     fold_results = cross_validated_accuracy(scores, issame, folds)
     accuracies = np.array([fold.accuracy for fold in fold_results])
-    threshold, accuracy = best_threshold(scores, issame)
     roc = roc_curve(scores, issame)
     num_matched = int(issame.sum())
     return VerificationMetrics(
@@ -162,8 +196,8 @@ def verification_metrics(
         accuracy_mean=float(accuracies.mean()),
         accuracy_std=float(accuracies.std()),
         folds=fold_results,
-        best_threshold=threshold,
-        best_accuracy=accuracy,
+        operating_point=balanced_operating_point(scores, issame),
+        baseline_accuracy=max(num_matched, len(scores) - num_matched) / len(scores),
         auc=area_under_curve(roc),
         eer=equal_error_rate(roc),
         tar_at_far=true_accept_rates(roc, len(scores) - num_matched),

@@ -13,6 +13,7 @@ from pathlib import Path
 import numpy as np
 
 from facetrain.errors import FacetrainError
+from facetrain.eval.folds import FOLDS_FROM_FILE, FOLDS_STRATIFIED, stratified_folds
 
 MISSING_SHOWN = 3
 
@@ -22,7 +23,8 @@ class PairSet:
     """Pairs of images with ground truth and, when the file defines them, cross-validation folds.
 
     `images` holds paths (str) or encoded image bytes; `left[k]`, `right[k]` index the two images of
-    pair k. `missing` and `skipped_pairs` record what `skip_missing` dropped.
+    pair k. `folds_source` says where `folds` came from. `missing` and `skipped_pairs` record what
+    `skip_missing` dropped.
     """
 
     source: str
@@ -31,6 +33,7 @@ class PairSet:
     right: np.ndarray
     issame: np.ndarray
     folds: np.ndarray | None = None
+    folds_source: str = FOLDS_FROM_FILE
     missing: list[str] = field(default_factory=list)
     skipped_pairs: int = 0
 
@@ -42,6 +45,12 @@ class PairSet:
     def num_matched(self) -> int:
         return int(self.issame.sum())
 
+    def cross_validation_folds(self) -> tuple[np.ndarray, str]:
+        """The file's folds, or stratified ones when it has none, and which of the two they are."""
+        if self.folds is not None:
+            return self.folds, self.folds_source
+        return stratified_folds(self.issame), FOLDS_STRATIFIED
+
 
 def pair_set_from_paths(
     source: str | Path,
@@ -50,7 +59,10 @@ def pair_set_from_paths(
     folds: Sequence[int] | None,
     skip_missing: bool,
 ) -> PairSet:
-    """Check every image exists, then index them; missing ones fail loudly or drop their pairs."""
+    """Check every image exists, then index them; missing ones fail loudly or drop their pairs.
+
+    A fold column holding a single fold is no fold at all: the pairs get stratified folds instead.
+    """
     exists: dict[Path, bool] = {}
     for pair in paths:
         for path in pair:
@@ -73,13 +85,16 @@ def pair_set_from_paths(
             left.append(index.setdefault(first, len(index)))
             right.append(index.setdefault(second, len(index)))
     kept_mask = np.array(keep)
+    kept_folds = None if folds is None else np.asarray(folds, dtype=np.int64)[kept_mask]
+    if kept_folds is not None and len(np.unique(kept_folds)) < 2:
+        kept_folds = None
     return PairSet(
         source=str(source),
         images=[str(path) for path in index],
         left=np.array(left, dtype=np.int64),
         right=np.array(right, dtype=np.int64),
         issame=np.asarray(issame, dtype=bool)[kept_mask],
-        folds=None if folds is None else np.asarray(folds, dtype=np.int64)[kept_mask],
+        folds=kept_folds,
         missing=missing,
         skipped_pairs=keep.count(False),
     )

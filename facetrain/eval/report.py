@@ -23,15 +23,28 @@ from facetrain.files import atomic_target
 
 def verification_table(result: VerificationResult) -> str:
     metrics = result.metrics
+    point = metrics.operating_point
+    num_mismatched = metrics.num_pairs - metrics.num_matched
+    majority_answer = "different" if num_mismatched >= metrics.num_matched else "same"
     rows = [
         ("pairs file", result.pairs_file),
-        ("pairs", f"{metrics.num_pairs} ({metrics.num_matched} matched, {result.skipped_pairs} skipped)"),
+        (
+            "pairs",
+            f"{metrics.num_pairs} ({metrics.num_matched} matched, {num_mismatched} mismatched, "
+            f"{result.skipped_pairs} skipped)",
+        ),
         ("flip test", "on" if result.flip else "off"),
         (
             "accuracy",
-            f"{100 * metrics.accuracy_mean:.2f}% ± {100 * metrics.accuracy_std:.2f}% over {len(metrics.folds)} folds",
+            f"{100 * metrics.accuracy_mean:.2f}% ± {100 * metrics.accuracy_std:.2f}% over "
+            f"{len(metrics.folds)} folds ({result.folds_source})",
         ),
-        ("best threshold", f"{metrics.best_threshold:.4f} ({100 * metrics.best_accuracy:.2f}% on all pairs)"),
+        ("baseline", f'{100 * metrics.baseline_accuracy:.2f}% by answering "{majority_answer}" every time'),
+        (
+            "threshold",
+            f"{point.threshold:.4f} (balanced): FAR {100 * point.false_accept_rate:.2f}%, "
+            f"TAR {100 * point.true_accept_rate:.2f}%, accuracy {100 * point.accuracy:.2f}% on all pairs",
+        ),
         ("ROC AUC", f"{metrics.auc:.4f}"),
         ("EER", f"{100 * metrics.eer:.2f}%"),
         *((f"TAR @ FAR={far:g}", f"{100 * tar:.2f}%") for far, tar in metrics.tar_at_far.items()),
@@ -107,7 +120,8 @@ def _folds_csv(result: VerificationResult) -> str:
 
 
 def _roc_png(result: VerificationResult) -> bytes:
-    """ROC with a logarithmic FAR axis, where deployed thresholds live, and the TAR@FAR points marked."""
+    """ROC with a logarithmic FAR axis, where deployed thresholds live, the TAR@FAR points and the
+    threshold's operating point marked."""
     metrics = result.metrics
     roc = metrics.roc
     num_mismatched = metrics.num_pairs - metrics.num_matched
@@ -122,6 +136,14 @@ def _roc_png(result: VerificationResult) -> bytes:
     )
     for far, tar in metrics.tar_at_far.items():
         axes.plot(far, tar, "o", label=f"TAR {100 * tar:.1f}% @ FAR {far:g}")
+    point = metrics.operating_point
+    if point.false_accept_rate > 0:
+        axes.plot(
+            point.false_accept_rate,
+            point.true_accept_rate,
+            "s",
+            label=f"threshold {point.threshold:.3f}: FAR {100 * point.false_accept_rate:.1f}%",
+        )
     axes.set_xscale("log")
     axes.set_xlim(1.0 / num_mismatched, 1.0)
     axes.set_ylim(float(roc.true_positive_rate[shown].min()) * 0.95, 1.005)

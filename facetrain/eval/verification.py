@@ -22,12 +22,14 @@ from facetrain.eval.metrics import VerificationMetrics, verification_metrics
 from facetrain.eval.pair_set import PairSet
 from facetrain.eval.pairs import load_pairs
 
+THRESHOLD_RULE = "balanced: best mean of true-accept and true-reject rates on all pairs"
+
 __all__ = ["PairSet", "VerificationResult", "embed_images", "load_pairs", "pair_scores", "verify"]
 
 
 @dataclass(frozen=True)
 class VerificationResult:
-    """Metrics of one pair set plus what shaped them (flip test, skipped pairs, XNorm)."""
+    """Metrics of one pair set plus what shaped them (flip test, folds, skipped pairs, XNorm)."""
 
     pairs_file: str
     metrics: VerificationMetrics
@@ -35,6 +37,7 @@ class VerificationResult:
     flip: bool
     skipped_pairs: int
     missing_images: list[str]
+    folds_source: str
 
     @property
     def name(self) -> str:
@@ -46,23 +49,31 @@ class VerificationResult:
         return self.metrics.accuracy_mean
 
     def as_dict(self) -> dict[str, Any]:
-        """Plain JSON-ready figures; `threshold` is the best one on all pairs, the one to deploy with.
+        """Plain JSON-ready figures; `threshold` is the one to deploy with, at the balanced operating point
+        (best mean of true-accept and true-reject rates on all pairs), with the FAR and TAR it gives here.
 
         The per-fold table and the ROC points are left to the report files.
         """
         metrics = self.metrics
+        point = metrics.operating_point
         return {
             "pairs_file": self.pairs_file,
             "num_pairs": metrics.num_pairs,
             "num_matched": metrics.num_matched,
+            "num_mismatched": metrics.num_pairs - metrics.num_matched,
             "skipped_pairs": self.skipped_pairs,
             "missing_images": len(self.missing_images),
             "flip": self.flip,
             "accuracy": metrics.accuracy_mean,
             "accuracy_std": metrics.accuracy_std,
             "folds": len(metrics.folds),
-            "threshold": metrics.best_threshold,
-            "threshold_accuracy": metrics.best_accuracy,
+            "folds_source": self.folds_source,
+            "baseline_accuracy": metrics.baseline_accuracy,
+            "threshold": point.threshold,
+            "threshold_rule": THRESHOLD_RULE,
+            "threshold_accuracy": point.accuracy,
+            "threshold_far": point.false_accept_rate,
+            "threshold_tar": point.true_accept_rate,
             "auc": metrics.auc,
             "eer": metrics.eer,
             "tar_at_far": {f"{far:g}": tar for far, tar in metrics.tar_at_far.items()},
@@ -97,7 +108,8 @@ def verify(
         num_workers,
         label=Path(pairs.source).name,
     )
-    metrics = verification_metrics(pair_scores(embeddings.vectors, pairs), pairs.issame, pairs.folds)
+    folds, folds_source = pairs.cross_validation_folds()
+    metrics = verification_metrics(pair_scores(embeddings.vectors, pairs), pairs.issame, folds)
     return VerificationResult(
-        pairs.source, metrics, embeddings.xnorm, flip, pairs.skipped_pairs, pairs.missing
+        pairs.source, metrics, embeddings.xnorm, flip, pairs.skipped_pairs, pairs.missing, folds_source
     )

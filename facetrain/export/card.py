@@ -2,7 +2,8 @@
 
 It records what a consumer needs to feed the model (input size, channel order, normalization), what
 comes out, how it was trained (the resolved config, from which `load_model` rebuilds the backbone),
-and how well it verified, including the similarity threshold `facetrain compare` decides with.
+and how well it verified, including the similarity threshold `facetrain compare` decides with and
+the false-accept rate that threshold gave on the evaluation's mismatched pairs.
 """
 
 from __future__ import annotations
@@ -63,7 +64,7 @@ def build_card(
             "config": to_dict(config),
         },
         "evaluation": evaluation,
-        "threshold": verification_threshold(evaluation),
+        **threshold_fields(evaluation),
         "source": str(source),
         "files": {},
     }
@@ -86,7 +87,7 @@ def with_verification_report(card: dict[str, Any], report_path: Path) -> dict[st
             "pass the NAME.json that `facetrain eval --pairs` wrote"
         )
     evaluation = {**card.get("evaluation", {}), "verification": report}
-    return {**card, "evaluation": evaluation, "threshold": float(report["threshold"])}
+    return {**card, "evaluation": evaluation, **threshold_fields(evaluation)}
 
 
 def normalized_evaluation(evaluation: dict[str, Any]) -> dict[str, Any]:
@@ -96,10 +97,17 @@ def normalized_evaluation(evaluation: dict[str, Any]) -> dict[str, Any]:
     return {"verification": dict(evaluation)}
 
 
-def verification_threshold(evaluation: dict[str, Any]) -> float | None:
-    """The cosine-similarity threshold that verification found best, if it ran."""
-    threshold = (evaluation.get("verification") or {}).get("threshold")
-    return None if threshold is None else float(threshold)
+def threshold_fields(evaluation: dict[str, Any]) -> dict[str, float | None]:
+    """The card's `threshold` (cosine similarity) and the FAR and TAR it gave on the evaluation pairs.
+
+    A report written before facetrain recorded them has no FAR or TAR; those stay null rather than
+    being guessed.
+    """
+    verification = evaluation.get("verification") or {}
+    return {
+        key: None if verification.get(key) is None else float(verification[key])
+        for key in ("threshold", "threshold_far", "threshold_tar")
+    }
 
 
 def card_config(card: dict[str, Any], where: Path) -> Config:

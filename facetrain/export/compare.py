@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
@@ -12,11 +12,18 @@ from facetrain.errors import FacetrainError
 from facetrain.eval.embedding import embed_images
 from facetrain.export.loading import LoadedModel
 
+if TYPE_CHECKING:
+    from facetrain.align.aligner import FaceAligner
+
 
 @dataclass(frozen=True)
 class Comparison:
+    """`threshold_far` is the false-accept rate the card's threshold gave in evaluation (None when the
+    threshold was given by hand or the card does not record it)."""
+
     similarity: float
     threshold: float
+    threshold_far: float | None = None
 
     @property
     def same(self) -> bool:
@@ -38,16 +45,29 @@ def default_flip(card: dict[str, Any]) -> bool:
 
 
 def compare_images(
-    model: LoadedModel, first: Path, second: Path, threshold: float | None = None, flip: bool | None = None
+    model: LoadedModel,
+    first: Path,
+    second: Path,
+    threshold: float | None = None,
+    flip: bool | None = None,
+    aligner: FaceAligner | None = None,
 ) -> Comparison:
-    """The cosine similarity of two images, judged at `threshold` or else the card's threshold."""
-    threshold = model.threshold if threshold is None else threshold
+    """The cosine similarity of two images, judged at `threshold` or else the card's threshold.
+
+    With an `aligner`, faces are found in the two photos and aligned to the model's input first.
+    """
+    threshold_far = None
+    if threshold is None:
+        threshold, threshold_far = model.threshold, model.card.get("threshold_far")
     if threshold is None:
         raise FacetrainError(
             f"model {model.source} has no verification threshold; pass --threshold T, "
             "or evaluate the checkpoint (facetrain eval) and export it again"
         )
     flip = default_flip(model.card) if flip is None else flip
-    vectors = embed_images(model.module, [first, second], model.image_size, flip=flip, progress=False)
+    images = [first, second]
+    if aligner is not None:
+        images = [aligner.align_file_or_fail(path) for path in images]
+    vectors = embed_images(model.module, images, model.image_size, flip=flip, progress=False)
     similarity = float(np.dot(vectors[0], vectors[1]))
-    return Comparison(similarity, float(threshold))
+    return Comparison(similarity, float(threshold), None if threshold_far is None else float(threshold_far))

@@ -1,0 +1,47 @@
+"""The five reference points of aligned face crops, and crop sizes.
+
+The ArcFace template is the one insightface aligns MS1M, Glint360K and its evaluation sets to:
+eye centres, nose tip and mouth corners in a 112x112 crop, in image order (the left eye in the
+picture first). The older 112x96 crop of SphereFace and CosFace is the same face 8 pixels further
+left; other sizes scale the 112-pixel height and centre the face horizontally, which reproduces
+both.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+from facetrain.errors import FacetrainError
+
+TEMPLATE_HEIGHT = 112
+ARCFACE_TEMPLATE_112 = np.array(
+    [
+        [38.2946, 51.6963],
+        [73.5318, 51.5014],
+        [56.0252, 71.7366],
+        [41.5493, 92.3655],
+        [70.7299, 92.2041],
+    ],
+    dtype=np.float64,
+)
+LANDMARK_NAMES = ("left_eye", "right_eye", "nose", "mouth_left", "mouth_right")
+
+
+def reference_points(size: tuple[int, int]) -> np.ndarray:
+    """The (5, 2) x, y template for a crop of `size` = (height, width)."""
+    height, width = size
+    scale = height / TEMPLATE_HEIGHT
+    points = ARCFACE_TEMPLATE_112 * scale
+    points[:, 0] += (width - TEMPLATE_HEIGHT * scale) / 2
+    return points
+
+
+def parse_crop_size(text: str) -> tuple[int, int]:
+    """`112` (square) or `HEIGHTxWIDTH` such as `112x96`."""
+    parts = text.lower().split("x")
+    if len(parts) in (1, 2) and all(part.strip().isdigit() and int(part) >= 16 for part in parts):
+        height = int(parts[0])
+        return height, int(parts[-1])
+    raise FacetrainError(
+        f"--size {text!r}: give one number for a square crop (112) or HEIGHTxWIDTH (112x96), each >= 16"
+    )
