@@ -13,8 +13,9 @@ from facetrain.errors import FacetrainError
 
 
 def reference(image: np.ndarray) -> torch.Tensor:
-    """(x - 127.5) / 128 in float64, channels first."""
-    return torch.from_numpy(((image.astype(np.float64) - 127.5) / 128.0).transpose(2, 0, 1).copy())
+    """insightface arcface_torch's (x / 255 - 0.5) / 0.5 in float32, as its inference.py computes it; CHW."""
+    chw = torch.from_numpy(np.ascontiguousarray(image.transpose(2, 0, 1))).float()
+    return chw.div(255).sub(0.5).div(0.5).double()
 
 
 @pytest.fixture

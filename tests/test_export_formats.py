@@ -102,7 +102,7 @@ def test_card_describes_input_output_training_and_threshold(exported: tuple[Load
     assert card["embedding_size"] == EMBEDDING_SIZE
     assert card["input"]["size"] == list(IMAGE_SIZE)
     assert card["input"]["normalization"]["mean"] == 127.5
-    assert card["input"]["normalization"]["scale"] == 128.0
+    assert card["input"]["normalization"]["scale"] == 127.5
     assert card["training"]["config"]["model"]["backbone"] == "small"
     assert card["training"]["num_classes"] == 7
     assert card["evaluation"]["verification"]["accuracy"] == 0.9

@@ -119,7 +119,7 @@ def run_data_benchmark(images: int, identities: int, repeats: int, progress: boo
             "image_size": [IMAGE_SIZE, IMAGE_SIZE],
             "jpeg_quality": JPEG_QUALITY,
             "mean_jpeg_bytes": float(np.mean(jpeg_bytes)),
-            "pipeline": "read bytes, cv2.imdecode (BGR->RGB), random horizontal flip, (x - 127.5) / 128",
+            "pipeline": "read bytes, cv2.imdecode (BGR->RGB), random horizontal flip, (x - 127.5) / 127.5",
             "threads": "torch 1, OpenCV 1 (one process: one DataLoader worker's share)",
         },
         "target_images_per_s_per_worker": TARGET_IMAGES_PER_S,

@@ -4,9 +4,11 @@ The common path (resize when needed, flip, normalize) stays in OpenCV and NumPy 
 normalization and the HWC -> CHW copy fused into one pass: that is about half the per-image cost of
 doing the same with tensors and torchvision modules, and this pipeline is what a DataLoader worker
 spends its core on. Random resized crop and colour jitter use torchvision transforms v2 on uint8
-tensors. Every random draw comes from torch's RNG, so DataLoader's per-worker seeding makes
-augmentation reproducible. Normalization is (x - 127.5) / 128, the convention of the insightface-style
-models and of the exported embedder.
+tensors. Every random draw comes from torch's CPU generator, which `FaceDataset` seeds per sample
+from its `SampleKey`, so augmentation is a function of the sample's key. Normalization is
+(x - 127.5) / 127.5, what insightface's arcface_torch trains and evaluates with, computed in its float32
+steps ((x / 255 - 0.5) / 0.5), so its released backbones get bit for bit the inputs they get there;
+the exported card records the same constants.
 """
 
 from __future__ import annotations
@@ -18,11 +20,13 @@ import numpy as np
 import torch
 from torchvision.transforms import v2
 
+from facetrain.config import validate_section
 from facetrain.config.schema import AugmentConfig
 from facetrain.errors import FacetrainError
 
 PIXEL_MEAN = 127.5
-PIXEL_SCALE = 128.0
+PIXEL_SCALE = 127.5
+PIXEL_MAX = 255.0  # insightface first scales to [0, 1], then normalizes by MEAN / MAX and SCALE / MAX
 
 Transform = Callable[[np.ndarray], torch.Tensor]
 
@@ -49,15 +53,17 @@ def to_chw_uint8(image: np.ndarray) -> torch.Tensor:
 
 
 def normalize(chw: torch.Tensor) -> torch.Tensor:
-    """uint8 CHW -> float32 CHW in about [-1, 1]."""
-    return chw.to(torch.float32).sub_(PIXEL_MEAN).div_(PIXEL_SCALE)
+    """uint8 CHW -> float32 CHW in [-1, 1]."""
+    return chw.to(torch.float32).div_(PIXEL_MAX).sub_(PIXEL_MEAN / PIXEL_MAX).div_(PIXEL_SCALE / PIXEL_MAX)
 
 
 def normalize_hwc(image: np.ndarray) -> torch.Tensor:
-    """uint8 HWC -> float32 CHW in about [-1, 1], bit-identical to `normalize` (128 is a power of two)."""
+    """uint8 HWC -> float32 CHW in [-1, 1], bit-identical to `normalize`: the same three correctly rounded
+    float32 steps (no multiplication by a rounded reciprocal, which would change the last bit)."""
     out = np.empty((image.shape[2], image.shape[0], image.shape[1]), dtype=np.float32)
-    np.subtract(image.transpose(2, 0, 1), np.float32(PIXEL_MEAN), out=out, dtype=np.float32)
-    out *= np.float32(1.0 / PIXEL_SCALE)
+    np.divide(image.transpose(2, 0, 1), np.float32(PIXEL_MAX), out=out, dtype=np.float32)
+    np.subtract(out, np.float32(PIXEL_MEAN / PIXEL_MAX), out=out)
+    np.divide(out, np.float32(PIXEL_SCALE / PIXEL_MAX), out=out)
     return torch.from_numpy(out)
 
 
@@ -76,14 +82,13 @@ class TrainTransform:
 
     def __init__(self, image_size: tuple[int, int] | list[int], augment: AugmentConfig):
         self.height, self.width = _check_size(image_size)
+        validate_section(augment, "data.augment.")
         self.horizontal_flip = augment.horizontal_flip
         self.resize_first = not augment.random_resized_crop
         steps: list[Callable[[torch.Tensor], torch.Tensor]] = []
         if augment.random_resized_crop:
-            low, high = _crop_scale(augment.crop_scale)
-            steps.append(v2.RandomResizedCrop((self.height, self.width), scale=(low, high), antialias=True))
-        if augment.color_jitter < 0:
-            raise FacetrainError(f"data.augment.color_jitter must be >= 0, got {augment.color_jitter}")
+            scale = (float(augment.crop_scale[0]), float(augment.crop_scale[1]))
+            steps.append(v2.RandomResizedCrop((self.height, self.width), scale=scale, antialias=True))
         if augment.color_jitter > 0:
             strength = augment.color_jitter
             steps.append(v2.ColorJitter(brightness=strength, contrast=strength, saturation=strength))
@@ -97,14 +102,6 @@ class TrainTransform:
         if self.tensor_steps is None:
             return normalize_hwc(image)
         return normalize(self.tensor_steps(to_chw_uint8(image)))
-
-
-def _crop_scale(scale: list[float]) -> tuple[float, float]:
-    if len(scale) != 2 or not 0 < scale[0] <= scale[1] <= 1:
-        raise FacetrainError(
-            f"data.augment.crop_scale must be [low, high] with 0 < low <= high <= 1, got {scale}"
-        )
-    return float(scale[0]), float(scale[1])
 
 
 def build_eval_transform(image_size: tuple[int, int] | list[int]) -> Transform:

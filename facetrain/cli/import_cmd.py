@@ -1,0 +1,66 @@
+"""`facetrain import ...`: bring models trained elsewhere into facetrain."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import click
+
+from facetrain.models.iresnet import IRESNET_DEPTHS
+
+
+@click.group("import")
+def import_group() -> None:
+    """Turn another project's trained weights into a facetrain checkpoint.
+
+    \b
+    Examples:
+      facetrain import insightface ms1mv3_r100/backbone.pth --arch iresnet100 -o models/ms1mv3_r100
+    """
+
+
+@import_group.command("insightface")
+@click.argument("backbone", type=click.Path(path_type=Path))
+@click.option(
+    "--arch",
+    "architecture",
+    type=click.Choice(list(IRESNET_DEPTHS)),
+    required=True,
+    help="The IResNet the file was trained as (insightface's r18/r34/r50/r100/r200).",
+)
+@click.option(
+    "-o",
+    "--out",
+    "out_dir",
+    type=click.Path(path_type=Path),
+    required=True,
+    help="Checkpoint folder to write.",
+)
+@click.option("--overwrite", is_flag=True, help="Replace OUT if it is an earlier import or checkpoint.")
+@click.option("--quiet", is_flag=True, help="No progress bar.")
+def insightface(backbone: Path, architecture: str, out_dir: Path, overwrite: bool, quiet: bool) -> None:
+    """Import an insightface arcface_torch BACKBONE.pth as a facetrain checkpoint (without a head).
+
+    BACKBONE is the `backbone.pth` that arcface_torch saves and its model zoo publishes (MS1MV3,
+    Glint360K, WebFace42M): a state dict of tensors, also accepted inside a `state_dict`, `model` or
+    `state_dict_backbone` entry (arcface_torch's checkpoint_gpu_N.pt) and with DDP's `module.`
+    prefix. It is read weights-only (never unpickling an object), every key and shape is checked
+    against --arch, and the first difference is reported. OUT is a checkpoint directory that `eval`,
+    `export`, `embed` and `compare` take as is; inputs are 112x112 RGB normalized to
+    (x - 127.5) / 127.5, as insightface trained them.
+
+    \b
+    Examples:
+      facetrain import insightface ms1mv3_r100/backbone.pth --arch iresnet100 -o models/ms1mv3_r100
+      facetrain eval models/ms1mv3_r100 --pairs data/lfw.bin
+      facetrain export models/ms1mv3_r100 -o models/ms1mv3_r100/export
+      facetrain compare a.jpg b.jpg -m models/ms1mv3_r100 --threshold 0.3
+      facetrain import insightface glint360k_r50.pth --arch iresnet50 -o models/glint_r50 --overwrite
+    """
+    from facetrain.export.insightface_import import import_insightface
+
+    result = import_insightface(backbone, architecture, out_dir, overwrite=overwrite, progress=not quiet)
+    click.echo(
+        f"imported {backbone} as {result.architecture} ({result.tensors} tensors, "
+        f"{result.embedding_size}-d embeddings) into {result.checkpoint}"
+    )
