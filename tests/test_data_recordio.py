@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import struct
+import subprocess
+import sys
 from pathlib import Path
 
 import numpy as np
@@ -170,6 +172,21 @@ def test_damaged_record_is_a_bad_image_that_can_be_skipped(rec_path):
     skipping = FaceDataset(table, pixels_as_tensor, skip_bad_images=True)
     assert [label for _, label in skipping] == table.labels[[0, 1, 3, 3, 4, 5, 6, 7, 8]].tolist()
     assert skipping.bad_images == 1
+
+
+def test_rec_without_idx_is_exactly_one_line(rec_path):
+    """The error, and no 'Exception ignored in __del__' from the half-built reader after it."""
+    rec_path.with_suffix(".idx").unlink()
+    result = subprocess.run(
+        [sys.executable, "-m", "facetrain", "data", "stats", str(rec_path)],
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert result.returncode == 2
+    assert result.stderr.strip().splitlines() == [
+        f"error: RecordIO index {rec_path.with_suffix('.idx')} does not exist; it must sit beside train.rec"
+    ]
 
 
 def test_writer_refuses_to_replace_existing_files(png_folder, rec_path):

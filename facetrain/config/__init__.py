@@ -1,6 +1,13 @@
-"""One typed config tree, loaded from YAML with `--set section.key=value` overrides."""
+"""One typed config tree, loaded from YAML with `--set section.key=value` overrides, checked by `validate`."""
 
-from facetrain.config.loader import apply_override, from_dict, load_config, save_config, to_dict
+from facetrain.config.loader import (
+    apply_override,
+    config_source,
+    from_dict,
+    load_config,
+    save_config,
+    to_dict,
+)
 from facetrain.config.schema import (
     AugmentConfig,
     Config,
@@ -13,6 +20,7 @@ from facetrain.config.schema import (
     SynthConfig,
     TrainConfig,
 )
+from facetrain.config.validate import validate, validate_section
 
 __all__ = [
     "AugmentConfig",
@@ -26,8 +34,11 @@ __all__ = [
     "SynthConfig",
     "TrainConfig",
     "apply_override",
+    "config_source",
     "from_dict",
     "load_config",
     "save_config",
     "to_dict",
+    "validate",
+    "validate_section",
 ]

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import dataclasses
+import os
 import types
 import typing
 from pathlib import Path
@@ -10,8 +11,10 @@ from typing import Any, TypeVar, Union
 
 import yaml
 
+from facetrain.config.checks import is_path_field
 from facetrain.config.schema import Config
 from facetrain.errors import FacetrainError
+from facetrain.files import atomic_write_text
 
 T = TypeVar("T")
 
@@ -19,9 +22,8 @@ T = TypeVar("T")
 def load_config(path: str | Path | None = None, overrides: list[str] | tuple[str, ...] = ()) -> Config:
     """The config from `path` (or the defaults) with `section.key=value` overrides applied."""
     raw: dict[str, Any] = {}
-    source = "defaults"
+    source = config_source(path)
     if path is not None:
-        source = str(path)
         try:
             text = Path(path).read_text()
         except OSError as error:
@@ -31,12 +33,20 @@ def load_config(path: str | Path | None = None, overrides: list[str] | tuple[str
         except yaml.YAMLError as error:
             mark = getattr(error, "problem_mark", None)
             where = f" line {mark.line + 1}" if mark else ""
-            raise FacetrainError(f"config {path}{where}: not valid YAML") from None
+            problem = getattr(error, "problem", None) or "unreadable"
+            if isinstance(error, yaml.constructor.ConstructorError):
+                problem += "; only plain YAML is read, no !!python or other language tags"
+            raise FacetrainError(f"config {path}{where}: not valid YAML: {problem}") from None
         if not isinstance(raw, dict):
             raise FacetrainError(f"config {path}: the top level must be a mapping of sections")
     for override in overrides:
         apply_override(raw, override)
     return from_dict(Config, raw, source=source)
+
+
+def config_source(path: str | Path | None) -> str:
+    """How messages name where a config came from."""
+    return "defaults" if path is None else str(path)
 
 
 def apply_override(raw: dict[str, Any], override: str) -> None:
@@ -62,13 +72,16 @@ def from_dict(cls: type[T], raw: Any, source: str = "config", prefix: str = "") 
     if not isinstance(raw, dict):
         raise FacetrainError(f"config {source}: {where} must be a mapping")
     hints = typing.get_type_hints(cls)
-    names = {f.name for f in dataclasses.fields(cls)}
-    unknown = sorted(set(raw) - names)
+    fields = {f.name: f for f in dataclasses.fields(cls)}
+    unknown = sorted(str(key) for key in raw if key not in fields)
     if unknown:
         raise FacetrainError(
-            f"config {source}: unknown key {prefix}{unknown[0]}; valid keys here: {', '.join(sorted(names))}"
+            f"config {source}: unknown key {prefix}{unknown[0]}; valid keys here: {', '.join(sorted(fields))}"
         )
     values = {name: _convert(hints[name], raw[name], source, f"{prefix}{name}") for name in raw}
+    for name, value in values.items():
+        if is_path_field(fields[name]) and isinstance(value, str):
+            values[name] = os.path.expanduser(value)
     return cls(**values)
 
 
@@ -121,6 +134,4 @@ def save_config(config: Any, path: str | Path) -> None:
     """Write the resolved config as YAML (atomically, so a crash never leaves half a file)."""
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_suffix(path.suffix + ".tmp")
-    tmp.write_text(yaml.safe_dump(to_dict(config), sort_keys=False))
-    tmp.replace(path)
+    atomic_write_text(path, yaml.safe_dump(to_dict(config), sort_keys=False))

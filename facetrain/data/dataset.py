@@ -19,6 +19,7 @@ import torch
 from torch.utils.data import Dataset
 
 from facetrain.data.decode import BadImageError, DataError, decode_image, read_file_bytes
+from facetrain.data.sample_key import SampleKey
 from facetrain.errors import FacetrainError
 
 logger = logging.getLogger(__name__)
@@ -74,6 +75,12 @@ class FaceDataset(Dataset):
     The replacement is the next readable sample, so batches keep their size. Each skip is counted in a
     process-shared counter, so `bad_images` in the main process includes skips made in DataLoader
     workers (the counter travels to the workers with the dataset when they start).
+
+    Indexed by a `SampleKey` (what the training samplers yield), the transform runs on torch's CPU
+    generator seeded with the key's augmentation seed, and the generator's state is put back afterwards:
+    a sample's augmentation is then a function of its key alone, not of the worker that decodes it or of
+    what that worker decoded before, and the caller's random stream is untouched. A plain index uses the
+    process's random stream as it is.
     """
 
     def __init__(
@@ -115,7 +122,14 @@ class FaceDataset(Dataset):
     def __len__(self) -> int:
         return len(self.table.labels)
 
-    def __getitem__(self, index: int) -> tuple[torch.Tensor, int]:
+    def __getitem__(self, index: int | SampleKey) -> tuple[torch.Tensor, int]:
+        if isinstance(index, SampleKey):
+            with torch.random.fork_rng(devices=[]):
+                torch.default_generator.manual_seed(index.augment_seed)
+                return self._load(int(index))
+        return self._load(index)
+
+    def _load(self, index: int) -> tuple[torch.Tensor, int]:
         size = len(self)
         if not -size <= index < size:
             raise IndexError(f"sample {index} of a dataset of {size}")

@@ -103,6 +103,9 @@ class RecordIOFile:
     """Random access to records by key; each process opens its own descriptor on first use."""
 
     def __init__(self, rec_path: str | Path, idx_path: str | Path | None = None):
+        # set first: `__del__` runs even when the checks below reject the files
+        self._fd: int | None = None
+        self._pid: int | None = None
         self.rec_path = Path(rec_path)
         self.idx_path = Path(idx_path) if idx_path is not None else self.rec_path.with_suffix(".idx")
         if not self.rec_path.is_file():
@@ -113,8 +116,6 @@ class RecordIOFile:
             )
         self.offsets = read_index(self.idx_path)
         self.size = self.rec_path.stat().st_size
-        self._fd: int | None = None
-        self._pid: int | None = None
         self._check_offsets()
 
     def _check_offsets(self) -> None:

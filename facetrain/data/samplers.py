@@ -1,7 +1,9 @@
 """Samplers that split each epoch over ranks and resume from a global position mid-epoch.
 
 Positions are global (samples consumed by all ranks together), so a checkpoint written on N ranks
-resumes on M ranks with the same remaining order. Ranks are plain integers: no torch.distributed here.
+resumes on M ranks with the same remaining order. Each sample comes as a `SampleKey` whose augmentation
+seed derives from its global position, so its augmentation is the same on any number of ranks and
+workers, resumed or not. Ranks are plain integers: no torch.distributed here.
 """
 
 from __future__ import annotations
@@ -12,10 +14,11 @@ import numpy as np
 import torch
 from torch.utils.data import Sampler
 
+from facetrain.data.sample_key import SampleKey, sample_keys
 from facetrain.errors import FacetrainError
 
 
-class ResumableDistributedSampler(Sampler[int]):
+class ResumableDistributedSampler(Sampler[SampleKey]):
     """Each epoch: a seeded permutation, minus its first `consumed` entries, dealt round-robin to ranks.
 
     With `drop_last` every rank gets the same count (the tail that cannot be split evenly is dropped),
@@ -55,14 +58,17 @@ class ResumableDistributedSampler(Sampler[int]):
         padding = (-len(remaining)) % self.world_size
         return torch.cat([remaining, remaining[:padding]]) if padding else remaining
 
-    def __iter__(self) -> Iterator[int]:
-        return iter(self._remaining()[self.rank :: self.world_size].tolist())
+    def __iter__(self) -> Iterator[SampleKey]:
+        remaining = self._remaining().numpy()
+        positions = self.consumed + np.arange(len(remaining))
+        mine = slice(self.rank, None, self.world_size)
+        return iter(sample_keys(remaining[mine], self.seed, self.epoch, positions[mine]))
 
     def __len__(self) -> int:
         return len(self._remaining()) // self.world_size
 
 
-class IdentitySampler(Sampler[int]):
+class IdentitySampler(Sampler[SampleKey]):
     """P identities x K images per rank batch (the PK batches of re-id's metric losses).
 
     Each epoch shuffles the identities (seeded by seed and epoch) and cuts them into global batches of
@@ -113,10 +119,14 @@ class IdentitySampler(Sampler[int]):
             batches.append(batch)
         return batches
 
-    def __iter__(self) -> Iterator[int]:
-        per_batch = self.p * self.k * self.world_size
-        for batch in self._global_batches()[self.consumed // per_batch :]:
-            yield from batch[self.rank * self.p * self.k : (self.rank + 1) * self.p * self.k]
+    def __iter__(self) -> Iterator[SampleKey]:
+        per_rank = self.p * self.k
+        per_batch = per_rank * self.world_size
+        first = self.consumed // per_batch
+        for number, batch in enumerate(self._global_batches()[first:], start=first):
+            mine = slice(self.rank * per_rank, (self.rank + 1) * per_rank)
+            positions = number * per_batch + np.arange(per_batch)
+            yield from sample_keys(np.asarray(batch)[mine], self.seed, self.epoch, positions[mine])
 
     def __len__(self) -> int:
         per_batch = self.p * self.k * self.world_size

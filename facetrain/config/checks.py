@@ -1,0 +1,156 @@
+"""Declarative value checks that the schema attaches to its fields.
+
+Each check answers `problem(value)` with what the value must be (a phrase that completes
+"KEY = VALUE: ...") or None when the value is fine. The schema declares them next to each field with
+`setting(default, *checks)`, so the allowed values of a key are written once, where the key is, and
+`facetrain.config.validate` applies them all in one pass.
+"""
+
+from __future__ import annotations
+
+import copy
+import dataclasses
+import importlib
+import math
+from collections.abc import Iterable
+from typing import Any, Protocol
+
+CHECKS = "checks"
+IS_PATH = "is_path"
+
+
+class Check(Protocol):
+    def problem(self, value: Any) -> str | None: ...
+
+
+def setting(default: Any, *checks: Check, path: bool = False) -> Any:
+    """A dataclass field with its checks; `path` marks a path whose `~` the loader expands.
+
+    A list or dict default is copied for every instance, as dataclasses require of mutable defaults.
+    """
+    metadata = {CHECKS: checks, IS_PATH: path}
+    if isinstance(default, list | dict):
+        return dataclasses.field(default_factory=lambda: copy.deepcopy(default), metadata=metadata)
+    return dataclasses.field(default=default, metadata=metadata)
+
+
+def field_checks(field: dataclasses.Field) -> tuple[Check, ...]:
+    return field.metadata.get(CHECKS, ())
+
+
+def is_path_field(field: dataclasses.Field) -> bool:
+    return bool(field.metadata.get(IS_PATH, False))
+
+
+def _number(value: float) -> str:
+    return str(int(value)) if float(value).is_integer() and abs(value) < 1e15 else str(value)
+
+
+def _finite(value: Any) -> bool:
+    return isinstance(value, int | float) and not isinstance(value, bool) and math.isfinite(value)
+
+
+@dataclasses.dataclass(frozen=True)
+class Within:
+    """A finite number between bounds; `brackets` says which ends are included, as in "[0, 1)"."""
+
+    low: float | None = None
+    high: float | None = None
+    brackets: str = "[]"
+
+    def describe(self) -> str:
+        if self.high is None:
+            return f"{'>=' if self.brackets[0] == '[' else '>'} {_number(self.low)}"
+        if self.low is None:
+            return f"{'<=' if self.brackets[1] == ']' else '<'} {_number(self.high)}"
+        return f"in {self.brackets[0]}{_number(self.low)}, {_number(self.high)}{self.brackets[1]}"
+
+    def accepts(self, value: Any) -> bool:
+        if not _finite(value):
+            return False
+        if self.low is not None and not (value >= self.low if self.brackets[0] == "[" else value > self.low):
+            return False
+        return self.high is None or (value <= self.high if self.brackets[1] == "]" else value < self.high)
+
+    def problem(self, value: Any) -> str | None:
+        if self.accepts(value):
+            return None
+        return f"must be {'' if _finite(value) else 'a finite number '}{self.describe()}"
+
+
+def at_least(low: float) -> Within:
+    return Within(low=low, brackets="[]")
+
+
+def above(low: float) -> Within:
+    return Within(low=low, brackets="(]")
+
+
+@dataclasses.dataclass(frozen=True)
+class OneOf:
+    """One of a fixed list of words (for choices that no registry holds)."""
+
+    choices: tuple[str, ...]
+
+    def problem(self, value: Any) -> str | None:
+        return None if value in self.choices else f"must be one of: {', '.join(self.choices)}"
+
+
+@dataclasses.dataclass(frozen=True)
+class Registered:
+    """A name in a registry, looked up only when checked so the config package stays free of torch.
+
+    `where` is "module:attribute" of a `facetrain.registry.Registry` (or any collection of names).
+    """
+
+    where: str
+
+    def names(self) -> list[str]:
+        module, attribute = self.where.split(":")
+        return sorted(getattr(importlib.import_module(module), attribute))
+
+    def problem(self, value: Any) -> str | None:
+        names = self.names()
+        return None if value in names else f"must be one of: {', '.join(names)}"
+
+
+@dataclasses.dataclass(frozen=True)
+class RegisteredSuffix:
+    """A file name whose extension (any case) is a name in a registry, e.g. the pairs formats."""
+
+    where: str
+
+    def problem(self, value: Any) -> str | None:
+        names = Registered(self.where).names()
+        suffix = "." + value.rsplit(".", 1)[-1].lower() if "." in value else ""
+        return None if suffix in names else f"must be a file ending in {', '.join(names)}"
+
+
+@dataclasses.dataclass(frozen=True)
+class NotEmpty:
+    def problem(self, value: Any) -> str | None:
+        return None if len(value) else "must not be empty"
+
+
+@dataclasses.dataclass(frozen=True)
+class Items:
+    """A list with one entry per name in `names`, each passing `each`; `ordered`: non-decreasing."""
+
+    names: tuple[str, ...]
+    each: Within
+    ordered: bool = False
+
+    def problem(self, value: Any) -> str | None:
+        fits = len(value) == len(self.names) and all(self.each.accepts(item) for item in value)
+        if fits and (not self.ordered or list(value) == sorted(value)):
+            return None
+        order = f" with {' <= '.join(self.names)}" if self.ordered else ""
+        return f"must be [{', '.join(self.names)}]{order}, each {self.each.describe()}"
+
+
+@dataclasses.dataclass(frozen=True)
+class EachNotEmpty:
+    """A list of non-empty strings (e.g. module names)."""
+
+    def problem(self, value: Iterable[str]) -> str | None:
+        return None if all(item for item in value) else "must not contain empty names"

@@ -1,0 +1,217 @@
+"""`validate(cfg)`: every value of a config checked before any process, model or data is touched.
+
+Two kinds of rule: the checks each field of `facetrain/config/schema.py` declares (ranges, choices,
+registered names), and the rules below that relate several keys, the world size, the device or the
+filesystem. The first broken rule is one `FacetrainError` line that names the key, the file, the bad
+value and what is allowed, so a user fixes it without reading a traceback.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Callable, Iterator
+from pathlib import Path
+from typing import Any
+
+from facetrain.config.checks import field_checks
+from facetrain.config.schema import Config
+from facetrain.errors import FacetrainError
+
+
+@dataclasses.dataclass(frozen=True)
+class Context:
+    """What the rules see: the world size and device type when known (None: those rules are skipped)."""
+
+    cfg: Config
+    world_size: int | None
+    device_type: str | None
+
+
+# A rule returns (key, value, what the value must be) when broken, None when it holds.
+Problem = tuple[str, Any, str]
+Rule = Callable[[Context], Problem | None]
+
+
+def validate(
+    cfg: Config, world_size: int | None = None, source: str = "", device_type: str | None = None
+) -> None:
+    """Raise one FacetrainError for the first value the config does not allow.
+
+    `source` names the config file in the message; `world_size` and `device_type` ("cpu", "cuda")
+    enable the rules that need them: pipeline stages must divide the world size, fp16 and nccl need
+    CUDA.
+    """
+    problem = next(field_problems(cfg), None)
+    if problem is None:
+        context = Context(cfg, world_size, device_type)
+        problem = next((found for rule in RULES if (found := rule(context)) is not None), None)
+    if problem is not None:
+        key, value, allowed = problem
+        where = f"config {source}" if source else "config"
+        raise FacetrainError(f"{where}: {key} = {show(value)}: {allowed}")
+
+
+def validate_section(section: Any, prefix: str) -> None:
+    """The field checks of one section, for library code that receives a section without a whole config."""
+    problem = next(field_problems(section, prefix), None)
+    if problem is not None:
+        key, value, allowed = problem
+        raise FacetrainError(f"{key} = {show(value)}: {allowed}")
+
+
+def field_problems(section: Any, prefix: str = "") -> Iterator[Problem]:
+    """Every value that breaks a check its field declares, in schema order, sections recursively."""
+    for field in dataclasses.fields(section):
+        value = getattr(section, field.name)
+        key = f"{prefix}{field.name}"
+        if dataclasses.is_dataclass(value):
+            yield from field_problems(value, key + ".")
+            continue
+        if value is None:
+            continue  # only optional fields may be None; the loader enforces the types
+        for check in field_checks(field):
+            allowed = check.problem(value)
+            if allowed is not None:
+                yield key, value, allowed
+                break
+
+
+def show(value: Any) -> str:
+    return repr(value) if isinstance(value, str) else str(value)
+
+
+def _min_lr_at_most_lr(s: Context) -> Problem | None:
+    optim = s.cfg.optim
+    if optim.min_lr > optim.lr:
+        return "optim.min_lr", optim.min_lr, f"must be <= optim.lr ({show(optim.lr)})"
+    return None
+
+
+def _identity_batches_divide(s: Context) -> Problem | None:
+    data, batch = s.cfg.data, s.cfg.train.batch_size
+    if data.sampler == "identity" and batch % data.images_per_identity:
+        return (
+            "train.batch_size",
+            batch,
+            f"must be a multiple of data.images_per_identity ({data.images_per_identity}) for the "
+            "identity sampler",
+        )
+    return None
+
+
+def _margin_takes_params(s: Context) -> Problem | None:
+    from facetrain.heads.margins import build_margin
+
+    head = s.cfg.head
+    try:
+        build_margin(head.margin, **head.margin_params)
+    except FacetrainError as error:
+        return "head.margin_params", head.margin_params, str(error)
+    return None
+
+
+def _synthetic_pairs_fit(s: Context) -> Problem | None:
+    from facetrain.data.synthetic import check_pairs_settings
+
+    synth = s.cfg.data.synth
+    if not synth.heldout_identities:
+        return None
+    try:
+        check_pairs_settings(
+            synth.heldout_identities,
+            synth.heldout_images_per_identity,
+            synth.pairs_folds,
+            synth.pairs_per_fold,
+        )
+    except FacetrainError as error:
+        return "data.synth.heldout_identities", synth.heldout_identities, str(error)
+    return None
+
+
+def _output_dir_is_a_folder(s: Context) -> Problem | None:
+    """Read-only: a run directory that is, or lies under, an existing file cannot be created."""
+    output_dir = Path(s.cfg.train.output_dir)
+    for path in (output_dir, *output_dir.parents):
+        if path.exists() and not path.is_dir():
+            blocker = "is a file" if path == output_dir else f"lies under {path}, which is a file"
+            return "train.output_dir", str(output_dir), f"{blocker}; choose a folder"
+    return None
+
+
+def _pipeline_settings(s: Context) -> Problem | None:
+    """A pipelined backbone supports fp32 only, replaces gradient accumulation by micro-batches, and does
+    not verify during training (the whole backbone lives on no single rank)."""
+    cfg = s.cfg
+    parallel = cfg.parallel
+    stages = parallel.pipeline_stages
+    if stages == 1:
+        if parallel.split_points:
+            return "parallel.split_points", parallel.split_points, "needs parallel.pipeline_stages > 1"
+        return None
+    if cfg.train.precision != "fp32":
+        return "train.precision", cfg.train.precision, "must be 'fp32' when parallel.pipeline_stages > 1"
+    if cfg.optim.grad_accumulation != 1:
+        return (
+            "optim.grad_accumulation",
+            cfg.optim.grad_accumulation,
+            "must be 1 when parallel.pipeline_stages > 1 (set parallel.microbatches instead)",
+        )
+    if cfg.eval.pairs:
+        return (
+            "eval.pairs",
+            cfg.eval.pairs,
+            "must be unset when parallel.pipeline_stages > 1; evaluate the checkpoint afterwards with "
+            "facetrain eval",
+        )
+    if cfg.train.batch_size % parallel.microbatches:
+        return (
+            "parallel.microbatches",
+            parallel.microbatches,
+            f"must divide train.batch_size ({cfg.train.batch_size})",
+        )
+    if parallel.schedule == "1f1b" and parallel.microbatches < stages:
+        return (
+            "parallel.microbatches",
+            parallel.microbatches,
+            f"must be >= parallel.pipeline_stages ({stages}) with parallel.schedule '1f1b'",
+        )
+    if parallel.split_points and len(parallel.split_points) != stages - 1:
+        return (
+            "parallel.split_points",
+            parallel.split_points,
+            f"must name parallel.pipeline_stages - 1 = {stages - 1} modules, or none to balance by cost",
+        )
+    return None
+
+
+def _stages_divide_world(s: Context) -> Problem | None:
+    stages = s.cfg.parallel.pipeline_stages
+    if s.world_size is not None and s.world_size % stages:
+        return (
+            "parallel.pipeline_stages",
+            stages,
+            f"must divide the world size {s.world_size} (world = stages x replicas)",
+        )
+    return None
+
+
+def _cuda_only_settings(s: Context) -> Problem | None:
+    if s.device_type is None or s.device_type == "cuda":
+        return None
+    if s.cfg.train.precision == "fp16":
+        return "train.precision", "fp16", f"needs CUDA, this run is on {s.device_type}; use 'bf16'"
+    if s.cfg.parallel.backend == "nccl":
+        return "parallel.backend", "nccl", f"needs CUDA, this run is on {s.device_type}; use 'gloo' or 'auto'"
+    return None
+
+
+RULES: list[Rule] = [
+    _min_lr_at_most_lr,
+    _identity_batches_divide,
+    _margin_takes_params,
+    _synthetic_pairs_fit,
+    _pipeline_settings,
+    _stages_divide_world,
+    _cuda_only_settings,
+    _output_dir_is_a_folder,
+]

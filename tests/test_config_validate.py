@@ -1,0 +1,276 @@
+"""Every config value is checked before anything runs: one line naming the file, key, value and rule."""
+
+from __future__ import annotations
+
+import dataclasses
+import typing
+from pathlib import Path
+
+import pytest
+import yaml
+from click.testing import CliRunner
+
+from facetrain.cli import main
+from facetrain.config import Config, load_config, validate
+from facetrain.config.checks import Registered, RegisteredSuffix, field_checks
+from facetrain.errors import FacetrainError
+
+REPO = Path(__file__).resolve().parents[1]
+
+# (overrides, key, value as the message shows it); the ones issue 14 names come first
+BAD_VALUES = [
+    (["train.batch_size=0"], "train.batch_size", "0"),
+    (["train.steps=-5"], "train.steps", "-5"),
+    (["optim.lr=-0.1"], "optim.lr", "-0.1"),
+    (["data.num_workers=-1"], "data.num_workers", "-1"),
+    (["train.log_every=0"], "train.log_every", "0"),
+    (["train.checkpoint_every=0"], "train.checkpoint_every", "0"),
+    (["optim.grad_accumulation=0"], "optim.grad_accumulation", "0"),
+    (["optim.momentum=-0.5"], "optim.momentum", "-0.5"),
+    # data
+    (["data.source=bogus"], "data.source", "'bogus'"),
+    (["data.path=''"], "data.path", "''"),
+    (["data.image_size=[112]"], "data.image_size", "[112]"),
+    (["data.image_size=[112, 4]"], "data.image_size", "[112, 4]"),
+    (["data.prefetch_factor=0"], "data.prefetch_factor", "0"),
+    (["data.sampler=bogus"], "data.sampler", "'bogus'"),
+    (["data.images_per_identity=0"], "data.images_per_identity", "0"),
+    (["data.augment.crop_scale=[0.9, 0.5]"], "data.augment.crop_scale", "[0.9, 0.5]"),
+    (["data.augment.crop_scale=[0, 1]"], "data.augment.crop_scale", "[0.0, 1.0]"),
+    (["data.augment.color_jitter=-0.1"], "data.augment.color_jitter", "-0.1"),
+    (["data.synth.identities=0"], "data.synth.identities", "0"),
+    (["data.synth.images_per_identity=0"], "data.synth.images_per_identity", "0"),
+    (["data.synth.heldout_identities=-1"], "data.synth.heldout_identities", "-1"),
+    (["data.synth.heldout_identities=3"], "data.synth.heldout_identities", "3"),
+    (["data.synth.heldout_images_per_identity=0"], "data.synth.heldout_images_per_identity", "0"),
+    (["data.synth.pairs_folds=0"], "data.synth.pairs_folds", "0"),
+    (["data.synth.pairs_per_fold=0"], "data.synth.pairs_per_fold", "0"),
+    (["data.synth.image_size=4"], "data.synth.image_size", "4"),
+    (["data.synth.seed=-1"], "data.synth.seed", "-1"),
+    # model
+    (["model.backbone=r999"], "model.backbone", "'r999'"),
+    (["model.embedding_size=0"], "model.embedding_size", "0"),
+    (["model.dropout=1.0"], "model.dropout", "1.0"),
+    # head
+    (["head.margin=bogus"], "head.margin", "'bogus'"),
+    (["head.scale=0"], "head.scale", "0.0"),
+    (["head.sample_rate=0"], "head.sample_rate", "0.0"),
+    (["head.sample_rate=1.5"], "head.sample_rate", "1.5"),
+    (["head.margin_params={x: 1}"], "head.margin_params", "{'x': 1.0}"),
+    (["head.margin=sphereface", "head.margin_params={m: 0.5}"], "head.margin_params", "{'m': 0.5}"),
+    # optim
+    (["optim.name=bogus"], "optim.name", "'bogus'"),
+    (["optim.lr=0"], "optim.lr", "0.0"),
+    (["optim.lr=.nan"], "optim.lr", "nan"),
+    (["optim.lr=.inf"], "optim.lr", "inf"),
+    (["optim.momentum=1.0"], "optim.momentum", "1.0"),
+    (["optim.weight_decay=-1"], "optim.weight_decay", "-1.0"),
+    (["optim.head_weight_decay=-1"], "optim.head_weight_decay", "-1.0"),
+    (["optim.betas=[0.9, 1.0]"], "optim.betas", "[0.9, 1.0]"),
+    (["optim.schedule=bogus"], "optim.schedule", "'bogus'"),
+    (["optim.power=0"], "optim.power", "0.0"),
+    (["optim.warmup_steps=-1"], "optim.warmup_steps", "-1"),
+    (["optim.min_lr=-1"], "optim.min_lr", "-1.0"),
+    (["optim.min_lr=1"], "optim.min_lr", "1.0"),
+    (["optim.grad_clip=0"], "optim.grad_clip", "0.0"),
+    # train
+    (["train.output_dir=''"], "train.output_dir", "''"),
+    (["train.seed=-1"], "train.seed", "-1"),
+    (["train.precision=fp64"], "train.precision", "'fp64'"),
+    (["train.keep_checkpoints=0"], "train.keep_checkpoints", "0"),
+    (["train.max_nonfinite_steps=-1"], "train.max_nonfinite_steps", "-1"),
+    # eval
+    (["eval.pairs=pairs.json"], "eval.pairs", "'pairs.json'"),
+    (["eval.images=''"], "eval.images", "''"),
+    (["eval.every=-1"], "eval.every", "-1"),
+    (["eval.batch_size=0"], "eval.batch_size", "0"),
+    # parallel
+    (["parallel.backend=mpi"], "parallel.backend", "'mpi'"),
+    (["parallel.timeout_s=0"], "parallel.timeout_s", "0.0"),
+    (["parallel.pipeline_stages=0"], "parallel.pipeline_stages", "0"),
+    (["parallel.microbatches=0"], "parallel.microbatches", "0"),
+    (["parallel.schedule=bogus"], "parallel.schedule", "'bogus'"),
+    (["parallel.split_points=['']"], "parallel.split_points", "['']"),
+    (["parallel.split_points=[stage2]"], "parallel.split_points", "['stage2']"),
+    # rules across keys
+    (["data.sampler=identity", "train.batch_size=10"], "train.batch_size", "10"),
+    (["parallel.pipeline_stages=2", "train.precision=bf16"], "train.precision", "'bf16'"),
+    (["parallel.pipeline_stages=2", "optim.grad_accumulation=2"], "optim.grad_accumulation", "2"),
+    (["parallel.pipeline_stages=2", "eval.pairs=p.txt"], "eval.pairs", "'p.txt'"),
+    (["parallel.pipeline_stages=2", "parallel.microbatches=3"], "parallel.microbatches", "3"),
+    (
+        ["parallel.pipeline_stages=4", "parallel.microbatches=2", "parallel.schedule=1f1b"],
+        "parallel.microbatches",
+        "2",
+    ),
+    (["parallel.pipeline_stages=3", "parallel.split_points=[stage2]"], "parallel.split_points", "['stage2']"),
+]
+
+# wrong types are the loader's one line (no range to check on a boolean)
+BAD_TYPES = [
+    "data.skip_bad_images",
+    "data.pin_memory",
+    "data.persistent_workers",
+    "data.augment.horizontal_flip",
+    "data.augment.random_resized_crop",
+    "model.activation_checkpointing",
+    "model.channels_last",
+    "train.deterministic",
+    "eval.flip",
+]
+
+
+def run_config(*args: str):
+    return CliRunner().invoke(main, ["config", *args])
+
+
+@pytest.fixture
+def base_config(tmp_path: Path) -> Path:
+    path = tmp_path / "base.yaml"
+    path.write_text(yaml.safe_dump({"train": {"output_dir": str(tmp_path / "run"), "batch_size": 8}}))
+    return path
+
+
+def one_error_line(result) -> str:
+    assert result.exit_code == 2, result.output
+    lines = result.output.strip().splitlines()
+    assert len(lines) == 1, result.output
+    return lines[0]
+
+
+@pytest.mark.parametrize("overrides, key, shown", BAD_VALUES, ids=lambda v: str(v))
+def test_each_bad_value_is_one_line_naming_file_key_and_value(base_config, overrides, key, shown):
+    args = [arg for override in overrides for arg in ("--set", override)]
+    line = one_error_line(run_config("-c", str(base_config), *args))
+    assert line.startswith(f"error: config {base_config}: {key} = {shown}: "), line
+    assert "Traceback" not in line
+
+
+@pytest.mark.parametrize("key", BAD_TYPES)
+def test_a_wrong_type_is_one_line(base_config, key):
+    line = one_error_line(run_config("-c", str(base_config), "--set", f"{key}=maybe"))
+    assert line == f"error: config {base_config}: {key} must be true or false, got 'maybe'"
+
+
+def test_every_field_declares_its_checks():
+    """Booleans are fully checked by their type; margin_params by the margin it belongs to."""
+    unchecked = []
+
+    def walk(cls, prefix):
+        hints = typing.get_type_hints(cls)
+        for field in dataclasses.fields(cls):
+            key = prefix + field.name
+            if dataclasses.is_dataclass(hints[field.name]):
+                walk(hints[field.name], key + ".")
+            elif hints[field.name] is not bool and not field_checks(field) and key != "head.margin_params":
+                unchecked.append(key)
+
+    walk(Config, "")
+    assert unchecked == []
+
+
+def test_every_registry_a_check_names_exists():
+    """A registry renamed elsewhere must fail here, not as a traceback in `facetrain train`."""
+    found = []
+
+    def walk(cls):
+        hints = typing.get_type_hints(cls)
+        for field in dataclasses.fields(cls):
+            if dataclasses.is_dataclass(hints[field.name]):
+                walk(hints[field.name])
+            for check in field_checks(field):
+                if isinstance(check, Registered | RegisteredSuffix):
+                    found.append(check.where)
+                    assert Registered(check.where).names(), check.where
+
+    walk(Config)
+    assert len(found) == 8
+
+
+def test_bad_values_cover_every_checked_field():
+    named = {key for _, key, _ in BAD_VALUES} | set(BAD_TYPES) | {"head.margin_params"}
+    every = []
+
+    def walk(cls, prefix):
+        hints = typing.get_type_hints(cls)
+        for field in dataclasses.fields(cls):
+            if dataclasses.is_dataclass(hints[field.name]):
+                walk(hints[field.name], prefix + field.name + ".")
+            else:
+                every.append(prefix + field.name)
+
+    walk(Config, "")
+    assert sorted(set(every) - named) == []
+
+
+@pytest.mark.parametrize("path", sorted((REPO / "configs").glob("*.yaml")), ids=lambda p: p.name)
+def test_shipped_configs_validate(path):
+    result = run_config("-c", str(path))
+    assert result.exit_code == 0, result.output
+    assert yaml.safe_load(result.output)["train"]["output_dir"]
+
+
+def test_world_size_rule_runs_when_the_world_size_is_known(base_config):
+    args = ["-c", str(base_config), "--set", "parallel.pipeline_stages=3", "--set", "parallel.microbatches=4"]
+    assert run_config(*args, "--set", "train.batch_size=12").exit_code == 0
+    line = one_error_line(run_config(*args, "--set", "train.batch_size=12", "--world-size", "4"))
+    assert line == (
+        f"error: config {base_config}: parallel.pipeline_stages = 3: must divide the world size 4 "
+        "(world = stages x replicas)"
+    )
+    assert run_config(*args, "--set", "train.batch_size=12", "--world-size", "6").exit_code == 0
+
+
+def test_cuda_only_settings_need_a_cuda_device():
+    fp16 = load_config(overrides=["train.precision=fp16"])
+    validate(fp16)
+    validate(fp16, device_type="cuda")
+    with pytest.raises(FacetrainError, match=r"^config defaults: train.precision = 'fp16': needs CUDA"):
+        validate(fp16, source="defaults", device_type="cpu")
+    nccl = load_config(overrides=["parallel.backend=nccl"])
+    with pytest.raises(FacetrainError, match=r"^config: parallel.backend = 'nccl': needs CUDA"):
+        validate(nccl, device_type="cpu")
+
+
+def test_an_output_dir_that_is_a_file_or_under_one_is_refused(base_config, tmp_path):
+    blocker = tmp_path / "notes.txt"
+    blocker.write_text("mine")
+    line = one_error_line(run_config("-c", str(base_config), "--set", f"train.output_dir={blocker}"))
+    assert line == f"error: config {base_config}: train.output_dir = '{blocker}': is a file; choose a folder"
+    line = one_error_line(run_config("-c", str(base_config), "--set", f"train.output_dir={blocker}/run"))
+    assert f"lies under {blocker}, which is a file" in line
+    assert blocker.read_text() == "mine"
+
+
+def test_home_is_expanded_in_every_path_and_saved_expanded(base_config, tmp_path, monkeypatch):
+    monkeypatch.setenv("HOME", str(tmp_path / "home"))
+    paths = {
+        "data.path": "~/faces",
+        "train.output_dir": "~/runs/x",
+        "eval.pairs": "~/lfw/pairs.txt",
+        "eval.images": "~/lfw/images",
+    }
+    args = [arg for key, value in paths.items() for arg in ("--set", f"{key}={value}")]
+    result = run_config("-c", str(base_config), *args)
+    assert result.exit_code == 0, result.output
+    printed = yaml.safe_load(result.output)
+    for key, value in paths.items():
+        section, name = key.split(".")
+        assert printed[section][name] == str(tmp_path / "home" / value[2:])
+
+
+def test_a_python_tag_is_one_line_with_the_line_number_and_runs_nothing(tmp_path):
+    marker = tmp_path / "ran"
+    config = tmp_path / "evil.yaml"
+    config.write_text(f"train:\n  steps: 5\n  seed: !!python/object/apply:os.system ['touch {marker}']\n")
+    line = one_error_line(run_config("-c", str(config)))
+    assert line.startswith(
+        f"error: config {config} line 3: not valid YAML: could not determine a constructor"
+    )
+    assert "!!python" in line
+    assert not marker.exists()
+
+
+def test_validate_names_no_file_when_none_is_given():
+    with pytest.raises(FacetrainError, match=r"^config: train.steps = 0: must be >= 1$"):
+        validate(load_config(overrides=["train.steps=0"]))
