@@ -9,8 +9,9 @@ import pytest
 import torch
 from click.testing import CliRunner
 
-from facetrain.bench.common import PeakRss, WorkerError, WorkerPool, mean_of_max_over_ranks, timed_repeats
+from facetrain.bench.common import PeakRss, mean_of_max_over_ranks, timed_repeats
 from facetrain.bench.head_report import OUTPUT_NAMES
+from facetrain.bench.workers import WorkerError, WorkerPool
 from facetrain.cli import main
 
 CLASSES, WORLD_SIZES, BATCH, DIM = (1000, 5000), (1, 2), 16, 32

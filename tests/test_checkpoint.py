@@ -7,16 +7,12 @@ import pickle
 import pytest
 import torch
 
+from facetrain.checkpoints import load_backbone_weights, load_full_head, resolve_checkpoint
 from facetrain.config import Config
 from facetrain.errors import FacetrainError
 from facetrain.heads import ShardedMarginHead
-from facetrain.train.checkpoint import (
-    TrainState,
-    load_checkpoint,
-    load_full_head,
-    resolve_checkpoint,
-    save_checkpoint,
-)
+from facetrain.parallel.dims import init_parallel
+from facetrain.train.checkpoint import TrainState, load_checkpoint, save_checkpoint
 from facetrain.train.optim import build_optimizer
 from tests.distributed import run_distributed
 
@@ -40,7 +36,7 @@ def build(seed=0):
 
 def take_steps(backbone, head, optimizer, steps=2):
     for _ in range(steps):
-        loss = head(backbone(torch.randn(4, 4)), torch.randint(0, NUM_CLASSES, (4,)))
+        loss, _ = head(backbone(torch.randn(4, 4)), torch.randint(0, NUM_CLASSES, (4,)))
         optimizer.zero_grad()
         loss.backward()
         optimizer.step()
@@ -51,7 +47,15 @@ def save_worker(rank, world_size, run_dir):
     take_steps(backbone, head, optimizer)
     state = TrainState(step=7, epoch=1, consumed=40)
     save_checkpoint(
-        run_dir, state, config(), backbone, head, optimizer, None, [str(i) for i in range(NUM_CLASSES)]
+        run_dir,
+        state,
+        config(),
+        init_parallel(),
+        backbone,
+        head,
+        optimizer,
+        None,
+        [str(i) for i in range(NUM_CLASSES)],
     )
     momentum = optimizer.state[head.weight]["momentum_buffer"]
     return head.class_start, head.weight.detach(), momentum, backbone[0].weight.detach()
@@ -59,7 +63,7 @@ def save_worker(rank, world_size, run_dir):
 
 def load_worker(rank, world_size, run_dir):
     backbone, head, optimizer = build(seed=1)
-    state = load_checkpoint(run_dir, backbone, head, optimizer, None)
+    state = load_checkpoint(run_dir, init_parallel(), backbone, head, optimizer, None)
     momentum = optimizer.state[head.weight]["momentum_buffer"]
     return state, head.class_start, head.weight.detach(), momentum, backbone[0].weight.detach()
 
@@ -111,7 +115,16 @@ def test_keeps_the_last_k(tmp_path):
     backbone, head, optimizer = build()
     for step in range(1, 6):
         save_checkpoint(
-            tmp_path, TrainState(step=step), config(), backbone, head, optimizer, None, [], keep=2
+            tmp_path,
+            TrainState(step=step),
+            config(),
+            init_parallel(),
+            backbone,
+            head,
+            optimizer,
+            None,
+            [],
+            keep=2,
         )
     kept = sorted(p.name for p in (tmp_path / "checkpoints").glob("step_*"))
     assert kept == ["step_00000004", "step_00000005"]
@@ -124,7 +137,9 @@ class _Exploit:
 
 def test_tampered_index_is_refused_without_running_it(tmp_path):
     backbone, head, optimizer = build()
-    checkpoint = save_checkpoint(tmp_path, TrainState(step=1), config(), backbone, head, optimizer, None, [])
+    checkpoint = save_checkpoint(
+        tmp_path, TrainState(step=1), config(), init_parallel(), backbone, head, optimizer, None, []
+    )
     (checkpoint / ".metadata").write_bytes(pickle.dumps(_Exploit()))
     with pytest.raises(FacetrainError, match="not allowed"):
         load_full_head(checkpoint)
@@ -135,13 +150,13 @@ def batchnorm_worker(rank, world_size, run_dir):
     backbone, head, optimizer = build()
     backbone.append(torch.nn.BatchNorm1d(DIM))
     backbone[1].running_mean.fill_(float(rank + 1))  # each rank's statistics come from its own batches
-    save_checkpoint(run_dir, TrainState(step=1), config(), backbone, head, optimizer, None, [])
+    save_checkpoint(
+        run_dir, TrainState(step=1), config(), init_parallel(), backbone, head, optimizer, None, []
+    )
     return backbone.state_dict()
 
 
 def test_backbone_statistics_are_rank_zeros(tmp_path):
-    from facetrain.train.checkpoint import load_backbone_weights
-
     rank_zero = run_distributed(batchnorm_worker, 2, tmp_path)[0]
     backbone, _, _ = build()
     backbone.append(torch.nn.BatchNorm1d(DIM))

@@ -14,10 +14,12 @@ import torch
 from click.testing import CliRunner
 from safetensors.torch import load_file
 
+from facetrain.checkpoints import load_backbone
 from facetrain.cli import main
 from facetrain.export.loading import load_model
 from facetrain.heads import ShardedMarginHead
-from facetrain.train.checkpoint import TrainState, load_backbone, save_checkpoint
+from facetrain.parallel.dims import init_parallel
+from facetrain.train.checkpoint import TrainState, save_checkpoint
 from tests.distributed import run_distributed
 from tests.test_export_formats import IMAGE_SIZE, fresh_backbone, images, small_config
 
@@ -39,6 +41,7 @@ def save_two_rank_checkpoint(rank: int, world_size: int, run_dir: str) -> tuple[
         Path(run_dir),
         TrainState(step=STEP),
         config,
+        init_parallel(),
         backbone,
         head,
         optimizer,

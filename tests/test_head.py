@@ -7,9 +7,10 @@ import math
 import pytest
 import torch
 
+from facetrain.bench.naive_head import NaiveModelParallelHead
+from facetrain.bench.traffic import count_traffic
 from facetrain.errors import FacetrainError
-from facetrain.heads import DenseMarginHead, NaiveModelParallelHead, ShardedMarginHead, all_class_ranges
-from facetrain.parallel import comm
+from facetrain.heads import DenseMarginHead, ShardedMarginHead, all_class_ranges
 from tests.distributed import run_distributed
 
 MARGINS = ["arcface", "cosface", "sphereface", "combined", "softmax"]
@@ -33,9 +34,9 @@ def dense_reference(margin, weight, embeddings, labels):
     head = DenseMarginHead(weight.shape[0], weight.shape[1], margin=margin).to(weight.dtype)
     head.weight.data.copy_(weight)
     x = embeddings.clone().requires_grad_()
-    loss = head(x, labels)
+    loss, accuracy = head(x, labels)
     loss.backward()
-    return loss.detach(), x.grad, head.weight.grad, head.accuracy
+    return loss.detach(), x.grad, head.weight.grad, accuracy
 
 
 def local_rows(world_size: int, rank: int, batch: int) -> slice:
@@ -48,9 +49,9 @@ def sharded_step(rank, world_size, margin, weight, embeddings, labels, rows=None
     head.weight.data.copy_(weight[head.class_start : head.class_stop])
     rows = rows or local_rows(world_size, rank, embeddings.shape[0])
     x = embeddings[rows].clone().requires_grad_()
-    loss = head(x, labels[rows])
+    loss, accuracy = head(x, labels[rows])
     loss.backward()
-    return loss.detach(), x.grad, head.weight.grad, head.accuracy
+    return loss.detach(), x.grad, head.weight.grad, accuracy
 
 
 def parity_worker(rank, world_size):
@@ -110,10 +111,10 @@ def test_autocast_keeps_statistics_in_fp32(dtype):
     weight, embeddings, labels = make_problem("spread", torch.float32, num_classes=2000, batch=64)
     head = ShardedMarginHead(2000, EMBEDDING, margin="arcface", scale=64.0)
     head.weight.data.copy_(weight)
-    full = head(embeddings, labels)
+    full, _ = head(embeddings, labels)
     with torch.autocast("cpu", dtype=dtype):
         x = embeddings.clone().requires_grad_()
-        low = head(x, labels)
+        low, _ = head(x, labels)
     low.backward()
     assert low.dtype == torch.float32
     assert torch.isfinite(low) and torch.isfinite(x.grad).all() and torch.isfinite(head.weight.grad).all()
@@ -127,9 +128,9 @@ def traffic_worker(rank, world_size, head_kind):
         head = head_cls(num_classes, 32, margin="cosface")
         x = torch.randn(8, 32, requires_grad=True)
         labels = torch.randint(0, num_classes, (8,))
-        comm.traffic.reset()
-        head(x, labels).backward()
-        counts[num_classes] = comm.traffic.bytes_sent
+        with count_traffic() as traffic:
+            head(x, labels).loss.backward()
+        counts[num_classes] = traffic.bytes_sent
     return counts
 
 
@@ -159,7 +160,7 @@ def training_worker(rank, world_size, steps):
         images = torch.randn(8, 16, generator=data)
         labels = torch.randint(0, NUM_CLASSES, (8,), generator=data)
         rows = local_rows(world_size, rank, 8)
-        loss = head(model(images[rows]), labels[rows])
+        loss, _ = head(model(images[rows]), labels[rows])
         optimizer.zero_grad()
         loss.backward()
         optimizer.step()
@@ -182,7 +183,7 @@ def test_sgd_steps_match_dense_training():
     for step in range(4):
         images = torch.randn(8, 16, generator=data)
         labels = torch.randint(0, NUM_CLASSES, (8,), generator=data)
-        loss = head(backbone(images), labels)
+        loss, _ = head(backbone(images), labels)
         optimizer.zero_grad()
         loss.backward()
         optimizer.step()
@@ -268,7 +269,7 @@ def partial_fc_worker(rank, world_size):
     head = ShardedMarginHead(200, EMBEDDING, margin="cosface", sample_rate=0.25).double()
     head.weight.data.copy_(weight[head.class_start : head.class_stop])
     rows = local_rows(world_size, rank, 12)
-    loss = head(embeddings[rows], labels[rows])
+    loss, _ = head(embeddings[rows], labels[rows])
     loss.backward()
     return float(loss), head.class_start, head.weight.grad
 

@@ -11,12 +11,12 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from facetrain.config.schema import ModelConfig, ParallelConfig
+from facetrain.config import Config, validate
+from facetrain.config.schema import ModelConfig, ParallelConfig, TrainConfig
 from facetrain.errors import FacetrainError
 from facetrain.models import build_backbone
 from facetrain.parallel import comm
-from facetrain.parallel.env import DistEnv
-from facetrain.parallel.pipeline_groups import stage_of
+from facetrain.parallel.dims import ParallelDims, init_parallel
 from facetrain.parallel.pipeline_split import (
     balanced_boundaries,
     boundaries_from_split_points,
@@ -56,6 +56,11 @@ def projected_cross_entropy(embeddings: torch.Tensor, labels: torch.Tensor) -> t
     """A head-free loss that still uses the labels: cross-entropy through a fixed projection."""
     projection = torch.randn(EMBEDDING, CLASSES, generator=torch.Generator().manual_seed(7))
     return F.cross_entropy(embeddings @ projection.to(embeddings.device), labels)
+
+
+def projected_head(embeddings: torch.Tensor, labels: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """`projected_cross_entropy` shaped like a margin head: (loss, accuracy)."""
+    return projected_cross_entropy(embeddings, labels), torch.zeros(())
 
 
 def run_stages(stages: list[nn.Module], images: torch.Tensor) -> torch.Tensor:
@@ -147,8 +152,33 @@ def test_bad_split_settings_are_one_line_errors():
 
 
 def test_rank_layout_puts_replicas_of_a_stage_on_consecutive_ranks():
-    assert [stage_of(rank, 2) for rank in range(4)] == [(0, 0), (0, 1), (1, 0), (1, 1)]
-    assert [stage_of(rank, 1) for rank in range(3)] == [(0, 0), (1, 0), (2, 0)]
+    def layout(world_size: int, pp: int) -> list[tuple[int, int]]:
+        cpu = torch.device("cpu")
+        grid = [ParallelDims(world_size, rank, rank, cpu, pp) for rank in range(world_size)]
+        return [(dims.stage_index, dims.dp_rank) for dims in grid]
+
+    assert layout(4, 2) == [(0, 0), (0, 1), (1, 0), (1, 1)]
+    assert layout(3, 3) == [(0, 0), (1, 0), (2, 0)]
+
+
+def mesh_groups_worker(rank: int, world_size: int) -> dict:
+    import torch.distributed as dist
+
+    dims = init_parallel(pipeline_stages=2)
+    return {
+        "pp": dist.get_process_group_ranks(dims.pp_group),
+        "dp": dist.get_process_group_ranks(dims.dp_group),
+        "writes_backbone": dims.writes_backbone,
+        "last": dims.is_last_stage,
+    }
+
+
+def test_the_device_mesh_builds_pipeline_and_data_parallel_groups_on_the_layout():
+    groups = run_distributed(mesh_groups_worker, 4)
+    assert [g["pp"] for g in groups] == [[0, 2], [1, 3], [0, 2], [1, 3]]
+    assert [g["dp"] for g in groups] == [[0, 1], [0, 1], [2, 3], [2, 3]]
+    assert [g["writes_backbone"] for g in groups] == [True, False, True, False]
+    assert [g["last"] for g in groups] == [False, False, True, True]
 
 
 # ---- pipelined steps over spawned gloo ranks ---------------------------------------------------
@@ -175,27 +205,26 @@ def pipelined_step_worker(rank: int, world_size: int, cfg: ParallelConfig) -> di
 
     backbone = tiny_backbone()
     reference = copy.deepcopy(backbone)
-    runtime = PipelineRuntime(
-        backbone, cfg, DistEnv(rank, world_size, rank, torch.device("cpu")), (BATCH, 3, *SIZE)
-    )
-    batches = [replica_batch(replica) for replica in range(runtime.replicas)]
-    images, labels = batches[runtime.dp_index]
-    result = {"stage": runtime.stage_index, "names": [name for name, _ in runtime.named_parameters()]}
-    runtime.module.eval()
+    dims = init_parallel(pipeline_stages=cfg.pipeline_stages)
+    runtime = PipelineRuntime(backbone, cfg, dims, (BATCH, 3, *SIZE), gradient_reduction="mean")
+    batches = [replica_batch(replica) for replica in range(dims.dp)]
+    images, labels = batches[dims.dp_rank]
+    result = {"stage": dims.stage_index, "names": [name for name, _ in runtime.named_parameters()]}
+    runtime.stage.eval()
     reference.eval()
     extra = replica_batch(5, count=BATCH + 3)[0]  # not a whole number of batches: the last is padded
-    embeddings = runtime.embed(extra if runtime.is_first else None, len(extra))
+    embeddings = runtime.embed(extra if dims.is_first_stage else None, len(extra))
     result["embed_error"] = (embeddings - reference(extra)).abs().max().item()
     # eval mode: BN uses running statistics, so the reference is the plain full-batch model;
     # train mode: BN normalises each micro-batch, so the reference accumulates over micro-batches.
     for mode, reference_microbatches in (("eval", 1), ("train", cfg.microbatches)):
         training = mode == "train"
-        runtime.module.train(training)
+        runtime.stage.train(training)
         reference.train(training)
-        runtime.module.zero_grad()
-        loss = runtime.step(images, labels, projected_cross_entropy)
+        runtime.stage.zero_grad()
+        loss, _ = runtime.step(images, labels, projected_head)
         expected_losses, expected_grads = reference_step(reference, batches, reference_microbatches)
-        result[f"{mode}_loss_error"] = abs(loss.item() - expected_losses[runtime.dp_index])
+        result[f"{mode}_loss_error"] = abs(loss.item() - expected_losses[dims.dp_rank])
         result[f"{mode}_grad_error"] = max(
             (p.grad - expected_grads[name]).abs().max().item() for name, p in runtime.named_parameters()
         )
@@ -241,76 +270,70 @@ def sharded_head_worker(rank: int, world_size: int, cfg: ParallelConfig) -> dict
 
     backbone = tiny_backbone()
     reference = copy.deepcopy(backbone)
-    runtime = PipelineRuntime(
-        backbone,
-        cfg,
-        DistEnv(rank, world_size, rank, torch.device("cpu")),
-        (BATCH, 3, *SIZE),
-        gradient_reduction="sum",
-    )
-    images, labels = replica_batch(runtime.dp_index)
-    result: dict = {"stage": runtime.stage_index}
+    dims = init_parallel(pipeline_stages=cfg.pipeline_stages)
+    runtime = PipelineRuntime(backbone, cfg, dims, (BATCH, 3, *SIZE), gradient_reduction="sum")
+    images, labels = replica_batch(dims.dp_rank)
+    result: dict = {"stage": dims.stage_index}
 
     def head() -> ShardedMarginHead:
-        torch.manual_seed(11 + runtime.dp_index)
-        return ShardedMarginHead(CLASSES, EMBEDDING, margin="arcface", scale=16.0, group=runtime.dp_group)
+        torch.manual_seed(11 + dims.dp_rank)
+        return ShardedMarginHead(CLASSES, EMBEDDING, margin="arcface", scale=16.0, group=dims.dp_group)
 
-    loss_fn = head() if runtime.is_last else None
-    loss = runtime.step(images, labels, loss_fn)
+    loss_fn = head() if dims.is_last_stage else None
+    loss, accuracy = runtime.step(images, labels, loss_fn)
     result["loss"] = loss.item()
+    result["accuracy"] = accuracy.item()
     result["grads"] = {name: p.grad.clone() for name, p in runtime.named_parameters()}
-    if runtime.is_last:
+    if dims.is_last_stage:
         reference_head = head()
         # The unsplit model as the trainer runs it: the head's loss is the mean over all replicas'
         # batches, so the replicas' backbone gradients are summed (wrap_data_parallel's rule).
-        total = 0.0
+        total, hits = 0.0, 0.0
         for image_mb, label_mb in zip(images.chunk(cfg.microbatches), labels.chunk(cfg.microbatches)):
-            part = reference_head(reference(image_mb), label_mb) / cfg.microbatches
-            part.backward()
-            total += part.item()
+            part, part_accuracy = reference_head(reference(image_mb), label_mb)
+            (part / cfg.microbatches).backward()
+            total += part.item() / cfg.microbatches
+            hits += part_accuracy.item() / cfg.microbatches
         for p in reference.parameters():
-            comm.all_reduce_(p.grad, "sum", runtime.dp_group)
+            comm.all_reduce_(p.grad, "sum", dims.dp_group)
         result["expected_loss"] = total
+        result["expected_accuracy"] = hits
         result["expected_grads"] = {name: p.grad for name, p in reference.named_parameters()}
         result["head_grad_error"] = (loss_fn.weight.grad - reference_head.weight.grad).abs().max().item()
     return result
 
 
 def test_pipelined_step_with_the_sharded_head_on_the_last_stage():
-    pytest.importorskip("facetrain.heads", reason="the sharded head is not built yet")
     stages, replicas = 2, 2
     cfg = ParallelConfig(pipeline_stages=stages, microbatches=2, schedule="gpipe", split_points=["stage3"])
     results = run_distributed(sharded_head_worker, stages * replicas, cfg)
     last = results[-1]
     for rank, result in enumerate(results):
         assert abs(result["loss"] - last["expected_loss"]) < TOLERANCE, rank
+        assert result["accuracy"] == pytest.approx(last["expected_accuracy"]), rank
         for name, grad in result["grads"].items():
             assert (grad - last["expected_grads"][name]).abs().max().item() < TOLERANCE, (rank, name)
         if result["stage"] == stages - 1:
             assert result["head_grad_error"] < TOLERANCE
 
 
-def test_bad_pipeline_settings_are_one_line_errors():
-    from facetrain.parallel.pipeline import PipelineRuntime
+def test_bad_pipeline_settings_are_one_line_config_errors():
+    def config(**parallel) -> Config:
+        return Config(train=TrainConfig(batch_size=BATCH), parallel=ParallelConfig(**parallel))
 
-    one_rank = DistEnv(0, 1, 0, torch.device("cpu"))
-    three_ranks = DistEnv(0, 3, 0, torch.device("cpu"))
-    shape = (BATCH, 3, *SIZE)
     cases = [
-        (ParallelConfig(pipeline_stages=2, microbatches=3), one_rank, "must divide the per-rank batch"),
-        (ParallelConfig(pipeline_stages=4, microbatches=2, schedule="1f1b"), one_rank, "1f1b needs"),
+        (config(pipeline_stages=2, microbatches=3), 2, "parallel.microbatches = 3: must divide"),
         (
-            ParallelConfig(pipeline_stages=2, microbatches=2, schedule="zigzag"),
-            one_rank,
-            "unknown pipeline schedule",
+            config(pipeline_stages=4, microbatches=2, schedule="1f1b"),
+            4,
+            "must be >= parallel.pipeline_stages",
         ),
-        (ParallelConfig(pipeline_stages=1), one_rank, "at least 2 stages"),
-        (ParallelConfig(pipeline_stages=2), three_ranks, "not a multiple"),
-        (ParallelConfig(pipeline_stages=2), one_rank, "not a multiple"),
+        (config(pipeline_stages=2, microbatches=2, schedule="zigzag"), 2, "parallel.schedule = 'zigzag'"),
+        (config(pipeline_stages=2), 3, "must divide the world size 3"),
     ]
-    for cfg, env, message in cases:
+    for cfg, world_size, message in cases:
         with pytest.raises(FacetrainError, match=message):
-            PipelineRuntime(tiny_backbone(), cfg, env, shape)
+            validate(cfg, world_size=world_size)
 
 
 @pytest.mark.slow

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from facetrain.train.checkpoint import load_backbone, load_full_head, read_meta, resolve_checkpoint
+from facetrain.checkpoints import load_backbone, load_full_head, read_meta, resolve_checkpoint
 from tests.train_helpers import logged_losses, run_cli, tiny_config
 
 
@@ -49,5 +49,6 @@ def test_pipeline_settings_are_checked(tmp_path):
     result = run_cli("train", "-c", str(config), "--nproc", "3")
     assert result.returncode == 2
     assert result.stderr.strip().splitlines() == [
-        "error: parallel.pipeline_stages=2 must divide the world size 3 (world = stages x replicas)"
+        f"error: config {config}: parallel.pipeline_stages = 2: must divide the world size 3 "
+        "(world = stages x replicas)"
     ]

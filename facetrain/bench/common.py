@@ -1,23 +1,16 @@
-"""Measurement helpers shared by the benchmarks: timing, peak memory, worker processes, outputs.
+"""Measurement helpers shared by the benchmarks: timing, peak memory, machine description, parsing.
 
-Benchmarks that compare ranks run in spawned CPU processes joined by gloo, one process per rank, so
-that each rank's memory is its own process's memory and the collectives are real ones. The pool is
-kept alive across configurations because starting a process that imports torch costs seconds.
+Benchmarks that compare ranks run in the worker pool of `facetrain.bench.workers`.
 """
 
 from __future__ import annotations
 
 import ctypes
 import datetime
-import multiprocessing as mp
 import os
 import platform
-import queue
-import signal
-import tempfile
 import threading
 import time
-import traceback
 from collections.abc import Callable, Iterable
 from pathlib import Path
 from typing import Any
@@ -128,102 +121,6 @@ class PeakRss:
         self._sampler.join()
         self.peak_bytes = max(self.peak_bytes, current_rss_bytes())
         self._sampler = None
-
-
-class WorkerError(RuntimeError):
-    """A rank raised, died or timed out; the pool that ran it is closed."""
-
-
-def _worker_main(rank: int, world_size: int, threads: int, init_method: str, tasks, results) -> None:
-    from facetrain.parallel.env import destroy_distributed, init_distributed
-
-    torch.set_num_threads(threads)
-    try:
-        init_distributed("gloo", timeout_s=1800, rank=rank, world_size=world_size, init_method=init_method)
-        while (task := tasks.get()) is not None:
-            fn, args = task
-            try:
-                results.put((rank, True, fn(rank, world_size, *args)))
-            except BaseException:
-                results.put((rank, False, traceback.format_exc()))
-    finally:
-        destroy_distributed()
-
-
-class WorkerPool:
-    """`world_size` spawned CPU processes joined by gloo through a file rendezvous in a temp dir.
-
-    `pool.run(fn, *args)` calls `fn(rank, world_size, *args)` on every rank (fn must be a module-level
-    function so that it pickles) and returns the results in rank order. When a rank raises, dies or
-    exceeds the timeout, the pool is killed at once (the other ranks may be stuck in a collective) and
-    `WorkerError` carries the reason; open a new pool to go on.
-    """
-
-    def __init__(self, world_size: int, threads_per_rank: int, timeout_s: float = 3600.0):
-        self.world_size = world_size
-        self.timeout_s = timeout_s
-        context = mp.get_context("spawn")
-        self._rendezvous_dir = tempfile.TemporaryDirectory(prefix="facetrain-bench-")
-        init_method = f"file://{Path(self._rendezvous_dir.name) / 'rendezvous'}"
-        self._results = context.Queue()
-        self._tasks = [context.Queue() for _ in range(world_size)]
-        self._workers = [
-            context.Process(
-                target=_worker_main,
-                args=(rank, world_size, threads_per_rank, init_method, self._tasks[rank], self._results),
-                daemon=True,
-            )
-            for rank in range(world_size)
-        ]
-        for worker in self._workers:
-            worker.start()
-
-    def run(self, fn: Callable[..., Any], *args: Any) -> list[Any]:
-        if not self._workers:
-            raise WorkerError("the worker pool is closed")
-        for task_queue in self._tasks:
-            task_queue.put((fn, args))
-        outcomes: dict[int, Any] = {}
-        deadline = time.monotonic() + self.timeout_s
-        while len(outcomes) < self.world_size:
-            try:
-                rank, ok, payload = self._results.get(timeout=1.0)
-            except queue.Empty:
-                exit_codes = {r: w.exitcode for r, w in enumerate(self._workers) if not w.is_alive()}
-                if exit_codes or time.monotonic() > deadline:
-                    self.close()
-                    raise WorkerError(self._reason_for_missing_results(exit_codes)) from None
-                continue
-            if not ok:
-                self.close()
-                raise WorkerError(f"rank {rank} failed:\n{payload}")
-            outcomes[rank] = payload
-        return [outcomes[rank] for rank in range(self.world_size)]
-
-    def _reason_for_missing_results(self, exit_codes: dict[int, int | None]) -> str:
-        if not exit_codes:
-            return f"no result within {self.timeout_s:.0f} s"
-        killed = any(code == -signal.SIGKILL for code in exit_codes.values())
-        hint = " (SIGKILL: out of memory?)" if killed else ""
-        return f"ranks exited before reporting (rank: exit code) {exit_codes}{hint}"
-
-    def close(self) -> None:
-        for worker, task_queue in zip(self._workers, self._tasks):
-            if worker.is_alive():
-                task_queue.put(None)
-        for worker in self._workers:
-            worker.join(timeout=5)
-            if worker.is_alive():
-                worker.kill()
-                worker.join()
-        self._workers = []
-        self._rendezvous_dir.cleanup()
-
-    def __enter__(self) -> WorkerPool:
-        return self
-
-    def __exit__(self, *exc_info) -> None:
-        self.close()
 
 
 def cpu_model() -> str:

@@ -15,8 +15,6 @@ import click
 from tqdm import tqdm
 
 from facetrain.bench.common import (
-    WorkerError,
-    WorkerPool,
     machine_info,
     mean_of_max_over_ranks,
     parse_int_list,
@@ -24,6 +22,7 @@ from facetrain.bench.common import (
 )
 from facetrain.bench.head_cases import BENCH_HEADS, HeadCase, measure_case
 from facetrain.bench.head_report import OUTPUT_NAMES, evaluate_targets, write_outputs
+from facetrain.bench.workers import WorkerError, WorkerPool
 from facetrain.errors import FacetrainError
 from facetrain.files import refuse_to_overwrite
 
@@ -39,7 +38,7 @@ METHODS = {
     "peak_memory": "per rank: peak RSS growth over the process's RSS before the head and data were "
     "created; the kernel's exact high-water mark VmHWM, reset through /proc/self/clear_refs "
     "(memory_method vmhwm-reset), or /proc/self/statm sampled every 1 ms (statm-sampling)",
-    "bytes_sent": "per rank per step, counted by facetrain.parallel.comm (ring model: all-gather sends "
+    "bytes_sent": "per rank per step, counted by facetrain.bench.traffic around the step (ring model: all-gather sends "
     "(N-1)/N of the result, all-reduce twice its buffer's (N-1)/N)",
 }
 

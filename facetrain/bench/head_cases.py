@@ -13,7 +13,9 @@ import torch
 from torch import nn
 
 from facetrain.bench.common import PeakRss, timed_repeats
-from facetrain.heads import DenseMarginHead, NaiveModelParallelHead, ShardedMarginHead, class_range
+from facetrain.bench.naive_head import NaiveModelParallelHead
+from facetrain.bench.traffic import count_traffic
+from facetrain.heads import DenseMarginHead, ShardedMarginHead, class_range
 from facetrain.parallel import comm
 from facetrain.registry import Registry
 
@@ -146,20 +148,21 @@ def _timed_steps(
     embeddings = torch.randn(case.local_batch, case.dim).requires_grad_()
     labels = torch.randint(0, case.num_classes, (case.local_batch,))
     sent_per_step: list[int] = []
+    with count_traffic() as traffic:
 
-    def prepare() -> None:
-        embeddings.grad = None
-        head.zero_grad(set_to_none=True)
-        comm.traffic.reset()
-        comm.barrier()
+        def prepare() -> None:
+            embeddings.grad = None
+            head.zero_grad(set_to_none=True)
+            comm.barrier()
+            traffic.reset()
 
-    def step() -> None:
-        head(embeddings, labels).backward()
-        kind.after_backward(head, case)
-        sent_per_step.append(comm.traffic.bytes_sent)
+        def step() -> None:
+            head(embeddings, labels).loss.backward()
+            kind.after_backward(head, case)
+            sent_per_step.append(traffic.bytes_sent)
 
-    step_s = timed_repeats(step, steps, warmup, before_each=prepare)
-    return step_s, sent_per_step[warmup:], dict(comm.traffic.by_op)
+        step_s = timed_repeats(step, steps, warmup, before_each=prepare)
+    return step_s, sent_per_step[warmup:], dict(traffic.by_op)
 
 
 def measure_case(rank: int, world_size: int, case: HeadCase, steps: int, warmup: int, seed: int) -> dict:

@@ -1,86 +1,67 @@
 """`facetrain bench train`: end-to-end training steps, sharded head against a DDP-replicated full FC.
 
-Both runs train the same backbone with SGD + momentum on the same in-memory images, so the figures
-compare the classifiers inside a real step (backbone forward/backward, DDP, optimizer), without data
+Both runs time the trainer's own `train_step` (backbone forward/backward, DDP, head, SGD + momentum) on
+the same in-memory images, so the figures compare the classifiers inside a real step, without data
 loading. The replicated FC is what plain DDP training does: every rank holds all C classes, computes
 normalize + linear + margin + cross_entropy on its local batch, and all-reduces the C x D gradient.
 """
 
 from __future__ import annotations
 
+import itertools
 import json
-import time
 from pathlib import Path
 
 import click
 import torch
-from torch import nn
 
-from facetrain.bench.common import PeakRss, WorkerPool, machine_info, mean_of_max_over_ranks
-from facetrain.config import ModelConfig
+from facetrain.bench.common import PeakRss, machine_info, mean_of_max_over_ranks, timed_repeats
+from facetrain.bench.workers import WorkerPool
+from facetrain.config import ModelConfig, OptimConfig, ParallelConfig
 from facetrain.files import write_atomic
 from facetrain.heads import DenseMarginHead, ShardedMarginHead
 from facetrain.models import build_backbone
 from facetrain.parallel import comm
 from facetrain.parallel.data_parallel import wrap_data_parallel
+from facetrain.parallel.dims import init_parallel
+from facetrain.parallel.parallelize import parallelize_backbone
+from facetrain.train.optim import build_optimizer
+from facetrain.train.step import StepSettings, train_step
 
 HEADS = ("sharded", "replicated")
 
 
-class _ReplicatedClassifier(nn.Module):
-    """Backbone and full FC in one module, so that DDP replicates and all-reduces both."""
-
-    def __init__(self, backbone: nn.Module, head: DenseMarginHead):
-        super().__init__()
-        self.backbone, self.head = backbone, head
-
-    def forward(self, images: torch.Tensor, labels: torch.Tensor) -> torch.Tensor:
-        return self.head(self.backbone(images), labels)
-
-
 def _train_worker(rank: int, world_size: int, kind: str, settings: dict) -> dict:
-    from torch.nn.parallel import DistributedDataParallel
-
     classes, dim, size = settings["classes"], settings["dim"], settings["image_size"]
     batch = settings["batch"]
     generator = torch.Generator().manual_seed(rank)
     images = torch.randn(batch, 3, size, size, generator=generator)
     labels = torch.randint(0, classes, (batch,), generator=generator)
+    dims = init_parallel()
     with PeakRss() as peak:
         torch.manual_seed(0)
         backbone = build_backbone(
             ModelConfig(backbone=settings["backbone"], embedding_size=dim), (size, size)
         )
         if kind == "sharded":
-            model = wrap_data_parallel(backbone, torch.device("cpu"))
-            head = ShardedMarginHead(classes, dim, margin="arcface")
-            params = [*backbone.parameters(), *head.parameters()]
-
-            def loss_fn():
-                return head(model(images), labels)
-        else:
-            replicated = _ReplicatedClassifier(backbone, DenseMarginHead(classes, dim, margin="arcface"))
-            model = DistributedDataParallel(replicated) if world_size > 1 else replicated
-            params = list(replicated.parameters())
-
-            def loss_fn():
-                return model(images, labels)
-
-        optimizer = torch.optim.SGD(params, lr=0.01, momentum=0.9, weight_decay=5e-4)
-        times, sent = [], []
-        for index in range(settings["warmup"] + settings["steps"]):
-            comm.barrier()
-            comm.traffic.reset()
-            start = time.perf_counter()
-            loss = loss_fn()
-            optimizer.zero_grad(set_to_none=True)
-            loss.backward()
-            optimizer.step()
-            comm.barrier()
-            elapsed = time.perf_counter() - start
-            if index >= settings["warmup"]:
-                times.append(elapsed)
-                sent.append(comm.traffic.bytes_sent)
+            local, model, _ = parallelize_backbone(backbone, dims, ParallelConfig(), images.shape)
+            head = ShardedMarginHead(classes, dim, margin="arcface", group=dims.dp_group)
+        else:  # every rank holds the whole FC; each loss is its own batch's mean, so DDP averages
+            local = backbone
+            model = wrap_data_parallel(backbone, dims.device, dims.dp_group, gradient_reduction="mean")
+            head = wrap_data_parallel(
+                DenseMarginHead(classes, dim, margin="arcface"), dims.device, dims.dp_group, "mean"
+            )
+        optimizer = build_optimizer(OptimConfig(lr=0.01, grad_clip=None), local, head)
+        scaler = torch.amp.GradScaler("cpu", enabled=False)
+        step_settings = StepSettings(device=dims.device)
+        batches = itertools.repeat((images, labels))
+        times = timed_repeats(
+            lambda: train_step(batches, model, head, optimizer, scaler, step_settings),
+            settings["steps"],
+            settings["warmup"],
+            before_each=comm.barrier,
+        )
     return {"times": times, "peak_bytes": peak.growth_bytes, "memory_method": peak.method}
 
 

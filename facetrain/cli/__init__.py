@@ -25,6 +25,9 @@ COMMANDS = {
     "data": "facetrain.cli.data_cmd:data",
     "bench": "facetrain.cli.bench_cmd:bench",
     "config": "facetrain.cli.config_cmd:config",
+    "align": "facetrain.cli.align_cmd:align",
+    "pairs": "facetrain.cli.pairs_cmd:pairs",
+    "import": "facetrain.cli.import_cmd:import_group",
 }
 
 
@@ -47,15 +50,20 @@ class LazyGroup(click.Group):
     def invoke(self, ctx: click.Context):
         try:
             return super().invoke(ctx)
-        except PeerFailed:
-            sys.exit(2)  # the rank that failed has printed why
         except FacetrainError as error:
-            rank = os.environ.get("RANK", "0")
-            if rank != "0" and isinstance(error, EveryRankError):
-                sys.exit(2)  # rank 0 prints the same message
-            prefix = f"[rank {rank}] " if rank != "0" else ""
-            click.echo(f"{prefix}error: {error}", err=True)
-            sys.exit(2)
+            sys.exit(report_user_error(error))
+
+
+def report_user_error(error: FacetrainError) -> int:
+    """Print a user error as one line (once for errors every rank sees alike); return the exit code 2."""
+    if isinstance(error, PeerFailed):
+        return 2  # the rank that failed has printed why
+    rank = os.environ.get("RANK", "0")
+    if rank != "0" and isinstance(error, EveryRankError):
+        return 2  # rank 0 prints the same message
+    prefix = f"[rank {rank}] " if rank != "0" else ""
+    click.echo(f"{prefix}error: {error}", err=True)
+    return 2
 
 
 @click.group(

@@ -44,27 +44,35 @@ def train(config_path: str | None, overrides: tuple[str, ...], resume: str | Non
       torchrun --nnodes 2 --nproc-per-node 8 --rdzv-backend c10d --rdzv-endpoint HOST:29500 \\
           -m facetrain train -c configs/glint360k_r100.yaml
     """
-    from facetrain.config import load_config
-    from facetrain.heads.sharded import check_head_settings
+    from facetrain.config import config_source, load_config, validate
 
-    # a bad config fails here, once, before any rank starts
     config = load_config(config_path, overrides)
-    check_head_settings(
-        config.head.margin, config.head.scale, config.head.sample_rate, config.head.margin_params
-    )
-    if nproc > 1 and "WORLD_SIZE" not in os.environ:
+    launching = nproc > 1 and "WORLD_SIZE" not in os.environ
+    # a bad config fails here, once, before any rank starts
+    validate(config, world_size=nproc if launching else None, source=config_source(config_path))
+    if launching:
         from facetrain.parallel.launch import launch_local
-        from facetrain.train.strategy import check_strategy_settings
-        from facetrain.train.trainer import find_checkpoint_to_resume
+        from facetrain.train.setup import find_checkpoint_to_resume
 
-        check_strategy_settings(config, nproc)
         find_checkpoint_to_resume(Path(config.train.output_dir), resume)
-
-        argv = ["train", *(["-c", config_path] if config_path else [])]
-        argv += [arg for override in overrides for arg in ("--set", override)]
-        argv += ["--resume", resume] if resume else []
-        sys.exit(launch_local(nproc, argv))
-
+        sys.exit(launch_local(nproc, train_rank, config, resume))
     from facetrain.train.trainer import train as run_training
 
     run_training(config, resume)
+
+
+def train_rank(config, resume: str | None) -> None:
+    """One rank of a `--nproc` run: its share of the cores, training, and user errors as one line."""
+    import torch
+
+    from facetrain.cli import report_user_error
+    from facetrain.errors import FacetrainError
+    from facetrain.parallel.launch import local_threads
+    from facetrain.train.trainer import train as run_training
+
+    if "OMP_NUM_THREADS" not in os.environ:
+        torch.set_num_threads(local_threads(int(os.environ["LOCAL_WORLD_SIZE"])))
+    try:
+        run_training(config, resume)
+    except FacetrainError as error:
+        sys.exit(report_user_error(error))

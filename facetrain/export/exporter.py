@@ -10,6 +10,7 @@ from typing import Any
 import torch
 from tqdm import tqdm
 
+from facetrain.checkpoints import load_full_head, resolve_checkpoint
 from facetrain.errors import FacetrainError
 from facetrain.export.card import CARD_NAME, with_verification_report, write_card
 from facetrain.export.formats import DEFAULT_FORMATS, export_format
@@ -87,8 +88,6 @@ def export_loaded(
 
 def _export_head(loaded: LoadedModel, out_dir: Path) -> dict[str, Any]:
     """The full head, gathered from however many shards training used, with its class names."""
-    from facetrain.train.checkpoint import load_full_head, resolve_checkpoint
-
     weight: torch.Tensor = load_full_head(loaded.source)
     head_config = loaded.card["training"]["config"]["head"]
     metadata = {"margin": str(head_config["margin"]), "scale": str(head_config["scale"])}

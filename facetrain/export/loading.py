@@ -15,6 +15,7 @@ from typing import Any
 import torch
 from torch import nn
 
+from facetrain.checkpoints import load_backbone
 from facetrain.errors import FacetrainError
 from facetrain.export.card import CARD_NAME, build_card, card_config, card_image_size, parse_card, read_card
 from facetrain.export.safetensors_format import SAFETENSORS_NAME, read_safetensors_into
@@ -63,10 +64,6 @@ def load_model(path: str | Path, device: torch.device | str = "cpu") -> LoadedMo
 
 
 def _load_checkpoint(path: Path, device: torch.device | str) -> LoadedModel:
-    # Imported here: the trainer evaluates (and so loads models) itself, and a module-level import
-    # would make the two packages import each other.
-    from facetrain.train.checkpoint import load_backbone
-
     module, config, meta = load_backbone(path, device=device)
     image_size = tuple(getattr(module, "input_size", config.data.image_size))
     card = build_card(module, config, meta, image_size, path)

@@ -1,8 +1,8 @@
-"""Margin-softmax heads: the class-sharded head and the baselines it is measured against."""
+"""Margin-softmax heads: the class-sharded head and the dense reference it must equal."""
 
+from facetrain.heads.base import HeadOutput, MarginHead
 from facetrain.heads.dense import DenseMarginHead
 from facetrain.heads.margins import MARGINS, Margin, build_margin
-from facetrain.heads.naive import NaiveModelParallelHead
 from facetrain.heads.partition import ClassRange, all_class_ranges, class_range
 from facetrain.heads.sharded import ShardedMarginHead
 
@@ -10,8 +10,9 @@ __all__ = [
     "MARGINS",
     "ClassRange",
     "DenseMarginHead",
+    "HeadOutput",
     "Margin",
-    "NaiveModelParallelHead",
+    "MarginHead",
     "ShardedMarginHead",
     "all_class_ranges",
     "build_margin",

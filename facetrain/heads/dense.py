@@ -5,9 +5,8 @@ from __future__ import annotations
 
 import torch
 import torch.nn.functional as F
-from torch import nn
 
-from facetrain.heads.margins import build_margin
+from facetrain.heads.base import HeadOutput, MarginHead
 
 
 def margin_logits(cos: torch.Tensor, labels: torch.Tensor, margin, scale: float) -> torch.Tensor:
@@ -16,7 +15,7 @@ def margin_logits(cos: torch.Tensor, labels: torch.Tensor, margin, scale: float)
     return cos.scatter(1, labels[:, None], margin(target)) * scale
 
 
-class DenseMarginHead(nn.Module):
+class DenseMarginHead(MarginHead):
     """normalize + linear + margin + cross_entropy over the full weight, with autograd doing the rest."""
 
     def __init__(
@@ -27,18 +26,11 @@ class DenseMarginHead(nn.Module):
         scale: float = 64.0,
         **margin_params: float,
     ):
-        super().__init__()
-        self.num_classes = num_classes
-        self.embedding_size = embedding_size
-        self.margin = build_margin(margin, **margin_params)
-        self.scale = float(scale)
-        self.weight = nn.Parameter(torch.empty(num_classes, embedding_size))
-        nn.init.normal_(self.weight, std=0.01)
-        self.register_buffer("accuracy", torch.zeros(()), persistent=False)
+        super().__init__(num_classes, embedding_size, num_classes, margin, scale, **margin_params)
 
-    def forward(self, embeddings: torch.Tensor, labels: torch.Tensor) -> torch.Tensor:
+    def forward(self, embeddings: torch.Tensor, labels: torch.Tensor) -> HeadOutput:
         cos = F.linear(F.normalize(embeddings), F.normalize(self.weight))
         cos = cos.to(torch.promote_types(cos.dtype, torch.float32))  # statistics never below fp32
         logits = margin_logits(cos, labels, self.margin, self.scale)
-        self.accuracy = (cos.argmax(dim=1) == labels).float().mean().detach()
-        return F.cross_entropy(logits, labels)
+        accuracy = (cos.argmax(dim=1) == labels).float().mean().detach()
+        return HeadOutput(F.cross_entropy(logits, labels), accuracy)

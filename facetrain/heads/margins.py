@@ -7,7 +7,9 @@ same function, so the two agree to rounding.
 
 from __future__ import annotations
 
+import dataclasses
 import math
+from dataclasses import dataclass
 
 import torch
 
@@ -18,29 +20,12 @@ from facetrain.registry import Registry
 _COS_LIMIT = 1.0 - 1e-6
 
 
+@dataclass(frozen=True)
 class Margin:
     """Maps cos(theta) of the target class to the penalised target logit (before scaling)."""
 
-    name = "margin"
-    params: dict[str, float] = {}
-
-    def __init__(self, **params: float):
-        unknown = set(params) - set(self.params)
-        if unknown:
-            raise FacetrainError(
-                f"margin {self.name!r} takes {', '.join(sorted(self.params)) or 'no parameters'}, "
-                f"not {', '.join(sorted(unknown))} (head.margin_params)"
-            )
-        self.values = {**self.params, **{k: float(v) for k, v in params.items()}}
-        for key, value in self.values.items():
-            setattr(self, key, value)
-
     def __call__(self, cos: torch.Tensor) -> torch.Tensor:
         raise NotImplementedError
-
-    def __repr__(self) -> str:
-        args = ", ".join(f"{k}={v}" for k, v in self.values.items())
-        return f"{self.name}({args})"
 
 
 MARGINS: Registry[Margin] = Registry("margin")
@@ -51,11 +36,11 @@ def _angle(cos: torch.Tensor) -> torch.Tensor:
 
 
 @MARGINS.register("arcface")
+@dataclass(frozen=True)
 class ArcFace(Margin):
     """cos(theta + m); past theta + m > pi it continues as cos(theta) - m sin(m), staying monotonic."""
 
-    name = "arcface"
-    params = {"m": 0.5}
+    m: float = 0.5
 
     def __call__(self, cos: torch.Tensor) -> torch.Tensor:
         theta = _angle(cos)
@@ -65,17 +50,18 @@ class ArcFace(Margin):
 
 
 @MARGINS.register("cosface", "am_softmax")
+@dataclass(frozen=True)
 class CosFace(Margin):
     """cos(theta) - m: an additive cosine margin (CosFace, AM-Softmax)."""
 
-    name = "cosface"
-    params = {"m": 0.35}
+    m: float = 0.35
 
     def __call__(self, cos: torch.Tensor) -> torch.Tensor:
         return cos - self.m
 
 
 @MARGINS.register("sphereface")
+@dataclass(frozen=True)
 class SphereFace(Margin):
     """A-Softmax's psi(theta) = (-1)^k cos(m theta) - 2k for theta in [k pi/m, (k+1) pi/m].
 
@@ -83,11 +69,9 @@ class SphereFace(Margin):
     including non-integer m such as the default 1.7, on normalised embeddings.
     """
 
-    name = "sphereface"
-    params = {"m": 1.7}
+    m: float = 1.7
 
-    def __init__(self, **params: float):
-        super().__init__(**params)
+    def __post_init__(self):
         if self.m < 1:
             raise FacetrainError(f"sphereface margin m must be >= 1, got {self.m} (head.margin_params.m)")
 
@@ -99,25 +83,35 @@ class SphereFace(Margin):
 
 
 @MARGINS.register("combined")
+@dataclass(frozen=True)
 class Combined(Margin):
     """cos(m1 theta + m2) - m3: SphereFace, ArcFace and CosFace margins in one (insightface's form)."""
 
-    name = "combined"
-    params = {"m1": 1.0, "m2": 0.3, "m3": 0.2}
+    m1: float = 1.0
+    m2: float = 0.3
+    m3: float = 0.2
 
     def __call__(self, cos: torch.Tensor) -> torch.Tensor:
         return torch.cos(self.m1 * _angle(cos) + self.m2) - self.m3
 
 
 @MARGINS.register("softmax")
+@dataclass(frozen=True)
 class NormalizedSoftmax(Margin):
     """No margin: normalised softmax with the scale alone."""
-
-    name = "softmax"
 
     def __call__(self, cos: torch.Tensor) -> torch.Tensor:
         return cos
 
 
 def build_margin(name: str, **params: float) -> Margin:
-    return MARGINS.build(name, **params)
+    """The margin `name` with `params` (head.margin_params); unknown parameters are one-line errors."""
+    margin_class = MARGINS.get(name)
+    known = [field.name for field in dataclasses.fields(margin_class)]
+    unknown = sorted(set(params) - set(known))
+    if unknown:
+        raise FacetrainError(
+            f"margin {name!r} takes {', '.join(known) or 'no parameters'}, not {', '.join(unknown)} "
+            "(head.margin_params)"
+        )
+    return margin_class(**{key: float(value) for key, value in params.items()})

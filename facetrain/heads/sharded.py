@@ -11,27 +11,23 @@ import torch
 from torch import nn
 
 from facetrain.errors import EveryRankError, FacetrainError
-from facetrain.heads.fused_softmax import ShardedMarginSoftmax
-from facetrain.heads.margins import Margin, build_margin
+from facetrain.heads.base import HeadOutput, MarginHead
 from facetrain.heads.partition import class_range
+from facetrain.heads.sharded_softmax import ShardedMarginSoftmax
 from facetrain.parallel import comm
 
 
-def check_head_settings(margin: str, scale: float, sample_rate: float, margin_params: dict) -> Margin:
-    """The margin for these settings, or a one-line error; cheap, so callers check before heavy work."""
-    if scale <= 0:
-        raise FacetrainError(f"head scale must be > 0, got {scale} (head.scale)")
-    if not 0.0 < sample_rate <= 1.0:
-        raise FacetrainError(f"head sample_rate must be in (0, 1], got {sample_rate} (head.sample_rate)")
-    return build_margin(margin, **margin_params)
-
-
-class ShardedMarginHead(nn.Module):
+class ShardedMarginHead(MarginHead):
     """ArcFace / CosFace / SphereFace / combined / plain normalised softmax over sharded classes.
 
-    `loss = head(local_embeddings, local_labels)`; the top-1 accuracy of that step is then in
-    `head.accuracy`. With `sample_rate < 1` each rank keeps only that fraction of its classes per step
-    (Partial FC), always including every class that is a target in the global batch.
+    `loss, accuracy = head(local_embeddings, local_labels)`. With `sample_rate < 1` each rank keeps only
+    that fraction of its classes per step (Partial FC), always including every class that is a target in
+    the global batch.
+
+    The first step checks every rank's inputs (shapes, widths, label range) together, so a bad input
+    fails on all ranks at once instead of hanging one of them, and learns how many rows each rank
+    passes. Later steps skip the check and its host synchronisation, and expect the same row counts;
+    `check_every_step=True` re-checks (and allows row counts that change from step to step).
     """
 
     def __init__(
@@ -42,28 +38,25 @@ class ShardedMarginHead(nn.Module):
         scale: float = 64.0,
         sample_rate: float = 1.0,
         group=None,
+        check_every_step: bool = False,
         **margin_params: float,
     ):
-        super().__init__()
-        self.margin = check_head_settings(margin, scale, sample_rate, margin_params)
-        if embedding_size < 1:
-            raise FacetrainError(f"embedding size must be >= 1, got {embedding_size}")
-        self.group = group
-        self.world_size = comm.world_size(group)
-        self.rank = comm.rank(group)
-        if num_classes < self.world_size:
+        if not 0.0 < sample_rate <= 1.0:
+            raise FacetrainError(f"head sample_rate must be in (0, 1], got {sample_rate} (head.sample_rate)")
+        world_size, rank = comm.world_size(group), comm.rank(group)
+        if num_classes < world_size:
             raise EveryRankError(
-                f"{num_classes} classes cannot be sharded over {self.world_size} ranks; use at most "
+                f"{num_classes} classes cannot be sharded over {world_size} ranks; use at most "
                 f"{num_classes} ranks"
             )
-        self.num_classes = num_classes
-        self.embedding_size = embedding_size
-        self.scale = float(scale)
+        class_start, class_count = class_range(num_classes, world_size, rank)
+        super().__init__(num_classes, embedding_size, class_count, margin, scale, **margin_params)
+        self.group = group
+        self.world_size, self.rank = world_size, rank
+        self.class_start, self.class_count = class_start, class_count
         self.sample_rate = float(sample_rate)
-        self.class_start, self.class_count = class_range(num_classes, self.world_size, self.rank)
-        self.weight = nn.Parameter(torch.empty(self.class_count, embedding_size))
-        self.reset_parameters()
-        self.register_buffer("accuracy", torch.zeros(()), persistent=False)
+        self.check_every_step = check_every_step
+        self._row_counts: list[int] | None = None
 
     def reset_parameters(self, seed: int | None = None, block: int = 4096) -> None:
         """N(0, 0.01) class weights; with a seed, the same full weight whatever the world size.
@@ -96,8 +89,18 @@ class ShardedMarginHead(nn.Module):
             f"sample_rate={self.sample_rate}, rank={self.rank}/{self.world_size}"
         )
 
-    def forward(self, embeddings: torch.Tensor, labels: torch.Tensor) -> torch.Tensor:
-        counts, global_embeddings, global_labels = self._gather_batch(embeddings, labels)
+    def forward(self, embeddings: torch.Tensor, labels: torch.Tensor) -> HeadOutput:
+        if self._row_counts is None or self.check_every_step:
+            self._row_counts = self._check_inputs(embeddings, labels)
+        elif embeddings.shape[0] != self._row_counts[self.rank]:
+            raise FacetrainError(
+                f"rank {self.rank}: the head was first given {self._row_counts[self.rank]} rows, now "
+                f"{embeddings.shape[0]}; build it with check_every_step=True for batches that change size"
+            )
+        counts = self._row_counts
+        labels = labels.to(device=embeddings.device, dtype=torch.int64)
+        global_labels = comm.all_gather_rows(labels, counts, self.group)
+        global_embeddings = comm.all_gather_rows(embeddings, counts, self.group)
         owned = (global_labels >= self.class_start) & (global_labels < self.class_stop)
         local_labels = torch.where(owned, global_labels - self.class_start, -1)
         weight, target_column = self.weight, local_labels
@@ -106,22 +109,20 @@ class ShardedMarginHead(nn.Module):
         loss, hits = ShardedMarginSoftmax.apply(
             global_embeddings, weight, target_column, self.margin, self.scale, self.group
         )
-        self.accuracy = hits / sum(counts)
-        return loss
+        return HeadOutput(loss, hits / sum(counts))
 
-    def _gather_batch(self, embeddings: torch.Tensor, labels: torch.Tensor):
-        """The global batch, after every rank has checked every rank's inputs (so all fail together)."""
+    def _check_inputs(self, embeddings: torch.Tensor, labels: torch.Tensor) -> list[int]:
+        """Every rank's row count, after every rank has checked every rank's inputs (all fail together)."""
         if embeddings.dim() != 2 or labels.dim() != 1 or labels.shape[0] != embeddings.shape[0]:
-            width = embeddings.shape[-1] if embeddings.dim() else 0
-            shape = (-1, -1)
+            rows, width = -1, embeddings.shape[-1] if embeddings.dim() else 0
         else:
-            width = embeddings.shape[1]
-            shape = tuple(embeddings.shape)
-        sizes = comm.all_gather_equal(
-            torch.tensor([[shape[0], width]], dtype=torch.int64, device=embeddings.device), self.group
-        ).tolist()
-        for rank, (rows, rank_width) in enumerate(sizes):
-            if rows < 0:
+            rows, width = embeddings.shape
+        low, high = (int(labels.min()), int(labels.max())) if labels.numel() else (0, 0)
+        device = comm.collective_device(self.group)
+        mine = torch.tensor([[rows, width, low, high]], dtype=torch.int64, device=device)
+        everyone = comm.all_gather_equal(mine, self.group).tolist()
+        for rank, (rank_rows, rank_width, rank_low, rank_high) in enumerate(everyone):
+            if rank_rows < 0:
                 raise EveryRankError(
                     f"rank {rank}: head input must be embeddings (B x D) and labels (B); got "
                     f"{tuple(embeddings.shape)} and {tuple(labels.shape)}"
@@ -131,28 +132,30 @@ class ShardedMarginHead(nn.Module):
                     f"rank {rank}: embeddings are {rank_width} wide but the head expects "
                     f"{self.embedding_size} (model.embedding_size)"
                 )
-        counts = [rows for rows, _ in sizes]
+            if rank_rows and (rank_low < 0 or rank_high >= self.num_classes):
+                bad = rank_low if rank_low < 0 else rank_high
+                raise EveryRankError(
+                    f"label {bad} is outside [0, {self.num_classes}); labels must index the head's classes"
+                )
+        counts = [rank_rows for rank_rows, *_ in everyone]
         if sum(counts) == 0:
             raise EveryRankError("the global batch is empty: every rank passed zero embeddings")
-        labels = labels.to(device=embeddings.device, dtype=torch.int64)
-        global_labels = comm.all_gather_rows(labels, counts, self.group)
-        bad = (global_labels < 0) | (global_labels >= self.num_classes)
-        if bool(bad.any()):
-            raise EveryRankError(
-                f"label {int(global_labels[bad][0])} is outside [0, {self.num_classes}); "
-                "labels must index the head's classes"
-            )
-        return counts, comm.all_gather_rows(embeddings, counts, self.group), global_labels
+        return counts
 
     def _sample_classes(self, local_labels: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-        """Partial FC: this step's positives plus random negatives, sample_rate of the shard in all."""
-        positives = torch.unique(local_labels[local_labels >= 0])
-        keep = max(int(self.sample_rate * self.class_count), positives.numel(), 1)
+        """Partial FC: this step's positives plus random negatives, sample_rate of the shard in all.
+
+        The number kept is fixed per run, max(sample_rate x shard, global batch) capped at the shard, so
+        every positive fits without the step waiting on the host to count them.
+        """
+        keep = min(self.class_count, max(int(self.sample_rate * self.class_count), local_labels.shape[0], 1))
         if keep >= self.class_count:
             return self.weight, local_labels
-        priority = torch.rand(self.class_count, device=self.weight.device)
-        priority[positives] = 2.0
-        kept = torch.topk(priority, keep, sorted=False).indices.sort().values
+        # positives get priority 2 (above any uniform draw); rows owned elsewhere write to a spare slot
+        priority = torch.rand(self.class_count + 1, device=self.weight.device)
+        slot = torch.where(local_labels >= 0, local_labels, self.class_count)
+        priority.index_fill_(0, slot, 2.0)
+        kept = torch.topk(priority[:-1], keep, sorted=False).indices.sort().values
         target_column = torch.where(
             local_labels >= 0, torch.searchsorted(kept, local_labels.clamp_min(0)), -1
         )

@@ -1,4 +1,4 @@
-"""Margin softmax cross-entropy over a class shard, with a hand-written backward.
+"""Margin softmax cross-entropy over a class shard, with a hand-written backward (`ShardedMarginSoftmax`).
 
 The forward keeps one (B x c) buffer, turns it in place into exp(logit - row max), and keeps it for
 the backward, which turns it in place into the logit gradient. Only batch-sized statistics cross
@@ -48,33 +48,39 @@ class ShardedMarginSoftmax(torch.autograd.Function):
             logits = logits.to(stat_dtype)
             logits.mul_(w_inv_norm * scale)  # now scale * cos(theta)
 
-            rows = torch.nonzero(target_column >= 0).squeeze(1)
-            columns = target_column[rows]
-            target_cos = logits[rows, columns] / scale
+            # Rows whose target another rank owns (column -1) take part through masks, not indexing,
+            # so no step waits on the host for the number of local targets.
+            has_target = target_column >= 0
+            columns = target_column.clamp_min(0)[:, None]
+            target_raw = logits.gather(1, columns).squeeze(1)
+            target_cos = target_raw / scale
             with torch.enable_grad():
                 cos_leaf = target_cos.detach().requires_grad_()
                 penalised = margin(cos_leaf)
                 (margin_slope,) = torch.autograd.grad(penalised.sum(), cos_leaf)
-            target_logit_local = penalised.detach() * scale
-            logits[rows, columns] = target_logit_local
+            target_logit_local = torch.where(has_target, penalised.detach() * scale, target_raw)
+            logits.scatter_(1, columns, target_logit_local[:, None])
 
             row_max = logits.max(dim=1).values  # every shard has >= 1 class: the head refuses C < N
             comm.all_reduce_(row_max, "max", group)
 
             exps = logits.sub_(row_max[:, None]).exp_()
-            batch = exps.shape[0]
-            stats = exps.new_zeros((3, batch))
-            torch.sum(exps, dim=1, out=stats[0])
-            stats[1, rows] = target_logit_local
-            # top-1 without another pass: margins only lower the target logit, so the plain target
-            # logit reaches the row max exactly when no other class beats it.
-            stats[2, rows] = (target_cos * scale >= row_max[rows]).to(stats.dtype)
+            zero = exps.new_zeros(())
+            stats = torch.stack(
+                [
+                    exps.sum(dim=1),
+                    torch.where(has_target, target_logit_local, zero),
+                    # top-1 without another pass: margins only lower the target logit, so the plain
+                    # target logit reaches the row max exactly when no other class beats it.
+                    torch.where(has_target, (target_cos * scale >= row_max).to(exps.dtype), zero),
+                ]
+            )
             comm.all_reduce_(stats, "sum", group)
             sum_exp, target_logit, hits = stats
 
             loss = (sum_exp.log() + row_max - target_logit).mean()
 
-        ctx.save_for_backward(exps, sum_exp, x_unit, x_norm, w, w_inv_norm, rows, columns, margin_slope)
+        ctx.save_for_backward(exps, sum_exp, x_unit, x_norm, w, w_inv_norm, has_target, columns, margin_slope)
         ctx.scale, ctx.group, ctx.compute_dtype = scale, group, compute_dtype
         ctx.embedding_dtype, ctx.weight_dtype = embeddings.dtype, weight.dtype
         hit_count = hits.sum()
@@ -84,7 +90,7 @@ class ShardedMarginSoftmax(torch.autograd.Function):
     @staticmethod
     @torch.autograd.function.once_differentiable
     def backward(ctx, grad_loss, _grad_hits):
-        exps, sum_exp, x_unit, x_norm, w, w_inv_norm, rows, columns, margin_slope = ctx.saved_tensors
+        exps, sum_exp, x_unit, x_norm, w, w_inv_norm, has_target, columns, margin_slope = ctx.saved_tensors
         scale, compute_dtype = ctx.scale, ctx.compute_dtype
         batch = exps.shape[0]
         with torch.autocast(exps.device.type, enabled=False):
@@ -92,7 +98,9 @@ class ShardedMarginSoftmax(torch.autograd.Function):
             # is applied to the (B x D) GEMM operands below instead of the (B x c) buffer, so the
             # targets are corrected in unscaled units: softmax - 1 = (exp - sum_exp) / sum_exp.
             row_factor = grad_loss.to(sum_exp.dtype) / (batch * sum_exp)
-            exps[rows, columns] = (exps[rows, columns] - sum_exp[rows]) * margin_slope
+            at_target = exps.gather(1, columns).squeeze(1)
+            corrected = torch.where(has_target, (at_target - sum_exp) * margin_slope, at_target)
+            exps.scatter_(1, columns, corrected[:, None])
             # d logit / d raw dot product = scale / |w|, per column: one pass over the buffer.
             grad_raw = exps.mul_(w_inv_norm * scale).to(compute_dtype)
 

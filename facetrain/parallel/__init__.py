@@ -1,8 +1,9 @@
-"""Everything that knows about several processes: process groups, collectives, launching, pipelines.
+"""Everything that knows about several processes: the parallel layout, collectives, DDP, pipelines,
+launching and checkpoint I/O.
 
 Model and data code never import torch.distributed; they receive ranks as plain integers.
 """
 
-from facetrain.parallel.env import DistEnv, destroy_distributed, init_distributed
+from facetrain.parallel.dims import ParallelDims, destroy_parallel, init_parallel
 
-__all__ = ["DistEnv", "destroy_distributed", "init_distributed"]
+__all__ = ["ParallelDims", "destroy_parallel", "init_parallel"]

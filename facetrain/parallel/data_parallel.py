@@ -1,8 +1,9 @@
-"""DDP for the backbone, with gradients summed rather than averaged over ranks.
+"""DDP for the backbone (or one pipeline stage of it), with gradients summed or averaged over replicas.
 
 The sharded head's loss is the mean over the *global* batch and is identical on every rank, so the
 gradient a rank's backbone receives is already its share of the full gradient: the shares must be
-added. DDP's default averaging would shrink the backbone's gradient by the world size.
+added ("sum"). DDP's default averaging ("mean") is right only when each rank's loss is the mean over
+its own batch, as with a replicated classifier.
 """
 
 from __future__ import annotations
@@ -12,6 +13,8 @@ import torch.distributed as dist
 from torch import nn
 from torch.nn.parallel import DistributedDataParallel
 
+GRADIENT_REDUCTIONS = ("sum", "mean")
+
 
 def _sum_allreduce_hook(process_group, bucket):
     group = process_group if process_group is not None else dist.group.WORLD
@@ -19,11 +22,25 @@ def _sum_allreduce_hook(process_group, bucket):
     return work.get_future().then(lambda future: future.value()[0])
 
 
-def wrap_data_parallel(module: nn.Module, device: torch.device, group=None) -> nn.Module:
-    """DDP-wrap `module` when a process group of more than one rank exists; else return it as is."""
+def wrap_data_parallel(
+    module: nn.Module, device: torch.device, group=None, gradient_reduction: str = "sum"
+) -> nn.Module:
+    """DDP-wrap `module` over `group` when it has more than one rank; else return it as is.
+
+    DDP also makes the replicas start from rank 0's parameters and buffers, and broadcasts rank 0's
+    buffers (batch-norm statistics) before each forward.
+    """
+    if gradient_reduction not in GRADIENT_REDUCTIONS:
+        raise ValueError(f"gradient_reduction must be sum or mean, got {gradient_reduction!r}")
     if not (dist.is_available() and dist.is_initialized()) or dist.get_world_size(group) == 1:
         return module
     device_ids = [device.index] if device.type == "cuda" else None
     ddp = DistributedDataParallel(module, device_ids=device_ids, process_group=group)
-    ddp.register_comm_hook(group, _sum_allreduce_hook)
+    if gradient_reduction == "sum":
+        ddp.register_comm_hook(group, _sum_allreduce_hook)
     return ddp
+
+
+def unwrap(module: nn.Module) -> nn.Module:
+    """The module DDP wraps (or the module itself): what checkpoints and evaluation see."""
+    return module.module if isinstance(module, DistributedDataParallel) else module

@@ -155,3 +155,21 @@ def split_backbone(backbone: nn.Module, starts: list[int]) -> list[nn.Sequential
     units = pipeline_units(backbone)
     edges = [0, *starts, len(units)]
     return [_assemble(backbone, units[a:b]) for a, b in zip(edges, edges[1:])]
+
+
+@torch.no_grad()
+def stage_boundary_shapes(
+    backbone: nn.Module, starts: list[int], microbatch_shape: tuple[int, ...]
+) -> list[tuple[int, ...]]:
+    """The shape entering each stage, then the shape leaving the last: S + 1 shapes for S stages.
+
+    Computed on a copy on the meta device (no memory, no arithmetic, the weights untouched), so the
+    pipeline knows its stages' tensors before the first step instead of inferring them from a
+    forward that would run through DDP and the head.
+    """
+    shapes = [tuple(microbatch_shape)]
+    activation = torch.empty(microbatch_shape, device="meta")
+    for stage in split_backbone(copy.deepcopy(backbone).to("meta"), starts):
+        activation = stage(activation)
+        shapes.append(tuple(activation.shape))
+    return shapes

@@ -13,11 +13,12 @@ from torch import nn
 
 from facetrain.config import Config
 from facetrain.parallel import comm
+from facetrain.parallel.dims import ParallelDims
 
 
-class Verifier:
-    def __init__(self, cfg: Config, env):
-        self.cfg, self.env = cfg, env
+class TrainingVerifier:
+    def __init__(self, cfg: Config, dims: ParallelDims):
+        self.cfg, self.dims = cfg, dims
         self.out_dir = Path(cfg.train.output_dir) / "eval"
 
         def load():
@@ -31,7 +32,7 @@ class Verifier:
     def run(self, backbone: nn.Module, step: int) -> dict:
         accuracy = torch.zeros(1, dtype=torch.float64, device=comm.collective_device())
         results: dict = {}
-        if self.env.is_primary:
+        if self.dims.is_primary:
             from facetrain.eval.verification import verify
 
             backbone.eval()
@@ -41,7 +42,7 @@ class Verifier:
                 tuple(self.cfg.data.image_size),
                 batch_size=self.cfg.eval.batch_size,
                 flip=self.cfg.eval.flip,
-                device=self.env.device,
+                device=self.dims.device,
                 progress=False,
             )
             backbone.train()

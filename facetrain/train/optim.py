@@ -1,7 +1,8 @@
 """Optimizer and learning-rate schedule.
 
-The schedule is a pure function of the optimizer step, so a resumed run needs no scheduler state and
-gets exactly the learning rate it would have had.
+The schedule is a `LambdaLR` whose factor is a pure function of the optimizer step, so a resumed run
+rebuilds it at the step it resumes from and gets exactly the learning rate it would have had. Each
+parameter group keeps its own base learning rate (`initial_lr`); the factor scales them all.
 """
 
 from __future__ import annotations
@@ -10,21 +11,21 @@ import math
 
 import torch
 from torch import nn
+from torch.optim.lr_scheduler import LambdaLR
 
 from facetrain.config import OptimConfig
 from facetrain.registry import Registry
 
-OPTIMIZERS: Registry[torch.optim.Optimizer] = Registry("optimizer")
 
-
-@OPTIMIZERS.register("sgd")
 def _sgd(groups, cfg: OptimConfig) -> torch.optim.Optimizer:
     return torch.optim.SGD(groups, lr=cfg.lr, momentum=cfg.momentum)
 
 
-@OPTIMIZERS.register("adamw")
 def _adamw(groups, cfg: OptimConfig) -> torch.optim.Optimizer:
     return torch.optim.AdamW(groups, lr=cfg.lr, betas=tuple(cfg.betas))
+
+
+OPTIMIZERS = {"sgd": _sgd, "adamw": _adamw}
 
 
 def build_optimizer(cfg: OptimConfig, backbone: nn.Module, head: nn.Module | None) -> torch.optim.Optimizer:
@@ -33,37 +34,43 @@ def build_optimizer(cfg: OptimConfig, backbone: nn.Module, head: nn.Module | Non
     groups = [{"params": list(backbone.parameters()), "weight_decay": cfg.weight_decay, "name": "backbone"}]
     if head is not None:
         groups.append({"params": list(head.parameters()), "weight_decay": head_decay, "name": "head"})
-    return OPTIMIZERS.build(cfg.name, groups, cfg)
+    optimizer = OPTIMIZERS[cfg.name](groups, cfg)
+    for group in optimizer.param_groups:
+        group.setdefault("initial_lr", group["lr"])
+    return optimizer
 
 
-SCHEDULES = Registry("lr schedule")
+LR_SCHEDULES: Registry = Registry("lr schedule")
 
 
-@SCHEDULES.register("polynomial")
+@LR_SCHEDULES.register("polynomial")
 def _polynomial(progress: float, cfg: OptimConfig) -> float:
     return (1.0 - progress) ** cfg.power
 
 
-@SCHEDULES.register("cosine")
+@LR_SCHEDULES.register("cosine")
 def _cosine(progress: float, cfg: OptimConfig) -> float:
     return 0.5 * (1.0 + math.cos(math.pi * progress))
 
 
-@SCHEDULES.register("constant")
+@LR_SCHEDULES.register("constant")
 def _constant(progress: float, cfg: OptimConfig) -> float:
     return 1.0
 
 
-def learning_rate(cfg: OptimConfig, step: int, total_steps: int) -> float:
-    """Linear warmup to cfg.lr, then decay to cfg.min_lr by the named schedule."""
-    decay = SCHEDULES.get(cfg.schedule)
+def lr_factor(cfg: OptimConfig, step: int, total_steps: int) -> float:
+    """The learning rate at `step` over optim.lr: linear warmup to 1, then decay to min_lr / lr."""
+    decay = LR_SCHEDULES.get(cfg.schedule)
     if step < cfg.warmup_steps:
-        return cfg.lr * (step + 1) / cfg.warmup_steps
+        return (step + 1) / cfg.warmup_steps
     span = max(1, total_steps - cfg.warmup_steps)
     progress = min(1.0, (step - cfg.warmup_steps) / span)
-    return cfg.min_lr + (cfg.lr - cfg.min_lr) * decay(progress, cfg)
+    floor = cfg.min_lr / cfg.lr
+    return floor + (1.0 - floor) * decay(progress, cfg)
 
 
-def set_learning_rate(optimizer: torch.optim.Optimizer, lr: float) -> None:
-    for group in optimizer.param_groups:
-        group["lr"] = lr
+def build_lr_scheduler(
+    optimizer: torch.optim.Optimizer, cfg: OptimConfig, total_steps: int, start_step: int = 0
+) -> LambdaLR:
+    """The schedule positioned at `start_step`: call `.step()` after every optimizer step."""
+    return LambdaLR(optimizer, lambda step: lr_factor(cfg, step, total_steps), last_epoch=start_step - 1)

@@ -1,0 +1,46 @@
+"""What every margin head shares: its settings, its class weight, and what a step returns."""
+
+from __future__ import annotations
+
+from typing import NamedTuple
+
+import torch
+from torch import nn
+
+from facetrain.errors import FacetrainError
+from facetrain.heads.margins import build_margin
+
+
+class HeadOutput(NamedTuple):
+    """A step's mean loss over the global batch and its top-1 accuracy, both 0-dim device tensors."""
+
+    loss: torch.Tensor
+    accuracy: torch.Tensor
+
+
+class MarginHead(nn.Module):
+    """A margin-softmax classifier over `weight_rows` of `num_classes` classes (all of them, or a shard)."""
+
+    def __init__(
+        self,
+        num_classes: int,
+        embedding_size: int,
+        weight_rows: int,
+        margin: str = "arcface",
+        scale: float = 64.0,
+        **margin_params: float,
+    ):
+        super().__init__()
+        if scale <= 0:
+            raise FacetrainError(f"head scale must be > 0, got {scale} (head.scale)")
+        if embedding_size < 1:
+            raise FacetrainError(f"embedding size must be >= 1, got {embedding_size}")
+        self.num_classes = num_classes
+        self.embedding_size = embedding_size
+        self.margin = build_margin(margin, **margin_params)
+        self.scale = float(scale)
+        self.weight = nn.Parameter(torch.empty(weight_rows, embedding_size))
+        nn.init.normal_(self.weight, std=0.01)
+
+    def forward(self, embeddings: torch.Tensor, labels: torch.Tensor) -> HeadOutput:
+        raise NotImplementedError

@@ -1,0 +1,166 @@
+"""Where this process sits in the job: one object, built once, passed to everything that needs to know.
+
+The world is a grid of `pp` pipeline stages x `dp` data-parallel replicas (world size = pp x dp). Rank r
+runs stage `r // dp` as replica `r % dp`: ranks of one stage form the data-parallel group (they sum that
+stage's gradients and shard the margin head), ranks of one replica form the pipeline group (they pass
+activations from stage to stage). For pp = 2, dp = 2:
+
+    rank 0: stage 0, replica 0      rank 2: stage 1, replica 0
+    rank 1: stage 0, replica 1      rank 3: stage 1, replica 1
+
+Consecutive ranks share a stage, so with one node per stage the gradient all-reduce stays inside a node.
+Without a pipeline (pp = 1) the data-parallel group is the whole world. The groups come from a
+`torch.distributed.device_mesh.DeviceMesh` of shape (pp, dp).
+"""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass
+from datetime import timedelta
+
+import torch
+import torch.distributed as dist
+from torch.distributed.device_mesh import DeviceMesh, init_device_mesh
+
+from facetrain.errors import EveryRankError, FacetrainError
+
+
+@dataclass(frozen=True)
+class ParallelDims:
+    """The degrees of parallelism, this rank's coordinates in them, its groups and its device."""
+
+    world_size: int
+    rank: int
+    local_rank: int
+    device: torch.device
+    pp: int = 1
+    mesh: DeviceMesh | None = None
+
+    @property
+    def dp(self) -> int:
+        return self.world_size // self.pp
+
+    @property
+    def pp_enabled(self) -> bool:
+        return self.pp > 1
+
+    @property
+    def is_primary(self) -> bool:
+        return self.rank == 0
+
+    @property
+    def stage_index(self) -> int:
+        return self.rank // self.dp
+
+    @property
+    def dp_rank(self) -> int:
+        """This rank's replica index: which shard of the data it reads, and which head shard it holds."""
+        return self.rank % self.dp
+
+    @property
+    def is_first_stage(self) -> bool:
+        return self.stage_index == 0
+
+    @property
+    def is_last_stage(self) -> bool:
+        """Where the embeddings come out, so where the head lives (every rank without a pipeline)."""
+        return self.stage_index == self.pp - 1
+
+    @property
+    def writes_backbone(self) -> bool:
+        """Replica 0 of every stage writes its part of the backbone: its batch-norm statistics are the
+        ones training verified, and together the stages hold the whole backbone once."""
+        return self.dp_rank == 0
+
+    @property
+    def dp_group(self) -> dist.ProcessGroup | None:
+        """Ranks holding the same stage; None (no group) in a single process."""
+        return self.mesh.get_group("dp") if self.mesh is not None else None
+
+    @property
+    def pp_group(self) -> dist.ProcessGroup | None:
+        """Ranks of this rank's pipeline, one per stage in stage order; None without a pipeline."""
+        return self.mesh.get_group("pp") if self.pp_enabled else None
+
+
+def _int_env(name: str, default: int) -> int:
+    value = os.environ.get(name)
+    if value is None:
+        return default
+    try:
+        return int(value)
+    except ValueError:
+        raise FacetrainError(f"environment variable {name}={value!r} is not an integer") from None
+
+
+def pick_device(local_rank: int) -> torch.device:
+    """One GPU per local rank when there are GPUs (several ranks may share one), else the CPU."""
+    if torch.cuda.is_available():
+        device = torch.device("cuda", local_rank % torch.cuda.device_count())
+        torch.cuda.set_device(device)
+        return device
+    return torch.device("cpu")
+
+
+def _join_process_group(backend: str, timeout_s: float, rank: int, world_size: int, init_method: str | None):
+    if backend == "auto":
+        backend = "nccl" if torch.cuda.is_available() else "gloo"
+    if backend not in ("gloo", "nccl"):
+        raise EveryRankError(f"parallel.backend must be auto, gloo or nccl, got {backend!r}")
+    if backend == "nccl" and not torch.cuda.is_available():
+        raise EveryRankError("parallel.backend=nccl needs CUDA devices; use gloo (or auto) on CPU")
+    dist.init_process_group(
+        backend=backend,
+        init_method=init_method or "env://",
+        rank=rank,
+        world_size=world_size,
+        timeout=timedelta(seconds=timeout_s),
+    )
+
+
+def init_parallel(
+    pipeline_stages: int = 1,
+    backend: str = "auto",
+    timeout_s: float = 300.0,
+    rank: int | None = None,
+    world_size: int | None = None,
+    init_method: str | None = None,
+) -> ParallelDims:
+    """Join the process group that torchrun (or `facetrain train --nproc`) describes and lay out the grid.
+
+    With WORLD_SIZE unset or 1 no group is created: every collective in facetrain is then a no-op, so the
+    same code runs as a plain single process. A group created earlier (a test harness, a caller that
+    runs several trainings in one job) is reused.
+    """
+    if dist.is_available() and dist.is_initialized():
+        rank, world_size = dist.get_rank(), dist.get_world_size()
+    else:
+        rank = _int_env("RANK", 0) if rank is None else rank
+        world_size = max(1, _int_env("WORLD_SIZE", 1) if world_size is None else world_size)
+        if world_size > 1:
+            _join_process_group(backend, timeout_s, rank, world_size, init_method)
+    local_rank = _int_env("LOCAL_RANK", rank)
+    device = pick_device(local_rank)
+    if pipeline_stages < 1 or world_size % pipeline_stages:
+        raise EveryRankError(
+            f"parallel.pipeline_stages={pipeline_stages} must divide the world size {world_size} "
+            "(world = stages x replicas)"
+        )
+    if world_size == 1:
+        return ParallelDims(1, 0, local_rank, device)
+    if pipeline_stages == 1:  # a 1-D mesh over the default group: no extra group is created
+        mesh = init_device_mesh(device.type, (world_size,), mesh_dim_names=("dp",))
+    else:
+        shape = (pipeline_stages, world_size // pipeline_stages)
+        mesh = init_device_mesh(device.type, shape, mesh_dim_names=("pp", "dp"))
+    return ParallelDims(world_size, rank, local_rank, device, pipeline_stages, mesh)
+
+
+def is_initialized() -> bool:
+    return dist.is_available() and dist.is_initialized()
+
+
+def destroy_parallel() -> None:
+    if is_initialized():
+        dist.destroy_process_group()
