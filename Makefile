@@ -25,6 +25,7 @@ demo: $(STAMP)
 
 bench: $(STAMP)
 	$(BIN)/facetrain bench head --overwrite
+	$(BIN)/facetrain bench head --capacity --world-sizes 1 --largest tiled_bf16,tiled,sharded --memory-limit-gb 19 --overwrite
 	$(BIN)/facetrain bench data
 	$(BIN)/facetrain bench train
 	$(BIN)/facetrain bench eval

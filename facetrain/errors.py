@@ -13,6 +13,12 @@ class PeerFailed(FacetrainError):
     """Raised on the other ranks when one rank hit a user error; that rank already printed it."""
 
 
+class PeerLost(FacetrainError):
+    """A collective failed because another rank died or stopped answering; the message names it.
+
+    A bystander's view: when the lost rank reported its own error, that one is the cause to show."""
+
+
 class EveryRankError(FacetrainError):
     """A user error that every rank detects identically (from shared settings or gathered inputs).
 

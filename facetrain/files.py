@@ -1,6 +1,8 @@
 """Writing user-visible files safely: atomically, and never over an existing file unless asked.
 
-An interrupted export, report or benchmark never leaves a half-written file where a good one was.
+An interrupted export, report or benchmark never leaves a half-written file where a good one was. The
+new file's bytes and its name are flushed to disk before the call returns, so even a power cut after
+it leaves the new file whole (checkpoints rely on this for their `last` pointer).
 """
 
 from __future__ import annotations
@@ -35,9 +37,24 @@ def atomic_target(path: Path) -> Iterator[Path]:
     try:
         yield tmp
         os.chmod(tmp, _new_file_mode())
+        _fsync(tmp, os.O_RDONLY)
         os.replace(tmp, path)
+        fsync_directory(path.parent)
     finally:
         tmp.unlink(missing_ok=True)
+
+
+def _fsync(path: Path, flags: int) -> None:
+    descriptor = os.open(path, flags)
+    try:
+        os.fsync(descriptor)
+    finally:
+        os.close(descriptor)
+
+
+def fsync_directory(path: Path) -> None:
+    """Flush a directory's entries (a rename into it, a file created in it) to disk."""
+    _fsync(path, os.O_RDONLY | getattr(os, "O_DIRECTORY", 0))
 
 
 def atomic_write_text(path: Path, text: str) -> None:

@@ -10,6 +10,7 @@ import torch
 from click.testing import CliRunner
 
 from facetrain.bench.common import PeakRss, mean_of_max_over_ranks, timed_repeats
+from facetrain.bench.head_capacity_report import OUTPUT_NAMES as CAPACITY_OUTPUT_NAMES
 from facetrain.bench.head_report import OUTPUT_NAMES
 from facetrain.bench.workers import WorkerError, WorkerPool
 from facetrain.cli import main
@@ -63,17 +64,17 @@ def test_report_has_every_configuration_and_figure(tiny_run):
     assert {"step_time", "gemm_time", "peak_memory", "bytes_sent"} <= set(report["methods"])
     measured = {(r["head"], r["num_classes"], r["world_size"]) for r in report["results"]}
     assert measured == {
-        (h, c, n) for h in ("sharded", "dense", "naive") for c in CLASSES for n in WORLD_SIZES
+        (h, c, n) for h in ("sharded", "tiled", "dense", "naive") for c in CLASSES for n in WORLD_SIZES
     }
     for row in report["results"]:
         assert row["status"] == "ok", row
         assert RESULT_FIELDS <= set(row)
         assert row["step_ms"] > 0 and len(row["peak_memory_bytes_per_rank"]) == row["world_size"]
         assert row["memory_method"] in ("vmhwm-reset", "statm-sampling")
-        assert (row["gemm_ms"] is not None) == (row["head"] == "sharded")
-        if row["head"] == "sharded":
+        assert (row["gemm_ms"] is not None) == (row["head"] in ("sharded", "tiled"))
+        if row["head"] in ("sharded", "tiled"):
             assert row["step_over_gemm"] == pytest.approx(row["step_ms"] / row["gemm_ms"])
-    assert [t["status"] in ("PASS", "MISS", "N/A") for t in report["targets"]] == [True] * 3
+    assert [t["status"] in ("PASS", "MISS", "N/A") for t in report["targets"]] == [True] * 4
     assert (out / OUTPUT_NAMES["plot"]).read_bytes().startswith(b"\x89PNG")
     table = (out / OUTPUT_NAMES["table"]).read_text()
     assert table in output and table.count("| sharded |") == len(CLASSES) * len(WORLD_SIZES)
@@ -103,6 +104,48 @@ def test_dense_and_naive_bytes_grow_with_classes(tiny_run):
         assert row["bytes_sent_per_rank_per_step"] == [num_classes * DIM * 4] * 2
 
 
+def test_tiled_rows_send_what_the_untiled_head_sends_and_hold_less(tiny_run):
+    _, report, _ = tiny_run
+    for world_size in WORLD_SIZES:
+        sharded, tiled = rows_of(report, "sharded", world_size), rows_of(report, "tiled", world_size)
+        for num_classes in CLASSES:
+            assert (
+                tiled[num_classes]["bytes_sent_per_rank_per_step"]
+                == (sharded[num_classes]["bytes_sent_per_rank_per_step"])
+            )
+
+
+@pytest.mark.slow
+def test_capacity_reports_memory_against_classes_and_the_largest_fit(tmp_path):
+    """--capacity at a tiny size: a row per head and C with classes per GiB, the targets, a largest-C
+    search confirmed by a run, and the plot."""
+    code, output = bench(
+        "--capacity", "--classes", "2000,20000", "--world-sizes", "1", "--batch", "16", "--dim", "32",
+        "--tile-classes", "700", "--heads", "sharded,tiled,tiled_bf16,dense", "--largest", "tiled_bf16",
+        "--memory-limit-gb", "0.7", "--out", str(tmp_path),
+    )  # fmt: skip
+    assert code == 0, output
+    report = json.loads((tmp_path / CAPACITY_OUTPUT_NAMES["json"]).read_text())
+    sweep = [row for row in report["results"] if not row.get("largest_attempt")]
+    assert {(r["head"], r["num_classes"]) for r in sweep} == {
+        (h, c) for h in ("sharded", "tiled", "tiled_bf16", "dense") for c in (2000, 20000)
+    }
+    for row in sweep:
+        assert row["status"] == "ok" and row["peak_memory_max_bytes"] > 0
+        assert row["classes_per_gib"] == pytest.approx(
+            row["num_classes"] / (row["peak_memory_max_bytes"] / 2**30)
+        )
+    at = {row["head"]: row for row in sweep if row["num_classes"] == 20000}
+    assert at["tiled_bf16"]["peak_memory_max_bytes"] < at["tiled"]["peak_memory_max_bytes"]
+    assert at["tiled"]["peak_memory_max_bytes"] < at["sharded"]["peak_memory_max_bytes"]
+    largest = [row for row in report["results"] if row.get("largest_attempt")]
+    assert largest and largest[-1]["status"] == "ok" and largest[-1]["num_classes"] > 20000
+    assert [t["status"] for t in report["targets"]][2] == "N/A"
+    assert {t["status"] for t in report["targets"][:2]} <= {"PASS", "MISS"}
+    assert (tmp_path / CAPACITY_OUTPUT_NAMES["plot"]).read_bytes().startswith(b"\x89PNG")
+    assert "classes/GiB" in output
+
+
 def test_existing_outputs_need_overwrite(tiny_run):
     out, _, _ = tiny_run
     code, output = bench(*TINY, "--out", str(out))
@@ -115,7 +158,7 @@ def test_configurations_over_the_memory_limit_are_skipped(tmp_path):
     report = json.loads((tmp_path / OUTPUT_NAMES["json"]).read_text())
     assert {row["status"] for row in report["results"]} == {"skipped"}
     assert all(row["estimated_total_bytes"] > 0.001 * 2**30 for row in report["results"])
-    assert [t["status"] for t in report["targets"]] == ["N/A"] * 3
+    assert [t["status"] for t in report["targets"]] == ["N/A"] * 4
     assert "skipped: estimated" in output
 
 
@@ -126,6 +169,12 @@ def test_configurations_over_the_memory_limit_are_skipped(tmp_path):
         (["--heads", "sharded,fancy"], "--heads"),
         (["--classes", "1000,x"], "--classes"),
         (["--world-sizes", "0"], "--world-sizes"),
+        (["--largest", "tiled"], "--largest and --device belong to --capacity"),
+        (["--capacity", "--largest", "fancy"], "--largest"),
+        (
+            ["--capacity", "--heads", "tiled", "--largest", "sharded"],
+            "--largest sharded is not among --heads",
+        ),
     ],
 )
 def test_bad_settings_are_one_line_errors(tmp_path, args, message):

@@ -13,7 +13,7 @@ from facetrain.cli import main
 from facetrain.config import Config
 from facetrain.eval.pairs import load_pairs
 from facetrain.eval.retrieval import evaluate_market1501
-from facetrain.eval.verification import verify
+from facetrain.eval.verify_pairs import verify
 from facetrain.export.card import build_card, with_verification_report
 from facetrain.export.exporter import export_loaded, export_model
 from facetrain.export.loading import LoadedModel, load_model

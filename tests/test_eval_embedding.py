@@ -15,7 +15,7 @@ from facetrain.data.transforms import build_eval_transform
 from facetrain.eval.embedding import compute_embeddings, embed_images
 from facetrain.eval.metrics import verification_metrics
 from facetrain.eval.pairs import load_pairs
-from facetrain.eval.verification import pair_scores, verify
+from facetrain.eval.verify_pairs import pair_scores, verify
 from tests.test_eval_support import ColourMean, colour_face, tiny_conv_net, write_lfw_style_set
 
 IMAGE_SIZE = (20, 16)

@@ -18,7 +18,7 @@ from facetrain.eval.report import (
     write_verification_report,
 )
 from facetrain.eval.retrieval import RetrievalMetrics, RetrievalResult
-from facetrain.eval.verification import VerificationResult
+from facetrain.eval.verify_pairs import VerificationResult
 
 
 @pytest.fixture

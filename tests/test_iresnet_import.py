@@ -23,7 +23,7 @@ from facetrain.config.schema import ModelConfig
 from facetrain.errors import FacetrainError
 from facetrain.eval.embedding import embed_images
 from facetrain.eval.pairs import load_pairs
-from facetrain.eval.verification import verify
+from facetrain.eval.verify_pairs import verify
 from facetrain.export.exporter import export_model
 from facetrain.export.insightface_import import import_insightface, read_backbone_state
 from facetrain.export.loading import load_model

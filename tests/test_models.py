@@ -2,9 +2,6 @@
 
 from __future__ import annotations
 
-import ast
-from pathlib import Path
-
 import pytest
 import torch
 from torch import nn
@@ -188,16 +185,3 @@ def test_bad_model_settings_are_one_line_errors():
         build_backbone(ModelConfig(backbone="small", embedding_size=0))
     with pytest.raises(FacetrainError, match="dropout"):
         build_backbone(ModelConfig(backbone="small", dropout=1.5))
-
-
-def test_model_code_never_imports_torch_distributed():
-    package = Path(__file__).resolve().parents[1] / "facetrain" / "models"
-    for source in package.glob("**/*.py"):
-        for node in ast.walk(ast.parse(source.read_text())):
-            if isinstance(node, ast.Import):
-                modules = [alias.name for alias in node.names]
-            elif isinstance(node, ast.ImportFrom):
-                modules = [node.module or ""] + [f"{node.module}.{alias.name}" for alias in node.names]
-            else:
-                continue
-            assert not any(m.startswith("torch.distributed") for m in modules), source

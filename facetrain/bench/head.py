@@ -1,8 +1,10 @@
 """`facetrain bench head`: the sharded head against the dense (DDP-replicated) and naive model-parallel FC.
 
 Every (C, N, head) configuration runs in N spawned CPU processes joined by gloo. The sharded head's
-claims are measured, not assumed: its step time against its three GEMMs alone, the balance of peak
-memory over ranks, and bytes per step that do not depend on the class count.
+claims are measured, not assumed: its step time (untiled, and tiled with its fused update) against the
+three GEMMs of the untiled step alone, the balance of peak memory over ranks, and bytes per step that
+do not depend on the class count. `--capacity` (facetrain/bench/head_capacity.py) measures memory
+against C for a full training step instead.
 """
 
 from __future__ import annotations
@@ -20,6 +22,9 @@ from facetrain.bench.common import (
     parse_int_list,
     parse_name_list,
 )
+from facetrain.bench.head_capacity import CapacitySettings, run_capacity_benchmark
+from facetrain.bench.head_capacity_report import OUTPUT_NAMES as CAPACITY_OUTPUT_NAMES
+from facetrain.bench.head_capacity_report import write_outputs as write_capacity_outputs
 from facetrain.bench.head_cases import BENCH_HEADS, HeadCase, measure_case
 from facetrain.bench.head_report import OUTPUT_NAMES, evaluate_targets, write_outputs
 from facetrain.bench.workers import WorkerError, WorkerPool
@@ -31,9 +36,10 @@ GIB = 2**30
 PROCESS_BASELINE_BYTES = int(0.6 * GIB)
 
 METHODS = {
-    "step_time": "forward + backward (+ the dense baseline's gradient all-reduce); ranks meet at a "
+    "step_time": "forward + backward (+ the dense baseline's gradient all-reduce; the tiled head's fused SGD "
+    "update runs inside its backward); ranks meet at a "
     "barrier before each step; mean over timed steps of the slowest rank",
-    "gemm_time": "sharded only: torch.mm for logits (B x D @ D x c), embedding gradient (B x c @ c x D) "
+    "gemm_time": "sharded and tiled: torch.mm for logits (B x D @ D x c), embedding gradient (B x c @ c x D) "
     "and weight gradient ((B x c)^T @ B x D) on the same shapes in the same worker, timed like a step",
     "peak_memory": "per rank: peak RSS growth over the process's RSS before the head and data were "
     "created; the kernel's exact high-water mark VmHWM, reset through /proc/self/clear_refs "
@@ -49,7 +55,8 @@ class HeadBenchSettings:
     world_sizes: tuple[int, ...] = (1, 2, 4)
     batch: int = 256
     dim: int = 512
-    heads: tuple[str, ...] = ("sharded", "dense", "naive")
+    heads: tuple[str, ...] = ("sharded", "tiled", "dense", "naive")
+    tile_classes: int = 8192
     steps: int = 3
     warmup: int = 1
     memory_limit_gb: float = 18.0
@@ -57,7 +64,7 @@ class HeadBenchSettings:
 
     def cases(self) -> list[HeadCase]:
         return [
-            HeadCase(head, num_classes, world_size, self.batch, self.dim)
+            HeadCase(head, num_classes, world_size, self.batch, self.dim, self.tile_classes)
             for world_size in self.world_sizes
             for num_classes in self.classes
             for head in self.heads
@@ -170,51 +177,81 @@ def run_head_benchmark(settings: HeadBenchSettings, progress: bool = True) -> di
 
 @click.command("head")
 @click.option(
-    "--classes", default="100000,1000000", show_default=True, help="Class counts C, comma-separated."
+    "--classes",
+    help="Class counts C, comma-separated [100000,1000000; --capacity: 100000,300000,1000000,3000000].",
 )
 @click.option(
     "--world-sizes", default="1,2,4", show_default=True, help="Ranks N (CPU processes), comma-separated."
 )
 @click.option("--batch", default=256, show_default=True, type=click.IntRange(min=1), help="Global batch B.")
 @click.option("--dim", default=512, show_default=True, type=click.IntRange(min=1), help="Embedding size D.")
-@click.option("--heads", default="sharded,dense,naive", show_default=True, help="Heads to compare.")
-@click.option("--steps", default=3, show_default=True, type=click.IntRange(min=1), help="Timed steps.")
 @click.option(
-    "--warmup", default=1, show_default=True, type=click.IntRange(min=0), help="Untimed steps first."
+    "--heads",
+    help="Heads to compare [sharded,tiled,dense,naive; --capacity: sharded,tiled,tiled_bf16,dense,naive]. "
+    "sharded is the untiled head; tiled and tiled_bf16 the tiled head with its fused SGD.",
 )
+@click.option("--tile-classes", default=8192, show_default=True, type=click.IntRange(min=1), help="Tile T.")
+@click.option("--steps", type=click.IntRange(min=1), help="Timed steps [3; --capacity: 1].")
+@click.option("--warmup", type=click.IntRange(min=0), help="Untimed steps first [1; --capacity: 0].")
 @click.option(
     "--memory-limit-gb",
     default=18.0,
     show_default=True,
     type=click.FloatRange(min=0, min_open=True),
-    help="Skip configurations whose estimated memory over all ranks exceeds this.",
+    help="Skip configurations whose estimated memory over all ranks exceeds this; --largest fills it.",
+)
+@click.option(
+    "--capacity",
+    is_flag=True,
+    help="Per-rank peak memory of a full training step (with the optimizer) against C, by head, at one "
+    "world size (the first of --world-sizes); classes per GB and its targets.",
+)
+@click.option(
+    "--largest",
+    default="",
+    help="With --capacity: heads whose largest trainable C under --memory-limit-gb to find, e.g. tiled_bf16,tiled.",
+)
+@click.option(
+    "--device",
+    type=click.Choice(["cpu", "cuda"]),
+    default="cpu",
+    show_default=True,
+    help="With --capacity: where the head runs (cuda: one GPU, --world-sizes 1).",
 )
 @click.option(
     "--out",
     default="runs/bench/head",
     show_default=True,
     type=click.Path(file_okay=False, path_type=Path),
-    help="Folder for bench_head.json, .png and .md.",
+    help="Folder for the JSON, PNG and markdown outputs.",
 )
 @click.option("--overwrite", is_flag=True, help="Replace the outputs of an earlier run in --out.")
 def head_command(
-    classes: str,
+    classes: str | None,
     world_sizes: str,
     batch: int,
     dim: int,
-    heads: str,
-    steps: int,
-    warmup: int,
+    heads: str | None,
+    tile_classes: int,
+    steps: int | None,
+    warmup: int | None,
     memory_limit_gb: float,
+    capacity: bool,
+    largest: str,
+    device: str,
     out: Path,
     overwrite: bool,
 ) -> None:
     """Compare the sharded margin head with the dense (DDP) and naive model-parallel FC on CPU.
 
     For each class count C, world size N and head, N gloo processes each take B/N random fp32
-    embeddings and time forward + backward, measure per-rank peak memory and bytes sent per step,
-    and (sharded) the step's three GEMMs alone. Prints a table and PASS/MISS for the targets;
-    writes JSON, a PNG plot and the markdown table to --out.
+    embeddings and time forward + backward (the tiled head's fused update included), measure per-rank
+    peak memory and bytes sent per step, and the step's three untiled GEMMs alone. Prints a table and
+    PASS/MISS for the targets; writes JSON, a PNG plot and the markdown table to --out.
+
+    With --capacity: one full training step per configuration (forward, backward, SGD with momentum),
+    per-rank peak memory against C for each head, classes per GB of it, and (--largest) the largest C
+    one process trains under --memory-limit-gb. Writes bench_head_capacity.{json,png,md}.
 
     \b
     Examples:
@@ -222,21 +259,53 @@ def head_command(
       facetrain bench head --classes 100000 --world-sizes 1,2
       facetrain bench head --classes 1000,5000 --batch 16 --dim 32 --steps 1 --out /tmp/head
       facetrain bench head --heads sharded --memory-limit-gb 8 --overwrite
+      facetrain bench head --capacity --world-sizes 1        # memory against C (long)
+      facetrain bench head --capacity --world-sizes 1 --largest tiled_bf16,tiled --memory-limit-gb 20
+      facetrain bench head --capacity --world-sizes 1 --device cuda --largest tiled_bf16 --memory-limit-gb 130
     """
-    settings = HeadBenchSettings(
-        classes=tuple(parse_int_list(classes, "--classes")),
-        world_sizes=tuple(parse_int_list(world_sizes, "--world-sizes")),
-        batch=batch,
-        dim=dim,
-        heads=tuple(parse_name_list(heads, "--heads", BENCH_HEADS.names())),
-        steps=steps,
-        warmup=warmup,
-        memory_limit_gb=memory_limit_gb,
-    )
-    settings.validate()
+    if not capacity and (largest or device != "cpu"):
+        raise FacetrainError("--largest and --device belong to --capacity; add --capacity")
+    if capacity:
+        settings = CapacitySettings(
+            classes=tuple(parse_int_list(classes or "100000,300000,1000000,3000000", "--classes")),
+            heads=tuple(
+                parse_name_list(
+                    heads or "sharded,tiled,tiled_bf16,dense,naive", "--heads", BENCH_HEADS.names()
+                )
+            ),
+            world_size=parse_int_list(world_sizes, "--world-sizes")[0],
+            batch=batch,
+            dim=dim,
+            tile_classes=tile_classes,
+            steps=steps or 1,
+            warmup=0 if warmup is None else warmup,
+            memory_limit_gb=memory_limit_gb,
+            largest=tuple(parse_name_list(largest, "--largest", BENCH_HEADS.names())) if largest else (),
+            device=device,
+        )
+        settings.validate()
+        names = CAPACITY_OUTPUT_NAMES
+    else:
+        settings = HeadBenchSettings(
+            classes=tuple(parse_int_list(classes or "100000,1000000", "--classes")),
+            world_sizes=tuple(parse_int_list(world_sizes, "--world-sizes")),
+            batch=batch,
+            dim=dim,
+            heads=tuple(
+                parse_name_list(heads or "sharded,tiled,dense,naive", "--heads", BENCH_HEADS.names())
+            ),
+            tile_classes=tile_classes,
+            steps=steps or 3,
+            warmup=1 if warmup is None else warmup,
+            memory_limit_gb=memory_limit_gb,
+        )
+        settings.validate()
+        names = OUTPUT_NAMES
     if not overwrite:
-        refuse_to_overwrite([out / name for name in OUTPUT_NAMES.values()])
-    report = run_head_benchmark(settings)
-    table = write_outputs(report, out)
+        refuse_to_overwrite([out / name for name in names.values()])
+    if capacity:
+        table = write_capacity_outputs(run_capacity_benchmark(settings), out)
+    else:
+        table = write_outputs(run_head_benchmark(settings), out)
     click.echo(table)
-    click.echo(f"wrote {', '.join(str(out / name) for name in OUTPUT_NAMES.values())}")
+    click.echo(f"wrote {', '.join(str(out / name) for name in names.values())}")

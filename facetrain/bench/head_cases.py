@@ -1,8 +1,9 @@
 """The heads `facetrain bench head` compares, and what one rank does to measure one of them.
 
 Each head kind says how to build itself for a configuration, what a training step adds after the
-backward (the dense baseline all-reduces its full weight gradient, as DDP would), and how much memory
-each rank needs, so that configurations that cannot fit are skipped instead of exhausting the machine.
+backward (the dense baseline all-reduces its full weight gradient, as DDP would), which optimizer a
+full training step runs (`--capacity`), and how much memory each rank needs, so that configurations
+that cannot fit are skipped instead of exhausting the machine.
 """
 
 from __future__ import annotations
@@ -12,10 +13,13 @@ from dataclasses import dataclass, replace
 import torch
 from torch import nn
 
-from facetrain.bench.common import PeakRss, timed_repeats
+from facetrain.bench.common import timed_repeats
+from facetrain.bench.head_memory import bench_device, peak_memory
 from facetrain.bench.naive_head import NaiveModelParallelHead
 from facetrain.bench.traffic import count_traffic
 from facetrain.heads import DenseMarginHead, ShardedMarginHead, class_range
+from facetrain.heads.fused_optim import FusedSGD
+from facetrain.heads.memory import estimate_head_memory
 from facetrain.parallel import comm
 from facetrain.registry import Registry
 
@@ -31,6 +35,7 @@ class HeadCase:
     world_size: int
     batch: int
     dim: int
+    tile_classes: int = 8192
 
     @property
     def local_batch(self) -> int:
@@ -51,11 +56,27 @@ class BenchHead:
     def after_backward(self, head: nn.Module, case: HeadCase) -> None:
         """Work a real training step does between the backward and the optimizer."""
 
-    def estimate_bytes_per_rank(self, case: HeadCase) -> list[int]:
+    def optimizer(self, head: nn.Module) -> torch.optim.Optimizer | None:
+        """The optimizer of a full training step: torch's SGD with momentum and weight decay, or None
+        for a head that updates itself inside the backward."""
+        return torch.optim.SGD(head.parameters(), **SGD_SETTINGS)
+
+    def estimate_bytes_per_rank(self, case: HeadCase, with_optimizer: bool = False) -> list[int]:
+        """Peak growth per rank; with the optimizer, the torch optimizer's momentum is added."""
+        momentum = [
+            FLOAT_BYTES * rows * case.dim if with_optimizer else 0 for rows in self.weight_rows_per_rank(case)
+        ]
+        return [step + extra for step, extra in zip(self.estimate_step_bytes(case), momentum)]
+
+    def weight_rows_per_rank(self, case: HeadCase) -> list[int]:
+        return [case.shard_classes(rank) for rank in range(case.world_size)]
+
+    def estimate_step_bytes(self, case: HeadCase) -> list[int]:
         raise NotImplementedError
 
 
 BENCH_HEADS: Registry[BenchHead] = Registry("benchmark head")
+SGD_SETTINGS = {"lr": 0.1, "momentum": 0.9, "weight_decay": 5e-4}
 
 # Peaks per rank in units of one fp32 tensor of the named shape, measured with the benchmark itself
 # (B=256, D=16 and 512, C=1e5 and 2e5, N=1 and 2). Autograd heads peak either in the weight-gradient
@@ -81,11 +102,45 @@ class ShardedBench(BenchHead):
     def build(self, case: HeadCase) -> nn.Module:
         return ShardedMarginHead(case.num_classes, case.dim)
 
-    def estimate_bytes_per_rank(self, case: HeadCase) -> list[int]:
+    def estimate_step_bytes(self, case: HeadCase) -> list[int]:
         return [
             FLOAT_BYTES * (2 * c * case.dim + case.batch * c + 4 * case.batch * case.dim)
             for c in map(case.shard_classes, range(case.world_size))
         ]
+
+
+@BENCH_HEADS.register("tiled")
+class TiledBench(BenchHead):
+    """The tiled head with its fused SGD: weight and momentum, B x T logits at a time, no gradient."""
+
+    times_gemms = True
+    storage = torch.float32
+
+    def build(self, case: HeadCase) -> nn.Module:
+        head = ShardedMarginHead(
+            case.num_classes, case.dim, tile_classes=case.tile_classes, dtype=self.storage
+        )
+        head.fuse_optimizer(FusedSGD(head.class_count, case.dim, state_dtype=self.storage, **SGD_SETTINGS))
+        return head
+
+    def optimizer(self, head: nn.Module) -> torch.optim.Optimizer | None:
+        return None
+
+    def estimate_bytes_per_rank(self, case: HeadCase, with_optimizer: bool = False) -> list[int]:
+        return [
+            estimate_head_memory(
+                rows, case.dim, case.batch, "tiled", tile_classes=case.tile_classes,
+                weight_dtype=self.storage, state_dtype=self.storage,
+            ).total
+            for rows in self.weight_rows_per_rank(case)
+        ]  # fmt: skip
+
+
+@BENCH_HEADS.register("tiled_bf16")
+class TiledBf16Bench(TiledBench):
+    """The tiled head with its fused SGD, weight and momentum stored in bf16 (stochastic rounding)."""
+
+    storage = torch.bfloat16
 
 
 @BENCH_HEADS.register("dense")
@@ -99,7 +154,10 @@ class DenseBench(BenchHead):
         if case.world_size > 1:
             comm.all_reduce_(head.weight.grad, "sum").div_(case.world_size)
 
-    def estimate_bytes_per_rank(self, case: HeadCase) -> list[int]:
+    def weight_rows_per_rank(self, case: HeadCase) -> list[int]:
+        return [case.num_classes] * case.world_size
+
+    def estimate_step_bytes(self, case: HeadCase) -> list[int]:
         logits = case.local_batch * case.num_classes
         return [_autograd_peak(case.num_classes, logits, LOGIT_PHASE_COPIES, case)] * case.world_size
 
@@ -111,7 +169,7 @@ class NaiveBench(BenchHead):
     def build(self, case: HeadCase) -> nn.Module:
         return NaiveModelParallelHead(case.num_classes, case.dim)
 
-    def estimate_bytes_per_rank(self, case: HeadCase) -> list[int]:
+    def estimate_step_bytes(self, case: HeadCase) -> list[int]:
         estimates = []
         for rank in range(case.world_size):
             shard = case.shard_classes(rank)
@@ -125,28 +183,39 @@ class NaiveBench(BenchHead):
         return estimates
 
 
-def _time_shard_gemms(case: HeadCase, rank: int, steps: int, warmup: int) -> list[float]:
-    """The sharded head's three GEMMs alone, with its operand layouts: what its step cannot beat."""
+def _time_shard_gemms(
+    case: HeadCase, rank: int, steps: int, warmup: int, device: torch.device
+) -> list[float]:
+    """The untiled head's three GEMMs alone, with its operand layouts: what its step cannot beat."""
     classes = case.shard_classes(rank)
-    embeddings = torch.randn(case.batch, case.dim)
-    weight = torch.randn(classes, case.dim)
-    logit_grad = torch.randn(case.batch, classes)
+    embeddings = torch.randn(case.batch, case.dim, device=device)
+    weight = torch.randn(classes, case.dim, device=device)
+    logit_grad = torch.randn(case.batch, classes, device=device)
 
     def gemms() -> None:
         torch.mm(embeddings, weight.t())
         torch.mm(logit_grad, weight)
         torch.mm(logit_grad.t(), embeddings)
+        _synchronize(device)
 
     return timed_repeats(gemms, steps, warmup, before_each=comm.barrier)
 
 
+def _synchronize(device: torch.device) -> None:
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
+
+
 def _timed_steps(
-    kind: BenchHead, case: HeadCase, steps: int, warmup: int
+    kind: BenchHead, case: HeadCase, steps: int, warmup: int, with_optimizer: bool, device: torch.device
 ) -> tuple[list[float], list[int], dict]:
-    """Build the head and its data, time the steps; everything it made is freed when it returns."""
-    head = kind.build(case)
-    embeddings = torch.randn(case.local_batch, case.dim).requires_grad_()
-    labels = torch.randint(0, case.num_classes, (case.local_batch,))
+    """Build the head (and, for a full training step, its optimizer) and its data, time the steps;
+    everything it made is freed when it returns."""
+    with device:
+        head = kind.build(case)
+    optimizer = kind.optimizer(head) if with_optimizer else None
+    embeddings = torch.randn(case.local_batch, case.dim, device=device).requires_grad_()
+    labels = torch.randint(0, case.num_classes, (case.local_batch,), device=device)
     sent_per_step: list[int] = []
     with count_traffic() as traffic:
 
@@ -159,24 +228,41 @@ def _timed_steps(
         def step() -> None:
             head(embeddings, labels).loss.backward()
             kind.after_backward(head, case)
+            if optimizer is not None:
+                optimizer.step()
+            _synchronize(device)
             sent_per_step.append(traffic.bytes_sent)
 
         step_s = timed_repeats(step, steps, warmup, before_each=prepare)
     return step_s, sent_per_step[warmup:], dict(traffic.by_op)
 
 
-def measure_case(rank: int, world_size: int, case: HeadCase, steps: int, warmup: int, seed: int) -> dict:
+def measure_case(
+    rank: int,
+    world_size: int,
+    case: HeadCase,
+    steps: int,
+    warmup: int,
+    seed: int,
+    with_optimizer: bool = False,
+    device_kind: str = "cpu",
+    time_gemms: bool = True,
+) -> dict:
     """One rank's figures for `case`: step times, peak memory growth, bytes sent, GEMM times.
 
-    Runs inside a benchmark worker; ranks line up at a barrier before every step, so each step's
-    time on the slowest rank is the step time of the group.
+    A step is forward + backward (+ the optimizer with `with_optimizer`; the tiled head's own update is
+    part of its backward). Runs inside a benchmark worker; ranks line up at a barrier before every
+    step, so each step's time on the slowest rank is the step time of the group. `time_gemms=False`
+    skips the GEMM timing, whose fp32 C x D and B x C operands would not fit beside a bf16 head sized
+    to fill the memory (the capacity benchmark's largest runs).
     """
     kind = BENCH_HEADS.build(case.head)
+    device = bench_device(device_kind, rank)
     torch.manual_seed(seed + rank)
     # a tiny run first, outside the window: thread pools and library workspaces start lazily
-    _timed_steps(kind, replace(case, num_classes=case.world_size), steps=1, warmup=0)
-    with PeakRss() as memory:
-        step_s, sent_per_step, by_op = _timed_steps(kind, case, steps, warmup)
+    _timed_steps(kind, replace(case, num_classes=case.world_size), 1, 0, with_optimizer, device)
+    with peak_memory(device) as memory:
+        step_s, sent_per_step, by_op = _timed_steps(kind, case, steps, warmup, with_optimizer, device)
     return {
         "rank": rank,
         "threads": torch.get_num_threads(),
@@ -185,5 +271,7 @@ def measure_case(rank: int, world_size: int, case: HeadCase, steps: int, warmup:
         "bytes_by_op": by_op,
         "peak_memory_bytes": memory.growth_bytes,
         "memory_method": memory.method,
-        "gemm_s": _time_shard_gemms(case, rank, steps, warmup) if kind.times_gemms else None,
+        "gemm_s": _time_shard_gemms(case, rank, steps, warmup, device)
+        if kind.times_gemms and time_gemms
+        else None,
     }

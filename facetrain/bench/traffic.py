@@ -18,6 +18,8 @@ from dataclasses import dataclass, field
 import torch
 import torch.distributed as dist
 
+from facetrain.parallel import comm
+
 
 @dataclass
 class Traffic:
@@ -50,9 +52,9 @@ def _ring_bytes(op: str, args: tuple, kwargs: dict) -> tuple[str, float]:
         reduce_op = kwargs.get("op", dist.ReduceOp.SUM)
         name = "all_reduce_max" if reduce_op == dist.ReduceOp.MAX else "all_reduce_sum"
         return name, 2 * (n - 1) / n * _nbytes(args[0])
-    if op == "all_gather_into_tensor":
+    if op == comm.ALL_GATHER:
         return "all_gather", (n - 1) * _nbytes(args[1])
-    if op == "reduce_scatter_tensor":
+    if op == comm.REDUCE_SCATTER:
         return "reduce_scatter", (n - 1) / n * _nbytes(args[1])
     if op == "broadcast":
         src = kwargs.get("src", args[1] if len(args) > 1 else 0)
@@ -66,7 +68,7 @@ def _ring_bytes(op: str, args: tuple, kwargs: dict) -> tuple[str, float]:
     raise ValueError(op)
 
 
-COUNTED = ("all_reduce", "all_gather_into_tensor", "reduce_scatter_tensor", "broadcast", "gather", "scatter")
+COUNTED = ("all_reduce", comm.ALL_GATHER, comm.REDUCE_SCATTER, "broadcast", "gather", "scatter")
 
 
 def _counting(op: str, original: Callable, traffic: Traffic) -> Callable:

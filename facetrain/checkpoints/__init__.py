@@ -9,6 +9,11 @@ the trainer's business (`facetrain.train.checkpoint`).
 
 from facetrain.checkpoints.reader import (
     POINTERS,
+    complete_checkpoints,
+    find_damage,
+    find_resume_point,
+    holds_checkpoints,
+    is_checkpoint,
     is_range_key,
     latest_checkpoint,
     load_backbone,
@@ -24,6 +29,11 @@ from facetrain.checkpoints.reader import (
 
 __all__ = [
     "POINTERS",
+    "complete_checkpoints",
+    "find_damage",
+    "find_resume_point",
+    "holds_checkpoints",
+    "is_checkpoint",
     "is_range_key",
     "latest_checkpoint",
     "load_backbone",

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import re
 from pathlib import Path
 
 import torch
@@ -11,31 +12,112 @@ from torch import nn
 
 from facetrain.config import Config, from_dict
 from facetrain.errors import FacetrainError
+from facetrain.parallel.checkpoint_io import find_damage as find_data_damage
 from facetrain.parallel.checkpoint_io import load_tensors, tensor_index
 
 POINTERS = ("last", "best")
+STEP_NAME = re.compile(r"step_\d{8}")
+
+
+def is_checkpoint(path: Path) -> bool:
+    """A finished checkpoint directory: named step_NNNNNNNN (a `.tmp` one is still being written),
+    with DCP's index and facetrain's meta.json."""
+    return (
+        STEP_NAME.fullmatch(path.name) is not None
+        and (path / ".metadata").is_file()
+        and (path / "meta.json").is_file()
+    )
+
+
+def complete_checkpoints(run_dir: Path) -> list[Path]:
+    """The run's finished checkpoints, oldest step first."""
+    root = run_dir / "checkpoints"
+    return sorted(p for p in root.glob("step_*") if is_checkpoint(p)) if root.is_dir() else []
+
+
+def holds_checkpoints(run_dir: Path) -> bool:
+    """Whether training into `run_dir` would write over an earlier run's checkpoints."""
+    root = run_dir / "checkpoints"
+    return any((root / name).is_file() for name in POINTERS) or bool(complete_checkpoints(run_dir))
+
+
+def find_damage(checkpoint: Path) -> str | None:
+    """Why a finished checkpoint cannot be resumed from (a file missing, cut short or unreadable), or None."""
+    readers = {"meta.json": json.loads, "classes.json": json.loads, "config.yaml": yaml.safe_load}
+    for name, parse in readers.items():
+        try:
+            parse((checkpoint / name).read_text())
+        except (OSError, ValueError, yaml.YAMLError):
+            return f"{checkpoint / name} is missing or unreadable"
+    return find_data_damage(checkpoint)
+
+
+def _pointer_target(pointer: Path) -> Path:
+    return pointer.parent / pointer.read_text().strip()
 
 
 def resolve_checkpoint(path: str | Path) -> Path:
-    """A checkpoint directory from itself, a `last`/`best` pointer, a checkpoints dir or a run dir."""
+    """A checkpoint directory from itself, a `last`/`best` pointer, a checkpoints dir or a run dir.
+
+    A run without a `last` pointer (it was lost, or the run stopped before writing it) resolves to its
+    newest finished checkpoint.
+    """
     path = Path(path)
     for candidate in (path, path / "last", path / "checkpoints" / "last"):
         if candidate.is_file() and candidate.name in POINTERS:
-            target = candidate.parent / candidate.read_text().strip()
+            target = _pointer_target(candidate)
             if (target / ".metadata").is_file():
                 return target
             raise FacetrainError(f"{candidate} points to {target.name}, which is missing or incomplete")
         if (candidate / ".metadata").is_file() and (candidate / "meta.json").is_file():
             return candidate
+    run_dir = path.parent if path.name == "checkpoints" else path
+    finished = complete_checkpoints(run_dir)
+    if finished:
+        return finished[-1]
     raise FacetrainError(
         f"no checkpoint at {path}: expected a checkpoint directory, a run directory or a pointer"
     )
 
 
-def latest_checkpoint(run_dir: Path) -> Path | None:
-    """What `--resume auto` resumes from: the run's `last` checkpoint, if it has one."""
+def find_resume_point(run_dir: Path) -> tuple[Path | None, list[str]]:
+    """What `--resume auto` resumes from, and notes on what it passed over and why.
+
+    The `last` pointer's checkpoint when it is whole; otherwise (the pointer is missing or names a
+    missing or damaged checkpoint) the newest whole checkpoint before it. Step order, not file times,
+    decides "newest", so a run directory copied elsewhere resumes the same way. None when the run has
+    no finished checkpoint; an error when it has some but none is whole (starting afresh would write
+    over them).
+    """
+    finished = complete_checkpoints(run_dir)
     pointer = run_dir / "checkpoints" / "last"
-    return resolve_checkpoint(pointer) if pointer.is_file() else None
+    notes: list[str] = []
+    candidates = finished
+    if pointer.is_file():
+        target = _pointer_target(pointer)
+        if target in finished:
+            candidates = finished[: finished.index(target) + 1]
+        else:
+            notes.append(f"{pointer} names {target.name}, which is missing or incomplete")
+            candidates = [p for p in finished if p.name < target.name] or finished
+    elif finished:
+        notes.append(f"{pointer} is missing; taking the newest finished checkpoint")
+    for checkpoint in reversed(candidates):
+        damage = find_damage(checkpoint)
+        if damage is None:
+            return checkpoint, notes
+        notes.append(f"skipping damaged checkpoint {checkpoint.name}: {damage}")
+    if finished:
+        raise FacetrainError(
+            f"no whole checkpoint to resume in {run_dir / 'checkpoints'} ({notes[-1]}); "
+            "remove the damaged ones to start afresh, or choose another train.output_dir"
+        )
+    return None, notes
+
+
+def latest_checkpoint(run_dir: Path) -> Path | None:
+    """What `--resume auto` resumes from (see `find_resume_point`), or None."""
+    return find_resume_point(run_dir)[0]
 
 
 def read_meta(checkpoint: Path) -> dict:
@@ -81,12 +163,18 @@ def read_class_rows(checkpoint: Path, index: dict, prefix: str, start: int, coun
     return rows
 
 
-def load_backbone_weights(checkpoint: Path, backbone: nn.Module, index: dict | None = None) -> None:
-    """Fill `backbone` (the whole model, or one pipeline stage of it) from the checkpoint's entries."""
+def load_backbone_weights(
+    checkpoint: Path, backbone: nn.Module, index: dict | None = None, prefix: str = "backbone/"
+) -> None:
+    """Fill `backbone` (the whole model, or one pipeline stage of it) from the checkpoint's entries.
+
+    `prefix` "backbone/" holds the weights to use; a run with a weight average also stores the weights
+    it trains, for resuming, under `facetrain.train.checkpoint.TRAINED_PREFIX`.
+    """
     index = tensor_index(checkpoint) if index is None else index
-    keys = [f"backbone/{k}" for k in backbone.state_dict()]
+    keys = [f"{prefix}{k}" for k in backbone.state_dict()]
     values = load_tensors(checkpoint, keys, index)
-    backbone.load_state_dict({k[len("backbone/") :]: v for k, v in values.items()})
+    backbone.load_state_dict({k[len(prefix) :]: v for k, v in values.items()})
 
 
 def load_backbone(path: str | Path, device: str | torch.device = "cpu") -> tuple[nn.Module, Config, dict]:

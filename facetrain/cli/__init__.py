@@ -12,7 +12,7 @@ import sys
 
 import click
 
-from facetrain.errors import EveryRankError, FacetrainError, PeerFailed
+from facetrain.errors import EveryRankError, FacetrainError, PeerFailed, PeerLost
 
 # name -> "module:attribute" of the click command
 COMMANDS = {
@@ -28,6 +28,7 @@ COMMANDS = {
     "align": "facetrain.cli.align_cmd:align",
     "pairs": "facetrain.cli.pairs_cmd:pairs",
     "import": "facetrain.cli.import_cmd:import_group",
+    "plot": "facetrain.cli.plot_cmd:plot",
 }
 
 
@@ -55,14 +56,30 @@ class LazyGroup(click.Group):
 
 
 def report_user_error(error: FacetrainError) -> int:
-    """Print a user error as one line (once for errors every rank sees alike); return the exit code 2."""
-    if isinstance(error, PeerFailed):
-        return 2  # the rank that failed has printed why
+    """Report a user error as one line; return the exit code 2.
+
+    Printed once for errors every rank sees alike, never for a rank that only stopped because another
+    failed, and not at all by ranks of a `--nproc` run, whose launcher prints the first cause last.
+    Each rank also records it for the launcher or torchrun (`facetrain.parallel.launch`).
+    """
     rank = os.environ.get("RANK", "0")
-    if rank != "0" and isinstance(error, EveryRankError):
-        return 2  # rank 0 prints the same message
+    if isinstance(error, (PeerFailed, PeerLost)):
+        kind = "peer"
+    elif isinstance(error, EveryRankError):
+        kind = "every_rank"
+    else:
+        kind = "cause"
+    if "TORCHELASTIC_ERROR_FILE" in os.environ or "FACETRAIN_RANK_REPORTS" in os.environ:
+        from facetrain.parallel.launch import launched_locally, record_failure
+
+        record_failure(str(error), kind)
+        if launched_locally():
+            return 2
+    if isinstance(error, PeerFailed) or (rank != "0" and kind == "every_rank"):
+        return 2  # the rank that failed, or rank 0, prints it
     prefix = f"[rank {rank}] " if rank != "0" else ""
-    click.echo(f"{prefix}error: {error}", err=True)
+    fresh_line = "\n" if rank != "0" and sys.stderr.isatty() else ""  # rank 0's progress bar may be mid-line
+    click.echo(f"{fresh_line}{prefix}error: {error}", err=True)
     return 2
 
 

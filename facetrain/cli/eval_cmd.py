@@ -135,7 +135,7 @@ def eval_command(
 
     if market_root is None:
         from facetrain.eval.pair_making import folder_pair_set, write_pairs_csv
-        from facetrain.eval.verification import load_pairs, verify
+        from facetrain.eval.verify_pairs import load_pairs, verify
 
         if folder_root is not None:
             pairs = folder_pair_set(

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import shlex
 import sys
 from pathlib import Path
 
@@ -21,7 +22,13 @@ import click
 @click.option(
     "--resume",
     metavar="auto|PATH",
-    help="Continue a run: 'auto' takes the output dir's last checkpoint (or starts fresh if none).",
+    help="Continue a run: 'auto' takes the output dir's last whole checkpoint (or starts fresh if none).",
+)
+@click.option(
+    "--init",
+    "init",
+    metavar="PATH",
+    help="Start the backbone from this checkpoint, run or export directory (model.init); fresh head.",
 )
 @click.option(
     "--nproc",
@@ -30,16 +37,20 @@ import click
     show_default=True,
     help="Start this many local ranks (gloo on CPU, nccl on GPUs). Not needed under torchrun.",
 )
-def train(config_path: str | None, overrides: tuple[str, ...], resume: str | None, nproc: int) -> None:
+def train(
+    config_path: str | None, overrides: tuple[str, ...], resume: str | None, init: str | None, nproc: int
+) -> None:
     """Train a backbone with the class-sharded margin-softmax head.
 
     Every rank holds 1/N of the class weights and the backbone is replicated with DDP. The resolved
-    config is written to the run's output dir and into every checkpoint.
+    config is written to the run's output dir and into every checkpoint. SIGTERM or Ctrl-C stops the
+    run after the current step with a checkpoint, and prints the command that resumes it.
 
     \b
     Examples:
       facetrain train -c configs/demo.yaml --nproc 2
       facetrain train -c configs/ms1mv3_r100.yaml --set train.batch_size=64 --resume auto
+      facetrain train -c configs/finetune_iresnet50.yaml --init runs/imported/ms1mv3_r50
       torchrun --nproc-per-node 8 -m facetrain train -c configs/ms1mv3_r100.yaml
       torchrun --nnodes 2 --nproc-per-node 8 --rdzv-backend c10d --rdzv-endpoint HOST:29500 \\
           -m facetrain train -c configs/glint360k_r100.yaml
@@ -47,21 +58,27 @@ def train(config_path: str | None, overrides: tuple[str, ...], resume: str | Non
     from facetrain.config import config_source, load_config, validate
 
     config = load_config(config_path, overrides)
+    if init is not None:
+        config.model.init = os.path.expanduser(init)
     launching = nproc > 1 and "WORLD_SIZE" not in os.environ
     # a bad config fails here, once, before any rank starts
     validate(config, world_size=nproc if launching else None, source=config_source(config_path))
+    resume_command = _resume_command(config_path, overrides, nproc if launching else 1)
     if launching:
         from facetrain.parallel.launch import launch_local
-        from facetrain.train.setup import find_checkpoint_to_resume
+        from facetrain.train.run_dir import check_run_dir, find_checkpoint_to_resume
 
         find_checkpoint_to_resume(Path(config.train.output_dir), resume)
-        sys.exit(launch_local(nproc, train_rank, config, resume))
+        check_run_dir(Path(config.train.output_dir))
+        sys.exit(launch_local(nproc, train_rank, config, resume, resume_command))
+    if "TORCHELASTIC_RUN_ID" in os.environ:  # a rank under torchrun's agent
+        _defer_stop_signals()
     from facetrain.train.trainer import train as run_training
 
-    run_training(config, resume)
+    _say_how_to_resume(run_training(config, resume), resume_command)
 
 
-def train_rank(config, resume: str | None) -> None:
+def train_rank(config, resume: str | None, resume_command: str) -> None:
     """One rank of a `--nproc` run: its share of the cores, training, and user errors as one line."""
     import torch
 
@@ -70,9 +87,42 @@ def train_rank(config, resume: str | None) -> None:
     from facetrain.parallel.launch import local_threads
     from facetrain.train.trainer import train as run_training
 
+    _defer_stop_signals()
     if "OMP_NUM_THREADS" not in os.environ:
         torch.set_num_threads(local_threads(int(os.environ["LOCAL_WORLD_SIZE"])))
     try:
-        run_training(config, resume)
+        summary = run_training(config, resume)
     except FacetrainError as error:
         sys.exit(report_user_error(error))
+    _say_how_to_resume(summary, resume_command)
+
+
+def _defer_stop_signals() -> None:
+    """Under a launcher's agent, SIGTERM is how it stops the other ranks once one failed; caught for
+    the whole process, it lets this rank finish reporting why it stops instead of dying silently. The
+    training loop stops at its next step boundary when one arrives."""
+    from facetrain.train.step_gate import StopSignals
+
+    StopSignals().install()
+
+
+def _resume_command(config_path: str | None, overrides: tuple[str, ...], nproc: int) -> str:
+    """The command that continues this run (what was typed, with --resume auto)."""
+    words = ["facetrain", "train"]
+    if config_path:
+        words += ["-c", config_path]
+    for override in overrides:
+        words += ["--set", override]
+    if nproc > 1:
+        words += ["--nproc", str(nproc)]
+    command = shlex.join([*words, "--resume", "auto"])
+    if "TORCHELASTIC_RUN_ID" in os.environ and nproc == 1:  # started by torchrun, options unknown here
+        command = command.replace("facetrain train", "torchrun [same options] -m facetrain train", 1)
+    return command
+
+
+def _say_how_to_resume(summary: dict, resume_command: str) -> None:
+    if summary.get("stopped_by") and os.environ.get("RANK", "0") == "0":
+        click.echo(
+            f"stopped at step {summary['steps']} by {summary['stopped_by']}; resume with: {resume_command}"
+        )

@@ -24,6 +24,7 @@ from facetrain.config.checks import (
 
 SEED = Within(0, 2**32, "[)")  # seeds are mixed into 64-bit generator seeds and numpy's non-negative ones
 FRACTION = Within(0, 1, "[)")
+PROBABILITY = Within(0, 1)
 
 
 @dataclass
@@ -42,10 +43,23 @@ class SynthConfig:
 
 @dataclass
 class AugmentConfig:
+    """Training-time augmentation; docs/accuracy.md measures what each one is worth on small real sets."""
+
     horizontal_flip: bool = True
     random_resized_crop: bool = False
     crop_scale: list[float] = setting([0.8, 1.0], Items(("low", "high"), Within(0, 1, "(]"), ordered=True))
     color_jitter: float = setting(0.0, at_least(0))
+    # small geometric jitter: rotation up to +-degrees, shift up to +-a fraction of the size, zoom range
+    rotation: float = setting(0.0, Within(0, 180))
+    shift: float = setting(0.0, Within(0, 0.5))
+    scale: list[float] = setting([1.0, 1.0], Items(("low", "high"), Within(0.25, 4), ordered=True))
+    grayscale: float = setting(0.0, PROBABILITY)  # chance of turning a colour image grey
+    blur: float = setting(0.0, PROBABILITY)  # chance of a Gaussian blur ...
+    blur_sigma: list[float] = setting([0.5, 1.5], Items(("low", "high"), above(0), ordered=True))  # in pixels
+    random_erasing: float = setting(0.0, PROBABILITY)  # chance of blanking a rectangle ...
+    erasing_area: list[float] = setting(
+        [0.02, 0.2], Items(("low", "high"), Within(0, 1, "(]"), ordered=True)
+    )  # ... of this fraction of the image
 
 
 @dataclass
@@ -73,6 +87,11 @@ class ModelConfig:
     dropout: float = setting(0.0, FRACTION)
     activation_checkpointing: bool = False
     channels_last: bool = False
+    # exponential moving average of the weights, verified and exported instead of the last step's; 0: off
+    ema_decay: float = setting(0.0, FRACTION)
+    # start the backbone from an earlier model: a checkpoint (e.g. `facetrain import insightface`'s) or an
+    # export directory; the head starts fresh. Ignored when resuming, which restores everything.
+    init: str | None = setting(None, NotEmpty(), path=True)
 
 
 @dataclass
@@ -84,6 +103,19 @@ class HeadConfig:
     sample_rate: float = setting(1.0, Within(0, 1, "(]"))
     # e.g. {m: 0.5} or {m1: 1, m2: 0.3, m3: 0.2}; checked against the margin's parameters
     margin_params: dict[str, float] = field(default_factory=dict)
+    # the margin grows linearly from none (plain normalised softmax) to its full value over these steps
+    margin_warmup_steps: int = setting(0, at_least(0))
+    # untiled (fastest: one B x C/N logit buffer) | tiled (B x tile_classes logits at a time) | auto:
+    # untiled when its weight, gradient, optimizer state and logits fit in half the free device memory
+    mode: str = setting("auto", OneOf(("auto", "untiled", "tiled")))
+    tile_classes: int = setting(8192, at_least(1))  # classes per tile of the tiled head
+    # tiled: the head updates each tile's rows inside the backward, so no C x D gradient exists; false
+    # keeps a gradient for the trainer's optimizer (grad_accumulation > 1, fp16, pipeline micro-batches)
+    fused_optimizer: bool = True
+    # storage of the weight and of the fused optimizer's state (momentum, AdamW's moments); bf16 is
+    # updated with stochastic rounding and needs the fused optimizer
+    weight_dtype: str = setting("fp32", OneOf(("fp32", "bf16")))
+    state_dtype: str = setting("fp32", OneOf(("fp32", "bf16")))
 
 
 @dataclass
@@ -101,6 +133,8 @@ class OptimConfig:
     min_lr: float = setting(0.0, at_least(0))  # and <= lr
     grad_clip: float | None = setting(5.0, above(0))  # max norm of the backbone's gradient; None disables
     grad_accumulation: int = setting(1, at_least(1))
+    backbone_lr_scale: float = setting(1.0, above(0))  # the backbone's lr is lr x this (fine-tuning: < 1)
+    head_only_steps: int = setting(0, at_least(0))  # first steps train the head alone, backbone frozen
 
 
 @dataclass

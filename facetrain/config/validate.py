@@ -110,6 +110,44 @@ def _margin_takes_params(s: Context) -> Problem | None:
     return None
 
 
+def fused_optimizer_conflict(cfg: Config) -> Problem | None:
+    """A setting the fused head optimizer cannot honour: it updates the head during the one backward of
+    a step, so it cannot accumulate micro-steps nor be skipped by fp16's scaler after an overflow."""
+    fix = "; or set head.fused_optimizer=false to keep a gradient buffer"
+    if cfg.optim.grad_accumulation > 1:
+        return (
+            "optim.grad_accumulation",
+            cfg.optim.grad_accumulation,
+            "must be 1 with the fused head optimizer" + fix,
+        )
+    if cfg.train.precision == "fp16":
+        return "train.precision", "fp16", "cannot be used with the fused head optimizer; use 'bf16'" + fix
+    if cfg.parallel.pipeline_stages > 1 and cfg.parallel.microbatches > 1:
+        return (
+            "parallel.microbatches",
+            cfg.parallel.microbatches,
+            "must be 1 with the fused head optimizer (each micro-batch would update the head)" + fix,
+        )
+    return None
+
+
+def _head_mode_settings(s: Context) -> Problem | None:
+    """bf16 storage needs the fused optimizer (it alone rounds updates stochastically); a head that will
+    certainly use it must not be given settings it cannot honour. head.mode auto with fp32 storage
+    keeps a gradient buffer instead when it picks tiles for such a run."""
+    head = s.cfg.head
+    low_precision = [key for key in ("weight_dtype", "state_dtype") if getattr(head, key) == "bf16"]
+    if low_precision and (head.mode == "untiled" or not head.fused_optimizer):
+        return (
+            f"head.{low_precision[0]}",
+            "bf16",
+            "needs the tiled head's fused optimizer: head.mode tiled or auto, head.fused_optimizer true",
+        )
+    if head.fused_optimizer and (head.mode == "tiled" or low_precision):
+        return fused_optimizer_conflict(s.cfg)
+    return None
+
+
 def _synthetic_pairs_fit(s: Context) -> Problem | None:
     from facetrain.data.synthetic import check_pairs_settings
 
@@ -184,6 +222,23 @@ def _pipeline_settings(s: Context) -> Problem | None:
     return None
 
 
+def _init_exists(s: Context) -> Problem | None:
+    init = s.cfg.model.init
+    if init is not None and not Path(init).exists():
+        return "model.init", init, "does not exist; pass a checkpoint, a run or an export directory"
+    return None
+
+
+def _head_only_steps_without_pipeline(s: Context) -> Problem | None:
+    if s.cfg.optim.head_only_steps and s.cfg.parallel.pipeline_stages > 1:
+        return (
+            "optim.head_only_steps",
+            s.cfg.optim.head_only_steps,
+            "must be 0 when parallel.pipeline_stages > 1 (a pipelined backbone cannot be frozen)",
+        )
+    return None
+
+
 def _stages_divide_world(s: Context) -> Problem | None:
     stages = s.cfg.parallel.pipeline_stages
     if s.world_size is not None and s.world_size % stages:
@@ -209,8 +264,11 @@ RULES: list[Rule] = [
     _min_lr_at_most_lr,
     _identity_batches_divide,
     _margin_takes_params,
+    _head_mode_settings,
     _synthetic_pairs_fit,
     _pipeline_settings,
+    _head_only_steps_without_pipeline,
+    _init_exists,
     _stages_divide_world,
     _cuda_only_settings,
     _output_dir_is_a_folder,

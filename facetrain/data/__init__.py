@@ -16,6 +16,7 @@ from facetrain.data.market1501 import scan_market1501_train
 from facetrain.data.recordio import scan_recordio
 from facetrain.data.samplers import IdentitySampler, ResumableDistributedSampler
 from facetrain.data.transforms import build_train_transform
+from facetrain.errors import FacetrainError
 from facetrain.registry import Registry
 
 SOURCES: Registry[SampleTable] = Registry("data source")
@@ -43,13 +44,26 @@ def _market(cfg: DataConfig) -> SampleTable:
 
 @SOURCES.register("synthetic")
 def _synthetic(cfg: DataConfig) -> SampleTable:
+    train = Path(cfg.path) / "train"
+    if not train.is_dir():
+        raise FacetrainError(
+            f"no synthetic set at {cfg.path}: run `facetrain synth {cfg.path}` (facetrain train makes it itself)"
+        )
+    return scan_image_folder(train)
+
+
+def prepare_train_data(cfg: DataConfig) -> None:
+    """The one step that writes data before training: the built-in synthetic set, when it is missing.
+
+    Run it once (the trainer runs it on the primary rank before any rank reads the data); every other
+    source is read as it is.
+    """
+    if cfg.source != "synthetic" or (Path(cfg.path) / "train").is_dir():
+        return
     from facetrain.data.synthetic import generate_synthetic
 
-    root = Path(cfg.path)
-    if not (root / "train").is_dir():
-        print(f"generating the synthetic face set in {root} (data.synth)")
-        generate_synthetic(root, cfg.synth)
-    return scan_image_folder(root / "train")
+    print(f"generating the synthetic face set in {cfg.path} (data.synth)")
+    generate_synthetic(cfg.path, cfg.synth)
 
 
 def build_train_dataset(cfg: DataConfig) -> FaceDataset:
@@ -58,17 +72,15 @@ def build_train_dataset(cfg: DataConfig) -> FaceDataset:
     return FaceDataset(table, build_train_transform(cfg.image_size, cfg.augment), cfg.skip_bad_images)
 
 
-SAMPLERS: Registry[ResumableDistributedSampler | IdentitySampler] = Registry("data sampler")
-
-
-@SAMPLERS.register("distributed")
 def _distributed(dataset, cfg: DataConfig, batch_size: int, rank: int, world_size: int, seed: int):
     return ResumableDistributedSampler(len(dataset), rank, world_size, seed=seed)
 
 
-@SAMPLERS.register("identity")
 def _identity(dataset, cfg: DataConfig, batch_size: int, rank: int, world_size: int, seed: int):
     return IdentitySampler(dataset.labels, batch_size, cfg.images_per_identity, rank, world_size, seed)
+
+
+SAMPLERS = {"distributed": _distributed, "identity": _identity}
 
 
 def _single_threaded_worker(worker_id: int) -> None:
@@ -80,7 +92,7 @@ def build_train_loader(
     dataset: FaceDataset, cfg: DataConfig, batch_size: int, rank: int, world_size: int, seed: int
 ) -> tuple[DataLoader, ResumableDistributedSampler | IdentitySampler]:
     """A loader of this rank's full batches and its sampler (whose `set_epoch(epoch, consumed)` resumes)."""
-    sampler = SAMPLERS.build(cfg.sampler, dataset, cfg, batch_size, rank, world_size, seed)
+    sampler = SAMPLERS[cfg.sampler](dataset, cfg, batch_size, rank, world_size, seed)
     workers = cfg.num_workers
     loader = DataLoader(
         dataset,
@@ -106,5 +118,6 @@ __all__ = [
     "IdentitySampler",
     "ResumableDistributedSampler",
     "build_train_dataset",
+    "prepare_train_data",
     "build_train_loader",
 ]

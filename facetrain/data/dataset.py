@@ -24,6 +24,10 @@ from facetrain.errors import FacetrainError
 
 logger = logging.getLogger(__name__)
 
+BAD_IMAGE_ADVICE = (
+    "fix or remove it (or its list entry), or set data.skip_bad_images: true to skip such images"
+)
+
 
 class EncodedImageReader(Protocol):
     """Random access to the encoded bytes of sample `index` and a name for it in messages."""
@@ -141,7 +145,7 @@ class FaceDataset(Dataset):
                 )
             except BadImageError as error:
                 if not self.skip_bad_images:
-                    raise
+                    raise BadImageError(f"{error}; {BAD_IMAGE_ADVICE}") from None
                 with self._bad_count.get_lock():
                     self._bad_count.value += 1
                 logger.warning("skipping bad image: %s", error)

@@ -40,7 +40,10 @@ def _unwrap_worker_message(message: str) -> str:
 
 
 class BadImageError(DataError):
-    """One image cannot be read or decoded; the only error `data.skip_bad_images` may skip."""
+    """One image cannot be read or decoded; the only error `data.skip_bad_images` may skip.
+
+    The message names the image only: what to do about it depends on who reads the image (the
+    training set, a pairs set, a folder being aligned), so the caller adds that."""
 
 
 def read_file_bytes(path: str | Path) -> bytes:
@@ -48,7 +51,7 @@ def read_file_bytes(path: str | Path) -> bytes:
     try:
         return Path(path).read_bytes()
     except FileNotFoundError:
-        raise BadImageError(f"image {path} does not exist; fix the dataset or its list file") from None
+        raise BadImageError(f"image {path} does not exist") from None
     except OSError as error:
         raise BadImageError(f"cannot read image {path}: {error.strerror}") from None
 
@@ -66,7 +69,5 @@ def decode_image(data: bytes | str | Path, name: str | None = None) -> np.ndarra
     buffer = np.frombuffer(data, dtype=np.uint8)
     image = cv2.imdecode(buffer, cv2.IMREAD_COLOR) if buffer.size else None
     if image is None:
-        raise BadImageError(
-            f"image {label} is corrupt or not an image; remove it or set data.skip_bad_images: true"
-        )
+        raise BadImageError(f"image {label} is corrupt or not an image")
     return cv2.cvtColor(image, cv2.COLOR_BGR2RGB)

@@ -4,8 +4,9 @@ The common path (resize when needed, flip, normalize) stays in OpenCV and NumPy 
 normalization and the HWC -> CHW copy fused into one pass: that is about half the per-image cost of
 doing the same with tensors and torchvision modules, and this pipeline is what a DataLoader worker
 spends its core on. Random resized crop and colour jitter use torchvision transforms v2 on uint8
-tensors. Every random draw comes from torch's CPU generator, which `FaceDataset` seeds per sample
-from its `SampleKey`, so augmentation is a function of the sample's key. Normalization is
+tensors; the face augmentations of `facetrain/data/augment.py` work on the HWC array. Every random
+draw comes from torch's CPU generator, which `FaceDataset` seeds per sample from its `SampleKey`, so
+augmentation is a function of the sample's key. Normalization is
 (x - 127.5) / 127.5, what insightface's arcface_torch trains and evaluates with, computed in its float32
 steps ((x / 255 - 0.5) / 0.5), so its released backbones get bit for bit the inputs they get there;
 the exported card records the same constants.
@@ -22,6 +23,7 @@ from torchvision.transforms import v2
 
 from facetrain.config import validate_section
 from facetrain.config.schema import AugmentConfig
+from facetrain.data.augment import GeometricJitter, RandomBlur, RandomGray, random_erasing
 from facetrain.errors import FacetrainError
 
 PIXEL_MEAN = 127.5
@@ -78,30 +80,50 @@ class EvalTransform:
 
 
 class TrainTransform:
-    """Eval pipeline plus random flip, optional random resized crop and colour jitter."""
+    """Eval pipeline plus the augmentations `data.augment` turns on, in a fixed order.
+
+    Flip, then the random resized crop or the plain resize, so that everything after works at the
+    output size (blur sigmas are in its pixels); then geometric jitter, grey and blur on the HWC array,
+    colour jitter on the uint8 tensor, and random erasing on the normalized one.
+    """
 
     def __init__(self, image_size: tuple[int, int] | list[int], augment: AugmentConfig):
         self.height, self.width = _check_size(image_size)
         validate_section(augment, "data.augment.")
         self.horizontal_flip = augment.horizontal_flip
-        self.resize_first = not augment.random_resized_crop
-        steps: list[Callable[[torch.Tensor], torch.Tensor]] = []
+        self.crop = None
         if augment.random_resized_crop:
             scale = (float(augment.crop_scale[0]), float(augment.crop_scale[1]))
-            steps.append(v2.RandomResizedCrop((self.height, self.width), scale=scale, antialias=True))
+            self.crop = v2.RandomResizedCrop((self.height, self.width), scale=scale, antialias=True)
+        self.pixel_steps: list[Callable[[np.ndarray], np.ndarray]] = []
+        if augment.rotation > 0 or augment.shift > 0 or augment.scale != [1.0, 1.0]:
+            self.pixel_steps.append(GeometricJitter(augment.rotation, augment.shift, augment.scale))
+        if augment.grayscale > 0:
+            self.pixel_steps.append(RandomGray(augment.grayscale))
+        if augment.blur > 0:
+            self.pixel_steps.append(RandomBlur(augment.blur, augment.blur_sigma))
+        self.color_jitter = None
         if augment.color_jitter > 0:
             strength = augment.color_jitter
-            steps.append(v2.ColorJitter(brightness=strength, contrast=strength, saturation=strength))
-        self.tensor_steps = v2.Compose(steps) if steps else None
+            self.color_jitter = v2.ColorJitter(brightness=strength, contrast=strength, saturation=strength)
+        self.erasing = (
+            random_erasing(augment.random_erasing, augment.erasing_area) if augment.random_erasing else None
+        )
 
     def __call__(self, image: np.ndarray) -> torch.Tensor:
         if self.horizontal_flip and torch.rand(()).item() < 0.5:
             image = cv2.flip(image, 1)
-        if self.resize_first:
+        if self.crop is None:
             image = resize_if_needed(image, self.height, self.width)
-        if self.tensor_steps is None:
-            return normalize_hwc(image)
-        return normalize(self.tensor_steps(to_chw_uint8(image)))
+        else:
+            image = self.crop(to_chw_uint8(image)).permute(1, 2, 0).numpy()
+        for step in self.pixel_steps:
+            image = step(image)
+        if self.color_jitter is None:
+            tensor = normalize_hwc(image)
+        else:
+            tensor = normalize(self.color_jitter(to_chw_uint8(image)))
+        return tensor if self.erasing is None else self.erasing(tensor)
 
 
 def build_eval_transform(image_size: tuple[int, int] | list[int]) -> Transform:

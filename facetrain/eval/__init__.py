@@ -1,6 +1,6 @@
 """How users learn whether a model is any good: verification on pairs and re-id retrieval.
 
-Entry points: `facetrain.eval.verification` (`load_pairs`, `verify`, `embed_images`),
+Entry points: `facetrain.eval.verify_pairs` (`load_pairs`, `verify`, `embed_images`),
 `facetrain.eval.retrieval` (`evaluate_market1501`, `retrieval_metrics`) and `facetrain.eval.report`
 (tables and report files). The metric cores in `metrics` and `retrieval` need only arrays.
 """

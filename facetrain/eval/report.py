@@ -17,7 +17,7 @@ from typing import Any
 from matplotlib.figure import Figure
 
 from facetrain.eval.retrieval import RetrievalResult
-from facetrain.eval.verification import VerificationResult
+from facetrain.eval.verify_pairs import VerificationResult
 from facetrain.files import atomic_target
 
 

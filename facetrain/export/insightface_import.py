@@ -34,6 +34,7 @@ from facetrain.errors import FacetrainError
 from facetrain.files import refuse_to_overwrite
 from facetrain.models import Backbone, build_backbone
 from facetrain.models.iresnet import IRESNET_DEPTHS, IRESNET_INPUT_SIZE
+from facetrain.models.state_match import first_state_mismatch
 from facetrain.parallel.checkpoint_io import save_tensors
 
 SOURCE_FORMAT = "insightface arcface_torch backbone.pth"
@@ -110,24 +111,9 @@ def imported_backbone(state: Mapping[str, torch.Tensor], architecture: str, path
 def check_state_matches(
     state: Mapping[str, torch.Tensor], expected: Mapping[str, torch.Tensor], architecture: str, path: Path
 ) -> None:
-    """One-line errors for the first missing key, the first unexpected key, then the first shape."""
-    hint = _depth_hint(state, architecture)
-    missing = [key for key in expected if key not in state]
-    if missing:
-        raise FacetrainError(
-            f"{path}: missing {missing[0]!r} ({len(missing)} keys of {architecture} missing){hint}"
-        )
-    unexpected = [key for key in state if key not in expected]
-    if unexpected:
-        raise FacetrainError(
-            f"{path}: unexpected {unexpected[0]!r} ({len(unexpected)} keys that {architecture} lacks){hint}"
-        )
-    for key, tensor in expected.items():
-        if tuple(state[key].shape) != tuple(tensor.shape):
-            raise FacetrainError(
-                f"{path}: {key!r} has shape {list(state[key].shape)}, {architecture} needs "
-                f"{list(tensor.shape)}{hint}"
-            )
+    mismatch = first_state_mismatch(state, expected, architecture)
+    if mismatch is not None:
+        raise FacetrainError(f"{path}: {mismatch}{_depth_hint(state, architecture)}")
 
 
 def imported_config(architecture: str, embedding_size: int) -> Config:

@@ -19,7 +19,7 @@ from torch import nn
 
 from facetrain.errors import FacetrainError
 from facetrain.export.card import card_image_size
-from facetrain.export.verify import check_outputs, example_batch
+from facetrain.export.parity import check_outputs, example_batch
 from facetrain.files import atomic_target
 
 ONNX_NAME = "model.onnx"

@@ -18,7 +18,7 @@ from torch import nn
 
 from facetrain.errors import FacetrainError
 from facetrain.export.card import CARD_NAME, card_image_size, card_json
-from facetrain.export.verify import check_outputs, example_batch
+from facetrain.export.parity import check_outputs, example_batch
 from facetrain.files import atomic_target
 
 TORCHSCRIPT_NAME = "model.torchscript.pt"

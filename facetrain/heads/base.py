@@ -19,7 +19,11 @@ class HeadOutput(NamedTuple):
 
 
 class MarginHead(nn.Module):
-    """A margin-softmax classifier over `weight_rows` of `num_classes` classes (all of them, or a shard)."""
+    """A margin-softmax classifier over `weight_rows` of `num_classes` classes (all of them, or a shard).
+
+    `fused_optimizer` is None unless the head updates its own weight inside the backward (the tiled
+    sharded head); a trainer's optimizer then leaves the head's weight alone.
+    """
 
     def __init__(
         self,
@@ -28,6 +32,7 @@ class MarginHead(nn.Module):
         weight_rows: int,
         margin: str = "arcface",
         scale: float = 64.0,
+        dtype: torch.dtype = torch.float32,
         **margin_params: float,
     ):
         super().__init__()
@@ -39,7 +44,8 @@ class MarginHead(nn.Module):
         self.embedding_size = embedding_size
         self.margin = build_margin(margin, **margin_params)
         self.scale = float(scale)
-        self.weight = nn.Parameter(torch.empty(weight_rows, embedding_size))
+        self.weight = nn.Parameter(torch.empty(weight_rows, embedding_size, dtype=dtype))
+        self.fused_optimizer: nn.Module | None = None
         nn.init.normal_(self.weight, std=0.01)
 
     def forward(self, embeddings: torch.Tensor, labels: torch.Tensor) -> HeadOutput:

@@ -104,6 +104,34 @@ class NormalizedSoftmax(Margin):
         return cos
 
 
+@dataclass(frozen=True)
+class WarmingMargin(Margin):
+    """`full` applied at a fraction `factor` of its strength: factor 0 is no margin, 1 the full margin.
+
+    The penalised logit is blended rather than the parameters scaled, so the same ramp fits every
+    margin, including SphereFace and the combined margin whose parameters have no "none" value (m1 = 1
+    is no margin there, not 0). For CosFace the blend is exactly cos(theta) - factor m.
+    """
+
+    full: Margin
+    factor: float
+
+    def __call__(self, cos: torch.Tensor) -> torch.Tensor:
+        return cos + self.factor * (self.full(cos) - cos)
+
+
+def margin_at_step(full: Margin, step: int, warmup_steps: int) -> Margin:
+    """The margin for the optimizer step after `step` completed ones (head.margin_warmup_steps).
+
+    A margin on a network that cannot yet tell the identities apart mostly pushes every embedding
+    around; starting from plain normalised softmax lets the classes form first. The ramp is a pure
+    function of the step, so a resumed run uses the margins a straight one would.
+    """
+    if step >= warmup_steps:
+        return full
+    return WarmingMargin(full, step / warmup_steps)
+
+
 def build_margin(name: str, **params: float) -> Margin:
     """The margin `name` with `params` (head.margin_params); unknown parameters are one-line errors."""
     margin_class = MARGINS.get(name)

@@ -12,8 +12,10 @@ from torch import nn
 
 from facetrain.errors import EveryRankError, FacetrainError
 from facetrain.heads.base import HeadOutput, MarginHead
+from facetrain.heads.fused_optim import FusedOptimizer
 from facetrain.heads.partition import class_range
 from facetrain.heads.sharded_softmax import ShardedMarginSoftmax
+from facetrain.heads.tiled_softmax import TiledMarginSoftmax
 from facetrain.parallel import comm
 
 
@@ -28,6 +30,11 @@ class ShardedMarginHead(MarginHead):
     fails on all ranks at once instead of hanging one of them, and learns how many rows each rank
     passes. Later steps skip the check and its host synchronisation, and expect the same row counts;
     `check_every_step=True` re-checks (and allows row counts that change from step to step).
+
+    Two modes compute the same loss and gradients (docs/head.md): untiled (`tile_classes=None`, the
+    fastest: one B x C/N logit buffer) and tiled (at most B x `tile_classes` logits at a time). A tiled
+    head can own its optimizer (`fuse_optimizer`): each tile's rows are then updated inside the
+    backward and no weight gradient exists, which is what lets the weight live in bf16 (`dtype`).
     """
 
     def __init__(
@@ -39,6 +46,8 @@ class ShardedMarginHead(MarginHead):
         sample_rate: float = 1.0,
         group=None,
         check_every_step: bool = False,
+        tile_classes: int | None = None,
+        dtype: torch.dtype = torch.float32,
         **margin_params: float,
     ):
         if not 0.0 < sample_rate <= 1.0:
@@ -49,14 +58,33 @@ class ShardedMarginHead(MarginHead):
                 f"{num_classes} classes cannot be sharded over {world_size} ranks; use at most "
                 f"{num_classes} ranks"
             )
+        if tile_classes is not None and tile_classes < 1:
+            raise FacetrainError(f"head tile_classes must be >= 1, got {tile_classes} (head.tile_classes)")
         class_start, class_count = class_range(num_classes, world_size, rank)
-        super().__init__(num_classes, embedding_size, class_count, margin, scale, **margin_params)
+        super().__init__(num_classes, embedding_size, class_count, margin, scale, dtype, **margin_params)
         self.group = group
         self.world_size, self.rank = world_size, rank
         self.class_start, self.class_count = class_start, class_count
         self.sample_rate = float(sample_rate)
         self.check_every_step = check_every_step
+        self.tile_classes = tile_classes
         self._row_counts: list[int] | None = None
+
+    def fuse_optimizer(self, optimizer: FusedOptimizer) -> None:
+        """Let `optimizer` update the weight tile by tile inside the backward; the weight gets no .grad."""
+        if self.tile_classes is None:
+            raise FacetrainError("the fused head optimizer needs the tiled head (head.mode=tiled)")
+        for name, state in optimizer.state_tensors().items():
+            if state.dim() and state.shape != self.weight.shape:
+                raise FacetrainError(
+                    f"the fused optimizer's {name} is {tuple(state.shape)}, the head's shard "
+                    f"{tuple(self.weight.shape)}"
+                )
+        self.fused_optimizer = optimizer
+
+    @property
+    def mode(self) -> str:
+        return "untiled" if self.tile_classes is None else "tiled"
 
     def reset_parameters(self, seed: int | None = None, block: int = 4096) -> None:
         """N(0, 0.01) class weights; with a seed, the same full weight whatever the world size.
@@ -86,7 +114,8 @@ class ShardedMarginHead(MarginHead):
         return (
             f"classes={self.class_start}:{self.class_stop} of {self.num_classes}, "
             f"embedding_size={self.embedding_size}, margin={self.margin}, scale={self.scale}, "
-            f"sample_rate={self.sample_rate}, rank={self.rank}/{self.world_size}"
+            f"sample_rate={self.sample_rate}, mode={self.mode}, tile_classes={self.tile_classes}, "
+            f"dtype={self.weight.dtype}, rank={self.rank}/{self.world_size}"
         )
 
     def forward(self, embeddings: torch.Tensor, labels: torch.Tensor) -> HeadOutput:
@@ -103,12 +132,19 @@ class ShardedMarginHead(MarginHead):
         global_embeddings = comm.all_gather_rows(embeddings, counts, self.group)
         owned = (global_labels >= self.class_start) & (global_labels < self.class_stop)
         local_labels = torch.where(owned, global_labels - self.class_start, -1)
-        weight, target_column = self.weight, local_labels
+        kept, target_column = None, local_labels
         if self.sample_rate < 1.0:
-            weight, target_column = self._sample_classes(local_labels)
-        loss, hits = ShardedMarginSoftmax.apply(
-            global_embeddings, weight, target_column, self.margin, self.scale, self.group
-        )
+            kept, target_column = self._sample_classes(local_labels)
+        if self.tile_classes is None:
+            weight = self.weight if kept is None else self.weight[kept]
+            loss, hits = ShardedMarginSoftmax.apply(
+                global_embeddings, weight, target_column, self.margin, self.scale, self.group
+            )
+        else:
+            loss, hits = TiledMarginSoftmax.apply(
+                global_embeddings, self.weight, kept, target_column, self.margin, self.scale, self.group,
+                self.tile_classes, self.fused_optimizer,
+            )  # fmt: skip
         return HeadOutput(loss, hits / sum(counts))
 
     def _check_inputs(self, embeddings: torch.Tensor, labels: torch.Tensor) -> list[int]:
@@ -142,15 +178,16 @@ class ShardedMarginHead(MarginHead):
             raise EveryRankError("the global batch is empty: every rank passed zero embeddings")
         return counts
 
-    def _sample_classes(self, local_labels: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    def _sample_classes(self, local_labels: torch.Tensor) -> tuple[torch.Tensor | None, torch.Tensor]:
         """Partial FC: this step's positives plus random negatives, sample_rate of the shard in all.
 
-        The number kept is fixed per run, max(sample_rate x shard, global batch) capped at the shard, so
-        every positive fits without the step waiting on the host to count them.
+        Returns the kept rows of the shard (sorted; None when all are kept) and each row's target column
+        among them. The number kept is fixed per run, max(sample_rate x shard, global batch) capped at
+        the shard, so every positive fits without the step waiting on the host to count them.
         """
         keep = min(self.class_count, max(int(self.sample_rate * self.class_count), local_labels.shape[0], 1))
         if keep >= self.class_count:
-            return self.weight, local_labels
+            return None, local_labels
         # positives get priority 2 (above any uniform draw); rows owned elsewhere write to a spare slot
         priority = torch.rand(self.class_count + 1, device=self.weight.device)
         slot = torch.where(local_labels >= 0, local_labels, self.class_count)
@@ -159,4 +196,4 @@ class ShardedMarginHead(MarginHead):
         target_column = torch.where(
             local_labels >= 0, torch.searchsorted(kept, local_labels.clamp_min(0)), -1
         )
-        return self.weight[kept], target_column
+        return kept, target_column

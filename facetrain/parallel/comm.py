@@ -13,6 +13,14 @@ from facetrain.errors import FacetrainError, PeerFailed
 
 ProcessGroup = dist.ProcessGroup if dist.is_available() else object
 
+# torch 2.14 renamed the tensor collectives (`all_gather_into_tensor` -> `all_gather_single`,
+# `reduce_scatter_tensor` -> `reduce_scatter_single`) and warns on the old names; older torch has
+# only those. Looked up by name at each call, so a benchmark can wrap them (`bench/traffic.py`).
+ALL_GATHER = "all_gather_single" if hasattr(dist, "all_gather_single") else "all_gather_into_tensor"
+REDUCE_SCATTER = (
+    "reduce_scatter_single" if hasattr(dist, "reduce_scatter_single") else "reduce_scatter_tensor"
+)
+
 
 def is_active(group: ProcessGroup | None = None) -> bool:
     return dist.is_available() and dist.is_initialized() and dist.get_world_size(group) > 1
@@ -55,7 +63,7 @@ def all_gather_equal(tensor: torch.Tensor, group: ProcessGroup | None = None) ->
         return tensor
     n = world_size(group)
     out = torch.empty((n * tensor.shape[0], *tensor.shape[1:]), dtype=tensor.dtype, device=tensor.device)
-    dist.all_gather_into_tensor(out, tensor.contiguous(), group=group)
+    getattr(dist, ALL_GATHER)(out, tensor.contiguous(), group=group)
     return out
 
 
@@ -101,7 +109,7 @@ class _AllGatherRows(torch.autograd.Function):
         stacked = torch.cat([_pad_rows(p, rows) for p in pieces])
         if dist.get_backend(group) == "nccl":
             mine = stacked.new_empty((rows, *stacked.shape[1:]))
-            dist.reduce_scatter_tensor(mine, stacked, group=group)
+            getattr(dist, REDUCE_SCATTER)(mine, stacked, group=group)
         else:  # gloo has no reduce-scatter: all-reduce, then keep this rank's rows
             all_reduce_(stacked, "sum", group)
             mine = stacked[me * rows : (me + 1) * rows]

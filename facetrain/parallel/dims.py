@@ -36,6 +36,9 @@ class ParallelDims:
     device: torch.device
     pp: int = 1
     mesh: DeviceMesh | None = None
+    # a gloo group over all ranks for small host-side agreements (stop, data failed), so they never
+    # synchronize the GPU; None means the default group, which is gloo already on CPU
+    control_group: dist.ProcessGroup | None = None
 
     @property
     def dp(self) -> int:
@@ -110,13 +113,38 @@ def _join_process_group(backend: str, timeout_s: float, rank: int, world_size: i
         raise EveryRankError(f"parallel.backend must be auto, gloo or nccl, got {backend!r}")
     if backend == "nccl" and not torch.cuda.is_available():
         raise EveryRankError("parallel.backend=nccl needs CUDA devices; use gloo (or auto) on CPU")
+    timeout = timedelta(seconds=timeout_s)
+    if init_method is None and "TORCHELASTIC_RESTART_COUNT" in os.environ:
+        store = _attempt_store(rank, world_size, timeout)
+        dist.init_process_group(
+            backend=backend, store=store, rank=rank, world_size=world_size, timeout=timeout
+        )
+        return
     dist.init_process_group(
         backend=backend,
         init_method=init_method or "env://",
         rank=rank,
         world_size=world_size,
-        timeout=timedelta(seconds=timeout_s),
+        timeout=timeout,
     )
+
+
+def _attempt_store(rank: int, world_size: int, timeout: timedelta) -> dist.Store:
+    """The rendezvous store of torchrun's agent, with this attempt's keys apart from earlier attempts'.
+
+    When torchrun (`--max-restarts`) restarts the workers, the agent's store still holds the first
+    attempt's addresses, and gloo's plain env:// join then tries to connect to the dead workers and
+    fails; a prefix per restart keeps each attempt to its own keys.
+    """
+    agent_hosts_it = os.environ.get("TORCHELASTIC_USE_AGENT_STORE") == str(True)
+    store = dist.TCPStore(
+        os.environ["MASTER_ADDR"],
+        int(os.environ["MASTER_PORT"]),
+        world_size,
+        is_master=rank == 0 and not agent_hosts_it,
+        timeout=timeout,
+    )
+    return dist.PrefixStore(f"facetrain/attempt_{os.environ['TORCHELASTIC_RESTART_COUNT']}", store)
 
 
 def init_parallel(
@@ -154,7 +182,10 @@ def init_parallel(
     else:
         shape = (pipeline_stages, world_size // pipeline_stages)
         mesh = init_device_mesh(device.type, shape, mesh_dim_names=("pp", "dp"))
-    return ParallelDims(world_size, rank, local_rank, device, pipeline_stages, mesh)
+    control_group = None
+    if dist.get_backend() != "gloo":
+        control_group = dist.new_group(backend="gloo", timeout=timedelta(seconds=timeout_s))
+    return ParallelDims(world_size, rank, local_rank, device, pipeline_stages, mesh, control_group)
 
 
 def is_initialized() -> bool:

@@ -2,28 +2,83 @@
 
 It is torchrun's own machinery (the same environment, rendezvous and failure handling), so a run
 started with `--nproc` and one started under torchrun take one path. The function receives its
-arguments as Python objects, not argv strings. When a rank fails the launcher stops the others at once;
-the exit code is the first failing rank's.
+arguments as Python objects, not argv strings.
+
+When ranks fail, the user sees one cause, last. Each rank that fails with a user error records its
+one-line message with a kind: `cause` (this rank's own problem), `every_rank` (the same on every rank)
+or `peer` (this rank stopped because another failed). The records go to a folder the launcher reads
+after every rank has exited (torch's agent keeps only the first failure it sees, which is often a
+bystander), and to the agent's error file, so torchrun's own summary shows the message too. The
+launcher prints the first `cause` after a one-line summary, and a `peer` message only when nothing
+better explains the failure, so a bystander is never blamed.
+
+A SIGTERM or SIGINT sent to the launcher is passed on to the ranks, which stop at the next step
+boundary, write a checkpoint and exit 0; the launcher then exits 0 as well.
 """
 
 from __future__ import annotations
 
+import json
 import logging
+import multiprocessing
 import os
+import signal
 import sys
+import tempfile
+import time
 import uuid
 from collections.abc import Callable
+from pathlib import Path
 
-from torch.distributed.elastic.multiprocessing.errors import ChildFailedError
+from torch.distributed.elastic.multiprocessing.errors import ChildFailedError, ProcessFailure
 from torch.distributed.launcher.api import LaunchConfig, elastic_launch
 
-# exit code of a rank that has already printed its one-line user error
+# exit code of a rank that has reported its one-line user error
 USER_ERROR_EXIT = 2
+REPORTS_ENV = "FACETRAIN_RANK_REPORTS"
 
 
 def local_threads(nproc: int) -> int:
     """Each rank's share of the cores, so N ranks do not oversubscribe them."""
     return max(1, (os.cpu_count() or 1) // nproc)
+
+
+def launched_locally() -> bool:
+    """Whether this rank was started by `launch_local`, which prints the ranks' errors itself."""
+    return REPORTS_ENV in os.environ
+
+
+def record_failure(message: str, kind: str) -> None:
+    """Leave this rank's one-line error where the launcher (or torchrun) looks for it."""
+    record = {
+        "message": message,
+        "timestamp": int(time.time()),
+        "facetrain": {"kind": kind, "time": time.time()},
+    }
+    targets = [os.environ.get("TORCHELASTIC_ERROR_FILE")]
+    if launched_locally():
+        targets.append(str(Path(os.environ[REPORTS_ENV]) / f"rank_{os.environ.get('RANK', '0')}.json"))
+    for target in filter(None, targets):
+        try:
+            Path(target).write_text(json.dumps(record))
+        except OSError:
+            pass  # the launcher then reports the exit code alone
+
+
+def _forward_stop_signals() -> dict:
+    """SIGTERM/SIGINT to the launcher go to the ranks, which stop gracefully; returns the old handlers."""
+
+    def forward(signum: int, frame) -> None:
+        ranks = multiprocessing.active_children()
+        if not ranks:  # nothing started yet: stop at once
+            raise SystemExit(128 + signum)
+        for rank in ranks:
+            try:
+                os.kill(rank.pid, signum)
+            except ProcessLookupError:
+                pass
+
+    return {sig: signal.signal(sig, forward) for sig in (signal.SIGTERM, signal.SIGINT)}
 
 
 def launch_local(nproc: int, entrypoint: Callable[..., object], *args: object) -> int:
@@ -38,16 +93,70 @@ def launch_local(nproc: int, entrypoint: Callable[..., object], *args: object) -
         max_restarts=0,
         monitor_interval=0.1,
         start_method="spawn",
+        signals_to_handle="SIGHUP,SIGQUIT",  # SIGTERM and SIGINT are forwarded, not fatal
     )
     # the launcher logs every rank's failure at length; facetrain's ranks explain themselves
     for name in ("torch.distributed.elastic", "torch.multiprocessing.spawn"):
         logging.getLogger(name).setLevel(logging.CRITICAL)
-    try:
-        elastic_launch(config, entrypoint)(*args)
-    except ChildFailedError as error:
-        rank, failure = min(error.failures.items(), key=lambda item: item[1].timestamp)
-        code = failure.exitcode if failure.exitcode > 0 else 1
-        if code != USER_ERROR_EXIT:
-            print(f"error: rank {rank} exited with code {failure.exitcode}", file=sys.stderr, flush=True)
-        return code
+    previous = _forward_stop_signals()
+    with tempfile.TemporaryDirectory(prefix="facetrain-ranks-") as reports:
+        os.environ[REPORTS_ENV] = reports  # spawned ranks inherit it
+        try:
+            elastic_launch(config, entrypoint)(*args)
+        except ChildFailedError as error:
+            lines, code = explain_failures(error.failures, _read_reports(Path(reports)), nproc)
+            for line in lines:
+                print(line, file=sys.stderr, flush=True)
+            return code
+        finally:
+            del os.environ[REPORTS_ENV]
+            for sig, handler in previous.items():
+                signal.signal(sig, handler)
     return 0
+
+
+def _read_reports(folder: Path) -> dict[int, dict]:
+    """rank -> {"message", "facetrain": {"kind", "time"}} for every rank that recorded its failure."""
+    reports = {}
+    for path in folder.glob("rank_*.json"):
+        try:
+            reports[int(path.stem.split("_")[1])] = json.loads(path.read_text())
+        except (OSError, ValueError):
+            continue
+    return reports
+
+
+def explain_failures(
+    failures: dict[int, ProcessFailure], reports: dict[int, dict], world_size: int
+) -> tuple[list[str], int]:
+    """The lines to print, the root cause last, and the launcher's exit code.
+
+    `failures` is what torch's agent saw first (exit code or signal); `reports` what ranks recorded.
+    """
+
+    def first(kind: str) -> int | None:
+        ranks = [r for r, report in reports.items() if report["facetrain"]["kind"] == kind]
+        return min(ranks, key=lambda r: reports[r]["facetrain"]["time"]) if ranks else None
+
+    def others(rank: int) -> list[int]:
+        return sorted(set(range(world_size)) - {rank})
+
+    every_rank, cause, peer = first("every_rank"), first("cause"), first("peer")
+    if every_rank is not None:
+        return [f"error: {reports[every_rank]['message']}"], USER_ERROR_EXIT
+    if cause is not None:
+        return [
+            f"error: rank {cause} of {world_size} failed; stopped ranks {others(cause)}",
+            f"[rank {cause}] error: {reports[cause]['message']}",
+        ], USER_ERROR_EXIT
+    killed = [r for r, failure in failures.items() if failure.exitcode < 0 and r not in reports]
+    if killed or peer is None:
+        rank = min(killed or failures)
+        failure = failures[rank]
+        if failure.exitcode < 0:
+            how = f"exited with code {failure.exitcode} ({failure.signal_name()}: killed, or out of memory)"
+        else:
+            how = f"exited with code {failure.exitcode} (its traceback is above)"
+        code = failure.exitcode if failure.exitcode > 0 else 1
+        return [f"error: rank {rank} {how}; stopped ranks {others(rank)}"], code
+    return [f"[rank {peer}] error: {reports[peer]['message']}"], USER_ERROR_EXIT

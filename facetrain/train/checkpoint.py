@@ -19,20 +19,26 @@ import torch
 from torch import nn
 
 from facetrain.checkpoints import (
+    is_checkpoint,
     is_range_key,
     load_backbone_weights,
     range_key,
     read_class_rows,
+    read_config,
     read_meta,
     resolve_checkpoint,
 )
 from facetrain.config import Config, save_config
-from facetrain.errors import FacetrainError
-from facetrain.files import atomic_write_text
+from facetrain.errors import EveryRankError, FacetrainError
+from facetrain.files import atomic_write_text, fsync_directory
 from facetrain.heads import ShardedMarginHead
 from facetrain.parallel import comm
 from facetrain.parallel.checkpoint_io import load_tensors, save_tensors, tensor_index
 from facetrain.parallel.dims import ParallelDims
+
+# With model.ema_decay > 0, `backbone/` holds the weight average (what eval, export and load_backbone
+# read) and this prefix the weights the optimizer trains, which a resumed run continues from.
+TRAINED_PREFIX = "trained/backbone/"
 
 
 @dataclass
@@ -59,7 +65,9 @@ def _optimizer_entries(
             entries[f"optim/backbone/{name}/{key}"] = _as_tensor(value)
     if head is None:
         return entries
-    for key, value in optimizer.state.get(head.weight, {}).items():
+    fused = head.fused_optimizer
+    head_state = fused.state_tensors() if fused is not None else optimizer.state.get(head.weight, {})
+    for key, value in head_state.items():
         tensor = _as_tensor(value)
         if tensor.dim() and tensor.shape[0] == head.class_count:
             entries[range_key(f"optim/head/{key}", head.class_start, head.class_count)] = tensor
@@ -81,24 +89,27 @@ def save_checkpoint(
     evaluation: dict | None = None,
     is_best: bool = False,
     keep: int = 3,
+    ema: nn.Module | None = None,
 ) -> Path:
     """Collective: every rank calls it. Returns the checkpoint directory.
 
     `backbone` is the unwrapped backbone (or this rank's pipeline stage); `head` is None on pipeline
     stages that hold no head. Replica 0 of each stage writes the backbone (`dims.writes_backbone`):
     parameters match over replicas, but batch-norm running statistics are updated from each replica's
-    own batch, and replica 0's are the ones verified.
+    own batch, and replica 0's are the ones verified. `ema`, the weight average when there is one, is
+    stored as the backbone and `backbone` under TRAINED_PREFIX.
     """
     root = run_dir / "checkpoints"
     final = root / f"step_{state.step:08d}"
     tmp = root / f"step_{state.step:08d}.tmp"
-    if dims.is_primary:
-        root.mkdir(parents=True, exist_ok=True)
-        shutil.rmtree(tmp, ignore_errors=True)
-    comm.barrier()
+    comm.primary_first(lambda: _writable(lambda: _clear_leftovers(root), root, final), also_others=False)
 
     named = dict(backbone.named_parameters()) if dims.writes_backbone else {}
-    entries = {f"backbone/{k}": v for k, v in backbone.state_dict().items()} if dims.writes_backbone else {}
+    entries = {}
+    if dims.writes_backbone:
+        entries = {f"backbone/{k}": v for k, v in (ema or backbone).state_dict().items()}
+        if ema is not None:
+            entries.update({f"{TRAINED_PREFIX}{k}": v for k, v in backbone.state_dict().items()})
     if head is not None:
         entries[range_key("head/weight", head.class_start, head.class_count)] = head.weight.detach()
     entries.update(_optimizer_entries(optimizer, named, head))
@@ -109,9 +120,14 @@ def save_checkpoint(
     entries[f"rng/{dims.rank}/torch"] = torch.get_rng_state()
     if torch.cuda.is_available():
         entries[f"rng/{dims.rank}/cuda"] = torch.cuda.get_rng_state()
-    save_tensors({k: v.detach().cpu() for k, v in entries.items()}, tmp)
+    try:
+        save_tensors({k: v.detach().cpu() for k, v in entries.items()}, tmp)
+    except OSError as error:  # every rank raises it, whichever rank failed
+        if dims.is_primary:
+            shutil.rmtree(tmp, ignore_errors=True)
+        raise EveryRankError(_write_failure(error, root, final)) from None
 
-    if dims.is_primary:
+    def finish() -> None:
         meta = {
             **asdict(state),
             "world_size": dims.world_size,
@@ -119,28 +135,84 @@ def save_checkpoint(
             "embedding_size": config.model.embedding_size,
             "evaluation": evaluation or {},
             "saved_at": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
+            "elastic_run_id": os.environ.get("TORCHELASTIC_RUN_ID"),
         }
-        (tmp / "meta.json").write_text(json.dumps(meta, indent=2))
-        (tmp / "classes.json").write_text(json.dumps(class_names))
+        atomic_write_text(tmp / "classes.json", json.dumps(class_names))
         save_config(config, tmp / "config.yaml")
-        if final.exists():
-            shutil.rmtree(final)
-        os.replace(tmp, final)
+        atomic_write_text(tmp / "meta.json", json.dumps(meta, indent=2))
+        fsync_directory(tmp)
+        _commit(tmp, final)
         atomic_write_text(root / "last", final.name)
         if is_best:
             atomic_write_text(root / "best", final.name)
-        _prune(root, keep)
-    comm.barrier()
+        _prune(root, keep, final)
+
+    comm.primary_first(lambda: _writable(finish, root, final, cleanup=tmp), also_others=False)
     return final
 
 
-def _prune(root: Path, keep: int) -> None:
-    """Keep the newest `keep` checkpoints, and whatever `best` names."""
+def _writable(write, root: Path, final: Path, cleanup: Path | None = None) -> None:
+    """Run `write`; a full disk or an unwritable folder becomes one line saying the rest is intact."""
+    try:
+        write()
+    except OSError as error:
+        if cleanup is not None:
+            shutil.rmtree(cleanup, ignore_errors=True)
+        raise FacetrainError(_write_failure(error, root, final)) from None
+
+
+def _write_failure(error: OSError, root: Path, final: Path) -> str:
+    reason = f"{error.strerror or error} ({error.filename or root})"
+    last = root / "last"
+    kept = (
+        f"the last complete one, {last.read_text().strip()}, is intact"
+        if last.is_file()
+        else "none was written before"
+    )
+    return (
+        f"cannot write checkpoint {final}: {reason}; {kept}. Free space or fix the folder's permissions, "
+        "then resume with --resume auto"
+    )
+
+
+def _clear_leftovers(root: Path) -> None:
+    """Remove what a crash left behind: a half-written `.tmp`, a checkpoint half-way through removal
+    (`.deleting`), or one that was being replaced (`.replaced`). None of them is ever read."""
+    root.mkdir(parents=True, exist_ok=True)
+    for leftover in root.glob("step_*.*"):
+        if leftover.is_dir() and leftover.suffix in (".tmp", ".deleting", ".replaced"):
+            shutil.rmtree(leftover)
+
+
+def _commit(tmp: Path, final: Path) -> None:
+    """Make the finished `tmp` the checkpoint `final` in one rename.
+
+    A checkpoint already at `final` (a run resumed from an earlier step reaches it again) is moved
+    aside first and removed only after, so a crash in between leaves the old one or the new one.
+    """
+    replaced = final.with_name(final.name + ".replaced")
+    if final.exists():
+        os.replace(final, replaced)
+    os.replace(tmp, final)
+    fsync_directory(final.parent)
+    if replaced.exists():
+        shutil.rmtree(replaced)
+
+
+def _prune(root: Path, keep: int, written: Path) -> None:
+    """Keep the newest `keep` checkpoints, never the one just written nor whatever `best` names.
+
+    Runs only after `last` names the new checkpoint. Each old one is renamed to `.deleting` before its
+    files go, so a crash half-way never leaves a partial directory that looks like a checkpoint.
+    """
     best = (root / "best").read_text().strip() if (root / "best").is_file() else None
-    complete = sorted(p for p in root.glob("step_*") if p.is_dir() and not p.name.endswith(".tmp"))
-    for old in complete[: max(0, len(complete) - keep)]:
-        if old.name != best:
-            shutil.rmtree(old)
+    complete = sorted(p for p in root.glob("step_*") if is_checkpoint(p))
+    removable = [p for p in complete if p.name not in (written.name, best)]
+    for old in removable[: max(0, len(complete) - keep)]:
+        doomed = old.with_name(old.name + ".deleting")
+        os.replace(old, doomed)
+        fsync_directory(root)
+        shutil.rmtree(doomed)
 
 
 def load_checkpoint(
@@ -167,7 +239,9 @@ def load_checkpoint(
             f"but this run has {head.num_classes} x {head.embedding_size}; is it the same dataset and model?"
         )
     index = tensor_index(checkpoint)
-    load_backbone_weights(checkpoint, backbone, index)
+    prefix = TRAINED_PREFIX if _has_average(index) else "backbone/"
+    _check_backbone_fits(checkpoint, index, backbone, prefix)
+    load_backbone_weights(checkpoint, backbone, index, prefix)
     named = dict(backbone.named_parameters())
     backbone_keys = [k for k in index if k.startswith("optim/backbone/") and _param_name(k) in named]
     for key, value in load_tensors(checkpoint, backbone_keys, index).items():
@@ -196,6 +270,44 @@ def load_checkpoint(
     return TrainState(**fields)
 
 
+def _check_backbone_fits(checkpoint: Path, index: dict, backbone: nn.Module, prefix: str) -> None:
+    """One line naming the model the checkpoint was trained with when its weights cannot fill this
+    run's backbone (another model.backbone, embedding size or data.image_size)."""
+    for name, tensor in backbone.state_dict().items():
+        stored = index.get(f"{prefix}{name}")
+        if stored is not None and tuple(stored.size) == tuple(tensor.shape):
+            continue
+        found = "lacks it" if stored is None else f"has {list(stored.size)}"
+        try:
+            trained = read_config(checkpoint)
+            settings = (
+                f"model.backbone={trained.model.backbone}, model.embedding_size="
+                f"{trained.model.embedding_size}, data.image_size={list(trained.data.image_size)}"
+            )
+        except (OSError, FacetrainError):
+            settings = "other model settings"
+        raise FacetrainError(
+            f"checkpoint {checkpoint} was trained with {settings} and does not fit this run's backbone "
+            f"({name}: this run has {list(tensor.shape)}, the checkpoint {found}); resume with the "
+            "settings it was trained with, or choose another train.output_dir"
+        )
+
+
+def _has_average(index: dict) -> bool:
+    return any(key.startswith(TRAINED_PREFIX) for key in index)
+
+
+def load_ema_weights(path: str | Path, ema: nn.Module) -> bool:
+    """Restore a weight average into `ema`; False when the checkpoint holds none (its run had
+    model.ema_decay 0), and the average then starts from the restored weights."""
+    checkpoint = resolve_checkpoint(path)
+    index = tensor_index(checkpoint)
+    if not _has_average(index):
+        return False
+    load_backbone_weights(checkpoint, ema, index)
+    return True
+
+
 def _param_name(optimizer_key: str) -> str:
     return optimizer_key[len("optim/backbone/") :].rsplit("/", 1)[0]
 
@@ -207,11 +319,18 @@ def _load_head(
         head.weight.copy_(
             read_class_rows(checkpoint, index, "head/weight", head.class_start, head.class_count)
         )
-    head_state = optimizer.state[head.weight]
+    # The same entries whichever mode wrote them, so a run may switch between the untiled head (state in
+    # the torch optimizer, in the weight's dtype) and the tiled one (state in its fused optimizer).
+    values = {}
     for key in {k.rsplit("/", 1)[0] if is_range_key(k) else k for k in index if k.startswith("optim/head/")}:
         state_key = key[len("optim/head/") :]
         if any(is_range_key(k) and k.rsplit("/", 1)[0] == key for k in index):
-            value = read_class_rows(checkpoint, index, key, head.class_start, head.class_count)
+            values[state_key] = read_class_rows(checkpoint, index, key, head.class_start, head.class_count)
         else:
-            value = load_tensors(checkpoint, [key], index)[key]
-        head_state[state_key] = value.to(head.weight.device)
+            values[state_key] = load_tensors(checkpoint, [key], index)[key]
+    if head.fused_optimizer is not None:
+        head.fused_optimizer.load_state_tensors(values)
+        return
+    for state_key, value in values.items():
+        dtype = head.weight.dtype if value.shape == head.weight.shape else value.dtype
+        optimizer.state[head.weight][state_key] = value.to(head.weight.device, dtype)

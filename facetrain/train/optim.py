@@ -14,6 +14,7 @@ from torch import nn
 from torch.optim.lr_scheduler import LambdaLR
 
 from facetrain.config import OptimConfig
+from facetrain.heads.fused_optim import FUSED_OPTIMIZERS, FusedOptimizer
 from facetrain.registry import Registry
 
 
@@ -29,15 +30,49 @@ OPTIMIZERS = {"sgd": _sgd, "adamw": _adamw}
 
 
 def build_optimizer(cfg: OptimConfig, backbone: nn.Module, head: nn.Module | None) -> torch.optim.Optimizer:
-    """One optimizer over both; the head may have its own weight decay (a pipeline stage may have none)."""
-    head_decay = cfg.weight_decay if cfg.head_weight_decay is None else cfg.head_weight_decay
-    groups = [{"params": list(backbone.parameters()), "weight_decay": cfg.weight_decay, "name": "backbone"}]
+    """One optimizer over both; the head may have its own weight decay (a pipeline stage may have none),
+    and the backbone its own learning rate (optim.backbone_lr_scale, for fine-tuning)."""
+    groups = [
+        {
+            "params": list(backbone.parameters()),
+            "weight_decay": cfg.weight_decay,
+            "lr": cfg.lr * cfg.backbone_lr_scale,
+            "name": "backbone",
+        }
+    ]
     if head is not None:
-        groups.append({"params": list(head.parameters()), "weight_decay": head_decay, "name": "head"})
+        # A head that updates itself (head.fused_optimizer) keeps a group without parameters: the
+        # schedule still sets its learning rate, which train_step hands to the head.
+        fused = getattr(head, "fused_optimizer", None) is not None
+        params = [] if fused else list(head.parameters())
+        groups.append({"params": params, "weight_decay": head_weight_decay(cfg), "name": "head"})
     optimizer = OPTIMIZERS[cfg.name](groups, cfg)
     for group in optimizer.param_groups:
         group.setdefault("initial_lr", group["lr"])
     return optimizer
+
+
+def head_weight_decay(cfg: OptimConfig) -> float:
+    return cfg.weight_decay if cfg.head_weight_decay is None else cfg.head_weight_decay
+
+
+def build_fused_optimizer(cfg: OptimConfig, rows: int, dim: int, state_dtype: torch.dtype) -> FusedOptimizer:
+    """The tiled head's own optimizer for a shard of `rows` classes, with optim's settings for the head."""
+    settings = {"sgd": {"momentum": cfg.momentum}, "adamw": {"betas": tuple(cfg.betas)}}[cfg.name]
+    return FUSED_OPTIMIZERS.build(
+        cfg.name,
+        rows,
+        dim,
+        lr=cfg.lr,
+        weight_decay=head_weight_decay(cfg),
+        state_dtype=state_dtype,
+        **settings,
+    )
+
+
+def head_learning_rate(optimizer: torch.optim.Optimizer) -> float:
+    """This step's learning rate for the head: its parameter group's, as the schedule set it."""
+    return next(group["lr"] for group in optimizer.param_groups if group.get("name") == "head")
 
 
 LR_SCHEDULES: Registry = Registry("lr schedule")

@@ -15,18 +15,26 @@ import torch
 from torch import nn
 from tqdm import tqdm
 
-from facetrain.checkpoints import latest_checkpoint, resolve_checkpoint
-from facetrain.config import Config, save_config
-from facetrain.data import build_train_dataset, build_train_loader
-from facetrain.errors import EveryRankError
-from facetrain.heads import ShardedMarginHead
+from facetrain.config import Config
+from facetrain.config.validate import fused_optimizer_conflict
+from facetrain.data import build_train_dataset, build_train_loader, prepare_train_data
+from facetrain.heads import ShardedMarginHead, class_range
+from facetrain.heads.memory import (
+    STORAGE_DTYPES,
+    choose_mode,
+    describe,
+    estimate_head_memory,
+    free_memory_bytes,
+)
 from facetrain.models import build_backbone
 from facetrain.parallel import comm
 from facetrain.parallel.dims import ParallelDims
 from facetrain.parallel.parallelize import parallelize_backbone
 from facetrain.parallel.pipeline import PipelineRuntime
 from facetrain.train.checkpoint import TrainState, load_checkpoint
-from facetrain.train.optim import build_lr_scheduler, build_optimizer
+from facetrain.train.init_weights import load_initial_backbone
+from facetrain.train.optim import build_fused_optimizer, build_lr_scheduler, build_optimizer
+from facetrain.train.run_dir import check_run_dir, find_checkpoint_to_resume, write_run_config
 from facetrain.train.step import StepSettings
 
 
@@ -55,29 +63,18 @@ class TrainingRun:
         return self.cfg.train.batch_size * self.dims.dp
 
 
-def find_checkpoint_to_resume(run_dir: Path, resume: str | None) -> Path | None:
-    """What to resume from, refusing to silently train over an earlier run's checkpoints."""
-    if resume is None:
-        if latest_checkpoint(run_dir) is not None:
-            raise EveryRankError(
-                f"{run_dir} already holds checkpoints; pass --resume auto to continue that run, "
-                "or choose another train.output_dir"
-            )
-        return None
-    if resume == "auto":
-        return latest_checkpoint(run_dir)
-    return resolve_checkpoint(resume)
-
-
 def build_training_run(cfg: Config, dims: ParallelDims, resume: str | None) -> TrainingRun:
     run_dir = Path(cfg.train.output_dir)
-    checkpoint = find_checkpoint_to_resume(run_dir, resume)
+    checkpoint, notes = find_checkpoint_to_resume(run_dir, resume)
+    check_run_dir(run_dir)
     if cfg.train.deterministic:
         torch.use_deterministic_algorithms(True, warn_only=True)
+    comm.primary_first(lambda: write_run_config(cfg, run_dir), also_others=False)
     if dims.is_primary:
-        run_dir.mkdir(parents=True, exist_ok=True)
-        save_config(cfg, run_dir / "config.yaml")
+        for note in notes:
+            tqdm.write(f"note: {note}")
 
+    comm.primary_first(lambda: prepare_train_data(cfg.data), also_others=False)
     dataset = comm.primary_first(lambda: build_train_dataset(cfg.data))
     if dims.is_primary:
         (run_dir / "classes.json").write_text(json.dumps(dataset.class_names))
@@ -85,21 +82,13 @@ def build_training_run(cfg: Config, dims: ParallelDims, resume: str | None) -> T
     # Same initial weights on every rank; the head is drawn the same whatever the world size.
     torch.manual_seed(cfg.train.seed)
     backbone = build_backbone(cfg.model, tuple(cfg.data.image_size))
+    if cfg.model.init is not None and checkpoint is None:
+        load_initial_backbone(cfg.model.init, backbone, cfg.model.backbone)
+        if dims.is_primary:
+            tqdm.write(f"backbone initialised from {cfg.model.init} (model.init); the head starts fresh")
     batch_shape = (cfg.train.batch_size, 3, *cfg.data.image_size)
     local, model, pipeline = parallelize_backbone(backbone, dims, cfg.parallel, batch_shape)
-    head = None
-    if dims.is_last_stage:
-        head = ShardedMarginHead(
-            dataset.num_classes,
-            cfg.model.embedding_size,
-            margin=cfg.head.margin,
-            scale=cfg.head.scale,
-            sample_rate=cfg.head.sample_rate,
-            group=dims.dp_group,
-            **cfg.head.margin_params,
-        )
-        head.reset_parameters(seed=cfg.train.seed)
-        head = head.to(dims.device)
+    head = build_head(cfg, dataset.num_classes, dims) if dims.is_last_stage else None
     loader, sampler = build_train_loader(
         dataset, cfg.data, cfg.train.batch_size, dims.dp_rank, dims.dp, cfg.train.seed
     )
@@ -124,3 +113,53 @@ def build_training_run(cfg: Config, dims: ParallelDims, resume: str | None) -> T
         cfg, dims, run_dir, dataset, loader, sampler, local, model, pipeline, head,
         optimizer, scheduler, scaler, step_settings, state, checkpoint,
     )  # fmt: skip
+
+
+def build_head(cfg: Config, num_classes: int, dims: ParallelDims) -> ShardedMarginHead:
+    """The sharded head in the mode head.mode asks for, with its own optimizer when it is tiled and
+    fused; the primary rank logs the mode and what the head holds on it.
+
+    head.mode auto takes the untiled head (the fastest) when it fits in half the free memory of the
+    tightest rank, else the tiled one; with fp32 storage and settings the fused optimizer cannot honour
+    (validate's fused_optimizer_conflict), a tiled head keeps a gradient buffer instead.
+    """
+    settings, dim = cfg.head, cfg.model.embedding_size
+    rows = class_range(num_classes, dims.dp, dims.dp_rank).count
+    global_batch = cfg.train.batch_size * dims.dp
+    weight_dtype, state_dtype = STORAGE_DTYPES[settings.weight_dtype], STORAGE_DTYPES[settings.state_dtype]
+    untiled = estimate_head_memory(rows, dim, global_batch, "untiled", optimizer=cfg.optim.name)
+    free = 0
+    if settings.mode == "auto":
+        mine = torch.tensor([free_memory_bytes(dims.device)], device=comm.collective_device(dims.dp_group))
+        free = int(comm.all_reduce_(mine, "min", dims.dp_group))
+    mode = choose_mode(settings.mode, untiled, free, torch.bfloat16 in (weight_dtype, state_dtype))
+    fused = mode == "tiled" and settings.fused_optimizer and fused_optimizer_conflict(cfg) is None
+    head = ShardedMarginHead(
+        num_classes,
+        dim,
+        margin=settings.margin,
+        scale=settings.scale,
+        sample_rate=settings.sample_rate,
+        group=dims.dp_group,
+        tile_classes=settings.tile_classes if mode == "tiled" else None,
+        dtype=weight_dtype,
+        **settings.margin_params,
+    )
+    head.reset_parameters(seed=cfg.train.seed)
+    if fused:
+        head.fuse_optimizer(build_fused_optimizer(cfg.optim, head.class_count, dim, state_dtype))
+    head = head.to(dims.device)
+    if dims.is_primary:
+        memory = estimate_head_memory(
+            rows, dim, global_batch, mode, tile_classes=settings.tile_classes, fused=fused,
+            optimizer=cfg.optim.name, weight_dtype=weight_dtype, state_dtype=state_dtype,
+        )  # fmt: skip
+        how = f"tiled, {settings.tile_classes:,} classes a tile" if mode == "tiled" else "untiled"
+        updates = f"fused {cfg.optim.name}" if fused else f"torch {cfg.optim.name}"
+        state = f", state {settings.state_dtype}" if fused else ""
+        chosen = f" (head.mode auto, {free / 2**30:.1f} GiB free)" if settings.mode == "auto" else ""
+        tqdm.write(
+            f"head: {how}{chosen}, {updates}, weight {settings.weight_dtype}{state}; {rows:,} of "
+            f"{num_classes:,} classes on this rank: {describe(memory)}"
+        )
+    return head

@@ -19,6 +19,7 @@ from torch.nn.parallel import DistributedDataParallel
 
 from facetrain.parallel.data_parallel import unwrap
 from facetrain.parallel.pipeline import PipelineRuntime
+from facetrain.train.optim import head_learning_rate
 
 AUTOCAST_DTYPES = {"fp32": None, "bf16": torch.bfloat16, "fp16": torch.float16}
 
@@ -62,13 +63,18 @@ def train_step(
     scaler: torch.amp.GradScaler,
     settings: StepSettings,
     pipeline: PipelineRuntime | None = None,
+    train_backbone: bool = True,
 ) -> StepResult:
     """Consume `settings.accumulation` batches and take one optimizer step.
 
     `model` is the backbone as parallelized for data parallelism (DDP or plain); with a `pipeline` it is
     unused and the pipeline runs this rank's stage. `head` maps (embeddings, labels) to (loss, accuracy);
-    it is None on pipeline stages that do not hold it.
+    it is None on pipeline stages that do not hold it. With `train_backbone=False` (fine-tuning's first
+    steps, optim.head_only_steps) the backbone runs without autograd, so only the head learns.
     """
+    fused = getattr(head, "fused_optimizer", None)
+    if fused is not None:  # the tiled head updates itself inside the backward, at the schedule's rate
+        fused.lr = head_learning_rate(optimizer)
     loss_sum = torch.zeros((), device=settings.device)
     accuracy_sum = torch.zeros((), device=settings.device)
     for micro_step in range(settings.accumulation):
@@ -80,7 +86,8 @@ def train_step(
         else:
             with _sync_unless(model, micro_step == settings.accumulation - 1):
                 with settings.autocast():
-                    embeddings = model(images)
+                    with torch.set_grad_enabled(train_backbone):
+                        embeddings = model(images)
                     loss, accuracy = head(embeddings, labels)
                 scaler.scale(loss / settings.accumulation).backward()
         loss_sum += loss.detach()

@@ -4,6 +4,11 @@ Read `train` from top to bottom: join the process group, check the config, build
 (`setup.build_training_run`), then step until `train.steps`. Each step is `train_step`; after it come
 the logging, verification and checkpointing that are due. Step figures stay on the device and are
 read once per log interval, so the loop never stalls the GPU between logs.
+
+Nothing a run did is lost to a fault it can survive. Before each step the ranks agree on whether to
+stop (`step_gate`): a SIGTERM or SIGINT, or a data error on any rank, stops every rank at the same step
+with a checkpoint written first. A failed verification is reported and training goes on. A rank whose
+collective fails because another rank died names that rank in one line (`parallel/failures.py`).
 """
 
 from __future__ import annotations
@@ -11,26 +16,33 @@ from __future__ import annotations
 import json
 import time
 from collections.abc import Iterator
-from dataclasses import dataclass, field
 
 import torch
 from tqdm import tqdm
 
 from facetrain.config import Config
 from facetrain.config.validate import validate
-from facetrain.errors import EveryRankError, FacetrainError
+from facetrain.errors import EveryRankError, FacetrainError, PeerFailed
+from facetrain.heads.margins import margin_at_step
+from facetrain.parallel import comm
 from facetrain.parallel.dims import destroy_parallel, init_parallel, is_initialized
-from facetrain.train.checkpoint import TrainState, save_checkpoint
+from facetrain.parallel.failures import is_collective_failure, peer_lost_error
+from facetrain.train.checkpoint import TrainState, load_ema_weights, save_checkpoint
+from facetrain.train.curves import write_run_curves
+from facetrain.train.ema import WeightEma
 from facetrain.train.evaluation import TrainingVerifier
 from facetrain.train.metrics_log import MetricsLog
 from facetrain.train.setup import TrainingRun, build_training_run
-from facetrain.train.step import StepResult, train_step
+from facetrain.train.step import train_step
+from facetrain.train.step_gate import StepGate, StopSignals
+from facetrain.train.step_window import StepWindow
 
 
 def train(cfg: Config, resume: str | None = None) -> dict:
     """Train with the config; `resume` is None, "auto" or a checkpoint path. Returns the summary."""
     owns_group = not is_initialized()  # a caller that set up the group keeps it
     dims = init_parallel(cfg.parallel.pipeline_stages, cfg.parallel.backend, cfg.parallel.timeout_s)
+    run = None
     try:
         try:
             validate(cfg, dims.world_size, device_type=dims.device.type)
@@ -38,86 +50,58 @@ def train(cfg: Config, resume: str | None = None) -> dict:
             raise EveryRankError(str(error)) from None
         run = build_training_run(cfg, dims, resume)
         return _train(run)
+    except OSError as error:  # the disk filled up, or the output folder became unwritable
+        raise FacetrainError(
+            f"cannot write {error.filename or cfg.train.output_dir}: {error.strerror or error}; the "
+            "checkpoints written so far are intact: free space, then resume with --resume auto"
+        ) from None
+    except Exception as error:
+        if dims.world_size > 1 and is_collective_failure(error):
+            step = run.state.step if run is not None else None
+            raise peer_lost_error(error, dims.rank, dims.world_size, step) from None
+        raise
     finally:
         if owns_group:
             destroy_parallel()
 
 
-@dataclass
-class StepWindow:
-    """Step figures since the last log, summed on the device, plus a watch for non-finite losses."""
-
-    device: torch.device
-    steps: int = 0
-    started: float = field(default_factory=time.perf_counter)
-    sums: torch.Tensor | None = None
-    nonfinite_in_a_row: torch.Tensor | None = None
-    worst_nonfinite_run: torch.Tensor | None = None
-    first_nonfinite_step: torch.Tensor | None = None
-
-    def __post_init__(self):
-        self.sums = torch.zeros(2, device=self.device)
-        self.nonfinite_in_a_row = torch.zeros((), dtype=torch.int64, device=self.device)
-        self.worst_nonfinite_run = torch.zeros_like(self.nonfinite_in_a_row)
-        self.first_nonfinite_step = torch.full_like(self.nonfinite_in_a_row, -1)
-
-    def add(self, result: StepResult, step: int) -> None:
-        finite = torch.isfinite(result.loss)
-        self.sums += torch.stack([result.loss, result.accuracy])
-        self.nonfinite_in_a_row = torch.where(finite, 0, self.nonfinite_in_a_row + 1)
-        self.worst_nonfinite_run = torch.maximum(self.worst_nonfinite_run, self.nonfinite_in_a_row)
-        unseen = (~finite) & (self.first_nonfinite_step < 0)
-        self.first_nonfinite_step = torch.where(unseen, step, self.first_nonfinite_step)
-        self.steps += 1
-
-    def check_finite(self, tolerated_in_a_row: int, last_checkpoint: str | None) -> None:
-        """Stop when the loss went non-finite more often in a row than tolerated (fp16's scaler skips
-        such steps and recovers; other precisions tolerate none). One host read."""
-        worst, first = torch.stack([self.worst_nonfinite_run, self.first_nonfinite_step]).tolist()
-        if worst > tolerated_in_a_row:
-            raise EveryRankError(
-                f"the loss became non-finite at step {first}; last good checkpoint: "
-                f"{last_checkpoint or 'none'}; lower optim.lr or use train.precision=fp32"
-            )
-
-    def means(self) -> tuple[float, float]:
-        loss, accuracy = (self.sums / max(self.steps, 1)).tolist()
-        return loss, accuracy
-
-    def reset(self) -> None:
-        self.sums.zero_()
-        self.steps = 0
-        self.started = time.perf_counter()
-
-
 def _train(run: TrainingRun) -> dict:
     cfg, dims, state = run.cfg, run.dims, run.state
-    verifier = TrainingVerifier(cfg, dims) if cfg.eval.pairs and not dims.pp_enabled else None
+    ledger = RunLedger(run)
     log = MetricsLog(run.run_dir, enabled=dims.is_primary)
-    batches = _batches(run, state)
+    gate = StepGate(_batches(run, state), run.step_settings.accumulation, state, dims)
     progress = tqdm(
         total=cfg.train.steps, initial=state.step, desc="train", unit="step", disable=not dims.is_primary
     )
     tolerated = cfg.train.max_nonfinite_steps if run.scaler.is_enabled() else 0
     window = StepWindow(dims.device)
-    last_checkpoint = str(run.resumed_from) if run.resumed_from else None
-    evaluation: dict = {}
+    full_margin = run.head.margin if run.head is not None else None
     started = time.perf_counter()
-    run.backbone.train()
+    signals = StopSignals().install()
     try:
         while state.step < cfg.train.steps:
+            step_batches = gate.next_step(signals)
+            if step_batches is None:
+                break
             lr = run.scheduler.get_last_lr()[0]
+            train_backbone = state.step >= cfg.optim.head_only_steps
+            run.backbone.train(train_backbone)  # a frozen backbone keeps its batch-norm statistics too
+            if run.head is not None and cfg.head.margin_warmup_steps:
+                run.head.margin = margin_at_step(full_margin, state.step, cfg.head.margin_warmup_steps)
             result = train_step(
-                batches, run.model, run.head, run.optimizer, run.scaler, run.step_settings, run.pipeline
-            )
+                iter(step_batches), run.model, run.head, run.optimizer, run.scaler, run.step_settings, run.pipeline,
+                train_backbone,
+            )  # fmt: skip
             run.scheduler.step()
+            if ledger.ema is not None:
+                ledger.ema.update(run.backbone)
             state.step += 1
             progress.update(1)
             window.add(result, state.step)
 
             final_step = state.step == cfg.train.steps
             if state.step % cfg.train.log_every == 0 or final_step:
-                window.check_finite(tolerated, last_checkpoint)
+                window.check_finite(tolerated, ledger.last_checkpoint)
                 row = _log_row(run, window, lr, time.perf_counter() - started)
                 log.log(row)
                 progress.set_postfix(
@@ -125,35 +109,111 @@ def _train(run: TrainingRun) -> dict:
                     img_s=f"{row['images_per_s']:.0f}",
                 )  # fmt: skip
                 window.reset()
-
-            is_best = False
-            if verifier is not None and ((cfg.eval.every and state.step % cfg.eval.every == 0) or final_step):
-                evaluation = verifier.run(run.backbone, state.step)
-                log.log_eval(state.step, evaluation)
-                is_best = state.best_accuracy is None or evaluation["accuracy"] > state.best_accuracy
-                if is_best:
-                    state.best_accuracy, state.best_step = evaluation["accuracy"], state.step
+            is_best = ledger.verify_if_due(final_step, log)
             if state.step % cfg.train.checkpoint_every == 0 or final_step or is_best:
-                window.check_finite(tolerated, last_checkpoint)  # never save a diverged model
-                last_checkpoint = str(_save(run, evaluation if is_best or final_step else None, is_best))
+                window.check_finite(tolerated, ledger.last_checkpoint)  # never save a diverged model
+                ledger.save(is_best, final_step)
+        if gate.stopped and ledger.saved_step != state.step and state.step > 0:
+            window.check_finite(tolerated, ledger.last_checkpoint)
+            ledger.save(is_best=False, final_step=False)
     finally:
+        signals.restore()
         progress.close()
         log.close()
+    if gate.data_failed:
+        raise _data_failure(gate, state.step, ledger.last_checkpoint)
+    return _finish(run, gate, ledger, time.perf_counter() - started)
 
+
+class RunLedger:
+    """What the loop has verified and written so far: the latest verification, the last checkpoint.
+
+    Every rank keeps one, because keeping the best checkpoint is a collective save."""
+
+    def __init__(self, run: TrainingRun):
+        self.run = run
+        cfg, dims = run.cfg, run.dims
+        self.verifier = TrainingVerifier(cfg, dims) if cfg.eval.pairs and not dims.pp_enabled else None
+        self.ema = _weight_average(run)
+        self.last_checkpoint = str(run.resumed_from) if run.resumed_from else None
+        self.saved_step = run.state.step if run.resumed_from else None
+        self.evaluation: dict = {}
+        self.evaluation_failure: str | None = None
+
+    def verify_if_due(self, final_step: bool, log: MetricsLog) -> bool:
+        """Verify when `eval.every` says so (and at the end). True when this is the best step yet."""
+        state, every = self.run.state, self.run.cfg.eval.every
+        if self.verifier is None or not ((every and state.step % every == 0) or final_step):
+            return False
+        outcome = self.verifier.run(self.run.backbone if self.ema is None else self.ema.module, state.step)
+        if outcome is None:  # reported; training goes on without verification
+            self.evaluation_failure, self.verifier = self.verifier.failure, None
+            return False
+        self.evaluation = outcome
+        log.log_eval(state.step, outcome)
+        if state.best_accuracy is not None and outcome["accuracy"] <= state.best_accuracy:
+            return False
+        state.best_accuracy, state.best_step = outcome["accuracy"], state.step
+        return True
+
+    def save(self, is_best: bool, final_step: bool) -> None:
+        run = self.run
+        saved = save_checkpoint(
+            run.run_dir,
+            run.state,
+            run.cfg,
+            run.dims,
+            run.backbone,
+            run.head,
+            run.optimizer,
+            run.scaler,
+            run.dataset.class_names,
+            evaluation=self.evaluation if is_best or final_step else None,
+            is_best=is_best,
+            keep=run.cfg.train.keep_checkpoints,
+            ema=None if self.ema is None else self.ema.module,
+        )
+        self.last_checkpoint, self.saved_step = str(saved), run.state.step
+
+
+def _finish(run: TrainingRun, gate: StepGate, ledger: RunLedger, train_seconds: float) -> dict:
+    """Write the summary and the curves; a verification that failed on the way fails the command now,
+    after every checkpoint is written."""
+    state, dims = run.state, run.dims
     summary = {
         "steps": state.step,
+        "stopped_by": gate.stop_signal.name if gate.stop_signal else None,
         "world_size": dims.world_size,
         "num_classes": run.dataset.num_classes,
-        "last_checkpoint": last_checkpoint,
+        "last_checkpoint": ledger.last_checkpoint,
         "best_accuracy": state.best_accuracy,
         "best_step": state.best_step,
-        "evaluation": evaluation,
-        "train_seconds": time.perf_counter() - started,
+        "evaluation": ledger.evaluation,
+        "train_seconds": train_seconds,
     }
     if dims.is_primary:
         (run.run_dir / "summary.json").write_text(json.dumps(summary, indent=2))
-        tqdm.write(f"done: {state.step} steps; checkpoints in {run.run_dir / 'checkpoints'}")
+        curves = write_run_curves(run.run_dir)
+        if gate.stop_signal is None:
+            tqdm.write(
+                f"done: {state.step} steps; checkpoints in {run.run_dir / 'checkpoints'}, curves in {curves}"
+            )
+    if ledger.evaluation_failure is not None:
+        raise EveryRankError(
+            f"{ledger.evaluation_failure}; training itself finished and its checkpoints are in "
+            f"{run.run_dir / 'checkpoints'}: fix eval.pairs, then run facetrain eval on the checkpoint"
+        )
     return summary
+
+
+def _data_failure(gate: StepGate, step: int, last_checkpoint: str | None) -> FacetrainError:
+    """The rank whose data failed says why, naming the step; the others stop quietly."""
+    if gate.data_error is None:
+        return PeerFailed("another rank could not read its data")
+    saved = f"checkpoint {last_checkpoint} holds steps 1-{step}" if last_checkpoint else "no step was taken"
+    return type(gate.data_error)(
+        f"step {step + 1}: {gate.data_error}; {saved}: fix the data, then resume with --resume auto"
+    )
 
 
 def _log_row(run: TrainingRun, window: StepWindow, lr: float, elapsed_s: float) -> dict:
@@ -171,21 +231,14 @@ def _log_row(run: TrainingRun, window: StepWindow, lr: float, elapsed_s: float) 
     }
 
 
-def _save(run: TrainingRun, evaluation: dict | None, is_best: bool):
-    return save_checkpoint(
-        run.run_dir,
-        run.state,
-        run.cfg,
-        run.dims,
-        run.backbone,
-        run.head,
-        run.optimizer,
-        run.scaler,
-        run.dataset.class_names,
-        evaluation=evaluation,
-        is_best=is_best,
-        keep=run.cfg.train.keep_checkpoints,
-    )
+def _weight_average(run: TrainingRun) -> WeightEma | None:
+    """The backbone's weight average (model.ema_decay), continued from the checkpoint when resuming."""
+    if run.cfg.model.ema_decay == 0:
+        return None
+    ema = WeightEma(run.backbone, run.cfg.model.ema_decay)
+    if run.resumed_from is not None and load_ema_weights(run.resumed_from, ema.module):
+        ema.updates = run.state.step
+    return ema
 
 
 def _batches(run: TrainingRun, state: TrainState) -> Iterator:
@@ -202,11 +255,13 @@ def _batches(run: TrainingRun, state: TrainState) -> Iterator:
             raise EveryRankError(
                 "the training set gives no full batch per rank; lower train.batch_size or add images"
             )
-        if dataset.bad_images and run.dims.is_primary:
-            tqdm.write(
-                f"epoch {state.epoch}: skipped {dataset.bad_images} unreadable images on rank 0 "
-                "(data.skip_bad_images)"
+        if dataset.skip_bad_images:  # every rank ends the epoch at the same batch: count them all
+            skipped = torch.tensor(
+                [dataset.bad_images], device=comm.collective_device(run.dims.control_group)
             )
+            total = int(comm.all_reduce_(skipped, "sum", run.dims.control_group))
+            if total and run.dims.is_primary:
+                tqdm.write(f"epoch {state.epoch}: skipped {total} unreadable images (data.skip_bad_images)")
         dataset.reset_bad_images()
         state.epoch += 1
         state.consumed = 0

@@ -1,0 +1,214 @@
+"""Margin softmax cross-entropy over a class shard, one tile of classes at a time (`TiledMarginSoftmax`).
+
+The untiled Function keeps a B x C/N buffer from the forward to the backward. This one never holds
+more than B x T logits (T = head.tile_classes): the forward walks the tiles with an online row max and
+sum of exponentials, and the backward recomputes each tile's logits (one extra GEMM) to produce that
+tile's logit gradient, accumulates the embedding gradient, and either updates the tile's rows at once
+with the head's fused optimizer or writes its rows of a weight gradient. Activation memory is
+O(B x T + B x D), whatever the number of classes; only a per-class norm (one float a class) is kept
+between forward and backward.
+
+The cross-rank statistics are those of the untiled head: an all-reduce MAX of the row max and an
+all-reduce SUM of [sum of exponentials, target logit, hit], batch-sized.
+"""
+
+from __future__ import annotations
+
+import torch
+
+from facetrain.heads.class_rows import class_tiles
+from facetrain.heads.fused_optim import FusedOptimizer
+from facetrain.heads.margins import Margin
+from facetrain.heads.sharded_softmax import _EPS, _compute_dtype
+from facetrain.parallel import comm
+
+
+class _Scratch:
+    """Tile-sized buffers reused from tile to tile. A fresh 16 MiB allocation per tile costs its page
+    faults on the CPU (a few ms, about a quarter of an elementwise pass over the tile)."""
+
+    def __init__(self, device: torch.device):
+        self.device = device
+        self.buffers: dict[str, torch.Tensor] = {}
+
+    def get(self, name: str, rows: int, cols: int, dtype: torch.dtype) -> torch.Tensor:
+        buffer = self.buffers.get(name)
+        if buffer is None or buffer.numel() < rows * cols or buffer.dtype != dtype:
+            buffer = self.buffers[name] = torch.empty(rows * cols, dtype=dtype, device=self.device)
+        return buffer[: rows * cols].view(rows, cols)
+
+    def mm(self, name: str, a: torch.Tensor, b: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
+        """a @ b as `dtype`, into the named buffer when no conversion is needed."""
+        if a.dtype != dtype:
+            return torch.mm(a, b).to(dtype)
+        return torch.mm(a, b, out=self.get(name, a.shape[0], b.shape[1], dtype))
+
+
+def _tile_logits(scratch, x_op, weight, rows, stat_dtype, scale):
+    """scale * cos(theta) for the tile (B x t, stat dtype) and the inverse norms of its weight rows."""
+    stored = rows.read(weight, weight.dtype)  # a view, or Partial FC's rows: never converted twice
+    inv_norm = torch.linalg.vector_norm(stored, dim=1, dtype=stat_dtype).clamp_min(_EPS).reciprocal()
+    logits = scratch.mm("logits", x_op, stored.to(x_op.dtype).t(), stat_dtype)
+    logits.mul_(inv_norm * scale)
+    return logits, inv_norm
+
+
+def _target_in_tile(target_column, rows):
+    """Which rows have their target in this tile, and its column within the tile (0 where not)."""
+    in_tile = (target_column >= rows.start) & (target_column < rows.stop)
+    return in_tile, (target_column - rows.start).clamp(0, len(rows) - 1)[:, None]
+
+
+def _replace_where(buffer, in_tile, column, values):
+    """buffer[i, column[i]] = values[i] for the rows in the tile, by mask (no host synchronisation)."""
+    kept = buffer.gather(1, column).squeeze(1)
+    buffer.scatter_(1, column, torch.where(in_tile, values, kept)[:, None])
+
+
+class TiledMarginSoftmax(torch.autograd.Function):
+    """loss = mean over the global batch of CE(scale * margin(cos), target), tile by tile.
+
+    Inputs: `embeddings` (B x D, the global batch); `weight` (c x D, this rank's whole shard, any
+    storage dtype); `index` None (every row of the shard, in order) or the sorted rows Partial FC kept;
+    `target_column` (B,) each row's target among those columns, -1 where another rank owns it;
+    `optimizer` the head's FusedOptimizer, or None to return a c x D weight gradient instead.
+    Returns the loss (identical on every rank) and the global top-1 hit count (no gradient).
+    """
+
+    @staticmethod
+    def forward(
+        ctx,
+        embeddings: torch.Tensor,
+        weight: torch.Tensor,
+        index: torch.Tensor | None,
+        target_column: torch.Tensor,
+        margin: Margin,
+        scale: float,
+        group,
+        tile_classes: int,
+        optimizer: FusedOptimizer | None,
+    ):
+        compute_dtype = _compute_dtype(embeddings.device, embeddings.dtype)
+        stat_dtype = torch.float64 if embeddings.dtype == torch.float64 else torch.float32
+        width = weight.shape[0] if index is None else index.shape[0]
+        tiles = class_tiles(width, tile_classes, index)
+        batch = embeddings.shape[0]
+        with torch.autocast(embeddings.device.type, enabled=False):
+            x = embeddings.to(stat_dtype)
+            x_norm = torch.linalg.vector_norm(x, dim=1, keepdim=True).clamp_min(_EPS)
+            x_unit = x / x_norm
+            x_op = x_unit.to(compute_dtype)
+            has_target = target_column >= 0
+
+            # Online softmax over the tiles. A row's own target column is left out (set to -inf) and
+            # merged after the loop, once its margin is known: the margin is evaluated once per step.
+            running_max = x.new_full((batch,), float("-inf"))
+            running_sum = x.new_zeros(batch)
+            target_raw = x.new_zeros(batch)
+            inv_norms = []
+            scratch = _Scratch(x.device)
+            for rows in tiles:
+                logits, inv_norm = _tile_logits(scratch, x_op, weight, rows, stat_dtype, scale)
+                inv_norms.append(inv_norm)
+                in_tile, column = _target_in_tile(target_column, rows)
+                target_raw = torch.where(in_tile, logits.gather(1, column).squeeze(1), target_raw)
+                _replace_where(logits, in_tile, column, logits.new_full((batch,), float("-inf")))
+                new_max = torch.maximum(running_max, logits.amax(dim=1))
+                # a row that has seen only its own (left out) target so far stays at -inf: shift by 0
+                shift = torch.where(new_max == float("-inf"), 0.0, new_max)
+                tile_sum = logits.sub_(shift[:, None]).exp_().sum(1)
+                running_sum = running_sum * (running_max - shift).exp() + tile_sum
+                running_max = new_max
+
+            target_cos = target_raw / scale
+            with torch.enable_grad():
+                cos_leaf = target_cos.detach().requires_grad_()
+                penalised = margin(cos_leaf)
+                (margin_slope,) = torch.autograd.grad(penalised.sum(), cos_leaf)
+            target_logit_local = torch.where(has_target, penalised.detach() * scale, target_raw)
+            row_max = torch.where(has_target, torch.maximum(running_max, target_logit_local), running_max)
+            sum_exp = running_sum * (running_max - row_max).exp()
+            sum_exp = sum_exp + torch.where(has_target, (target_logit_local - row_max).exp(), 0.0)
+
+            global_max = comm.all_reduce_(row_max.clone(), "max", group)
+            zero = sum_exp.new_zeros(())
+            stats = torch.stack(
+                [
+                    sum_exp * (row_max - global_max).exp(),
+                    torch.where(has_target, target_logit_local, zero),
+                    # margins only lower the target logit: the plain one reaches the row max exactly
+                    # when no other class beats it
+                    torch.where(has_target, (target_raw >= global_max).to(sum_exp.dtype), zero),
+                ]
+            )
+            comm.all_reduce_(stats, "sum", group)
+            sum_exp, target_logit, hits = stats
+            loss = (sum_exp.log() + global_max - target_logit).mean()
+
+        ctx.save_for_backward(
+            x_unit, x_norm, weight, index, torch.cat(inv_norms), target_column, target_logit_local,
+            margin_slope, sum_exp, global_max,
+        )  # fmt: skip
+        ctx.scale, ctx.tile_classes, ctx.optimizer = scale, tile_classes, optimizer
+        ctx.compute_dtype, ctx.embedding_dtype = compute_dtype, embeddings.dtype
+        hit_count = hits.sum()
+        ctx.mark_non_differentiable(hit_count)
+        return loss, hit_count
+
+    @staticmethod
+    @torch.autograd.function.once_differentiable
+    def backward(ctx, grad_loss, _grad_hits):
+        (
+            x_unit, x_norm, weight, index, inv_norms, target_column, target_logit_local,
+            margin_slope, sum_exp, global_max,
+        ) = ctx.saved_tensors  # fmt: skip
+        scale, optimizer = ctx.scale, ctx.optimizer
+        wants_x, wants_weight = ctx.needs_input_grad[0], ctx.needs_input_grad[1]
+        stat_dtype, batch = x_unit.dtype, x_unit.shape[0]
+        width = inv_norms.shape[0]
+        with torch.autocast(x_unit.device.type, enabled=False), torch.no_grad():
+            x_op = x_unit.to(ctx.compute_dtype)
+            # d loss / d logit = (softmax - onehot) grad / B; the row factor grad / (B sum_exp) goes
+            # into the B x D operands, so targets are corrected in unscaled units: (exp - sum_exp)
+            row_factor = grad_loss.to(stat_dtype) / (batch * sum_exp)
+            at_target = (target_logit_local - global_max).exp()
+            corrected_target = (at_target - sum_exp) * margin_slope
+            scaled_x = (x_unit * row_factor[:, None]).to(ctx.compute_dtype)
+            grad_x_unit = torch.zeros_like(x_unit) if wants_x else None
+            grad_weight = torch.zeros_like(weight) if wants_weight and optimizer is None else None
+            if wants_weight and optimizer is not None:
+                optimizer.begin_step()
+
+            scratch = _Scratch(x_unit.device)
+            for rows in class_tiles(width, ctx.tile_classes, index):
+                stored = rows.read(weight, weight.dtype)
+                w = stored.to(stat_dtype)
+                w_op = w if ctx.compute_dtype == stat_dtype else stored.to(ctx.compute_dtype)
+                inv_norm = inv_norms[rows.start : rows.stop]
+                column_factor = inv_norm * scale
+                exps = scratch.mm("logits", x_op, w_op.t(), stat_dtype)
+                torch.addcmul(-global_max[:, None], exps, column_factor, out=exps).exp_()
+                in_tile, column = _target_in_tile(target_column, rows)
+                _replace_where(exps, in_tile, column, corrected_target)
+                grad_raw = exps.mul_(column_factor).to(ctx.compute_dtype)  # through scale / |w|
+                if wants_x and grad_raw.dtype == stat_dtype:
+                    grad_x_unit.addmm_(grad_raw, w_op)
+                elif wants_x:
+                    grad_x_unit += torch.mm(grad_raw, w_op).to(stat_dtype)
+                if not wants_weight:
+                    continue
+                raw_grad = scratch.mm("weight_grad", grad_raw.t(), scaled_x, stat_dtype)
+                # through 1/|w|: the component along w is removed, per class
+                product = torch.mul(raw_grad, w, out=scratch.get("product", *w.shape, stat_dtype))
+                radial = product.sum(1).mul_(inv_norm.square())
+                if optimizer is not None:
+                    optimizer.update(weight, rows, w, raw_grad, radial)
+                else:
+                    rows.write(grad_weight, raw_grad.addcmul_(w, radial[:, None], value=-1.0))
+
+            grad_x = None
+            if wants_x:
+                grad_x_unit.mul_(row_factor[:, None])
+                radial_x = torch.einsum("bd,bd->b", grad_x_unit, x_unit)
+                grad_x = ((grad_x_unit - x_unit * radial_x[:, None]) / x_norm).to(ctx.embedding_dtype)
+        return grad_x, grad_weight, None, None, None, None, None, None, None

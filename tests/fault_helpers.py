@@ -1,0 +1,104 @@
+"""Shared by the fault tests: runs that are interrupted on purpose, and exact comparisons of their results."""
+
+from __future__ import annotations
+
+import csv
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import torch
+
+from facetrain.checkpoints import resolve_checkpoint
+from facetrain.parallel.checkpoint_io import load_tensors, tensor_index
+from tests.train_helpers import REPO
+
+ENV = {**os.environ, "PYTHONUNBUFFERED": "1", "OMP_NUM_THREADS": "1"}
+
+
+def checkpoint_tensors(path: Path) -> dict[str, torch.Tensor]:
+    """Every tensor of a checkpoint (backbone, head shards, optimizer state, RNG states)."""
+    checkpoint = resolve_checkpoint(path)
+    index = tensor_index(checkpoint)
+    return load_tensors(checkpoint, list(index), index)
+
+
+def assert_same_checkpoint(actual: Path, expected: Path) -> None:
+    """Bit for bit: a resumed run must end exactly where an uninterrupted one does."""
+    got, want = checkpoint_tensors(actual), checkpoint_tensors(expected)
+    assert sorted(got) == sorted(want)
+    for key, tensor in want.items():
+        assert torch.equal(got[key], tensor), f"{key} differs after resuming"
+
+
+def start(*args: str, new_session: bool = True) -> subprocess.Popen:
+    """`facetrain ARGS` in the background, in its own session so its whole process tree can be signalled."""
+    return subprocess.Popen(
+        [sys.executable, "-m", "facetrain", *args],
+        cwd=REPO,
+        env=ENV,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        start_new_session=new_session,
+    )
+
+
+def logged_step(run_dir: Path) -> int:
+    """The last step written to metrics.csv (0 before the first)."""
+    path = run_dir / "metrics.csv"
+    if not path.exists():
+        return 0
+    with path.open() as handle:
+        rows = list(csv.DictReader(handle))
+    try:
+        return int(rows[-1]["step"]) if rows else 0
+    except (KeyError, ValueError):  # a row being written
+        return 0
+
+
+def wait_for_step(process: subprocess.Popen, run_dir: Path, step: int, timeout: float = 180) -> int:
+    deadline = time.monotonic() + timeout
+    while (reached := logged_step(run_dir)) < step:
+        if process.poll() is not None:
+            raise AssertionError(f"training ended before step {step}:\n{process.stderr.read()}")
+        assert time.monotonic() < deadline, f"step {step} not reached within {timeout} s"
+        time.sleep(0.02)
+    return reached
+
+
+def signal_group(process: subprocess.Popen, sig: int) -> None:
+    os.killpg(process.pid, sig)
+
+
+def rank_processes(launcher_pid: int) -> list[int]:
+    """The rank processes a launcher (`--nproc` or torchrun) started, in start order."""
+    children = Path(f"/proc/{launcher_pid}/task/{launcher_pid}/children").read_text().split()
+    ranks = []
+    for pid in map(int, children):
+        try:
+            command = Path(f"/proc/{pid}/cmdline").read_bytes()
+        except FileNotFoundError:
+            continue
+        if b"spawn_main" in command or b"facetrain" in command:
+            ranks.append(pid)
+    return sorted(ranks)
+
+
+def error_lines(stderr: str) -> list[str]:
+    """stderr without progress-bar output and library warnings: what the user is told."""
+    lines = [line.rsplit("\r", 1)[-1] for line in stderr.splitlines()]
+    return [
+        line
+        for line in lines
+        if line.strip() and not line.startswith(("train:", "synth:", "[ WARN", "[ERROR"))
+    ]
+
+
+def kill_all(process: subprocess.Popen) -> None:
+    if process.poll() is None:
+        signal_group(process, signal.SIGKILL)
+    process.communicate()

@@ -1,0 +1,91 @@
+"""Training curves: a run's figures read back as logged (a resumed run's repeated steps once), drawn for
+one run or several, and `facetrain plot`'s refusals."""
+
+from __future__ import annotations
+
+import csv
+import json
+from pathlib import Path
+
+import pytest
+from click.testing import CliRunner
+
+from facetrain.cli import main
+from facetrain.errors import FacetrainError
+from facetrain.train.curves import plot_curves, read_run_curves
+
+PNG_SIGNATURE = b"\x89PNG\r\n\x1a\n"
+
+
+def fake_run(
+    root: Path, name: str, rows: list[tuple[int, float, float]], evaluations: dict[int, float]
+) -> Path:
+    run = root / name
+    (run / "eval").mkdir(parents=True)
+    with (run / "metrics.csv").open("w", newline="") as handle:
+        writer = csv.writer(handle)
+        writer.writerow(["step", "epoch", "loss", "accuracy", "lr", "images_per_s", "elapsed_s"])
+        for step, loss, accuracy in rows:
+            writer.writerow([step, 0, loss, accuracy, 0.1, 100.0, step / 10])
+    for step, accuracy in evaluations.items():
+        (run / "eval" / f"step_{step:08d}.json").write_text(json.dumps({"step": step, "accuracy": accuracy}))
+    return run
+
+
+def test_a_resumed_run_keeps_the_later_row_of_each_step(tmp_path):
+    # steps 20 and 30 were logged, the run died after the checkpoint at 20 and resumed from it
+    rows = [(10, 4.0, 0.1), (20, 3.0, 0.3), (30, 2.9, 0.35), (30, 2.5, 0.4), (40, 2.0, 0.6)]
+    run = fake_run(tmp_path, "orl", rows, {40: 0.9, 20: 0.8})
+    curves = read_run_curves(run)
+    assert curves.label == "orl"
+    assert curves.steps == [10, 20, 30, 40]
+    assert curves.loss == [4.0, 3.0, 2.5, 2.0] and curves.accuracy == [0.1, 0.3, 0.4, 0.6]
+    assert curves.eval_steps == [20, 40] and curves.eval_accuracy == [0.8, 0.9]
+    assert read_run_curves(run, "baseline").label == "baseline"
+
+
+def test_plot_writes_a_png_for_runs_with_and_without_verification(tmp_path):
+    with_eval = read_run_curves(fake_run(tmp_path, "a", [(10, 3.0, 0.2), (20, 2.0, 0.5)], {20: 0.7}))
+    without = read_run_curves(fake_run(tmp_path, "b", [(10, 3.5, 0.1), (20, 2.5, 0.4)], {}))
+    for runs, name in (([with_eval, without], "both.png"), ([without], "plain.png")):
+        out = plot_curves(runs, tmp_path / name)
+        assert out.read_bytes()[:8] == PNG_SIGNATURE and out.stat().st_size > 10_000
+    assert not list(tmp_path.glob(".*tmp*"))  # written atomically, nothing left beside it
+
+
+def test_bad_runs_are_one_line_errors(tmp_path):
+    with pytest.raises(FacetrainError, match="has no metrics.csv; give a run directory"):
+        read_run_curves(tmp_path)
+    run = fake_run(tmp_path, "broken", [(10, 3.0, 0.2)], {})
+    (run / "metrics.csv").write_text("step,epoch,loss,accuracy\n10,0,three,0.2\n")
+    with pytest.raises(FacetrainError, match=r"metrics.csv line 2: expected step, loss and accuracy"):
+        read_run_curves(run)
+    (run / "metrics.csv").write_text("step,epoch,loss,accuracy\n10,0,3.0,0.2\n")
+    (run / "eval" / "step_00000010.json").write_text("{not json")
+    with pytest.raises(FacetrainError, match=r"step_00000010.json is not a verification result"):
+        read_run_curves(run)
+
+
+def test_plot_command_compares_runs_and_never_overwrites_unasked(tmp_path):
+    first = fake_run(tmp_path, "first", [(10, 3.0, 0.2), (20, 2.0, 0.5)], {20: 0.7})
+    second = fake_run(tmp_path, "second", [(10, 3.2, 0.2), (20, 2.2, 0.4)], {20: 0.6})
+    out = tmp_path / "compare.png"
+    runner = CliRunner()
+    args = ["plot", str(first), str(second), "--label", "EMA", "--label", "no EMA", "-o", str(out)]
+    result = runner.invoke(main, args)
+    assert result.exit_code == 0, result.output
+    assert "wrote" in result.output and "(2 runs)" in result.output
+    assert out.read_bytes()[:8] == PNG_SIGNATURE
+    before = out.read_bytes()
+
+    refused = runner.invoke(main, args)
+    assert refused.exit_code == 2 and "already exists; pass --overwrite" in refused.output
+    assert out.read_bytes() == before
+    assert runner.invoke(main, [*args, "--overwrite"]).exit_code == 0
+
+    mismatched = runner.invoke(main, ["plot", str(first), str(second), "--label", "one", "-o", str(out)])
+    assert mismatched.exit_code == 2 and "1 --label for 2 runs" in mismatched.output
+    missing = runner.invoke(main, ["plot", str(tmp_path / "nowhere"), "-o", str(tmp_path / "x.png")])
+    assert missing.exit_code == 2 and "has no metrics.csv" in missing.output
+    help_text = runner.invoke(main, ["plot", "--help"]).output
+    assert "Examples:" in help_text and "facetrain plot runs/orl_small" in help_text

@@ -1,0 +1,106 @@
+"""model.ema_decay: the weight average against a plain reference, and in training: verified, checkpointed
+as the backbone (the trained weights beside it), exported, and resumed exactly."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+import torch
+from torch import nn
+
+from facetrain.checkpoints import load_backbone, resolve_checkpoint
+from facetrain.eval.verify_pairs import load_pairs, verify
+from facetrain.parallel.checkpoint_io import load_tensors, tensor_index
+from facetrain.train.checkpoint import TRAINED_PREFIX
+from facetrain.train.ema import WeightEma
+from tests.train_helpers import logged_losses, run_cli, tiny_config
+
+
+def small_net() -> nn.Module:
+    torch.manual_seed(0)
+    return nn.Sequential(nn.Linear(5, 4), nn.BatchNorm1d(4), nn.PReLU(4)).double()
+
+
+def test_average_matches_the_plain_formula_with_its_warmup():
+    net = small_net()
+    ema = WeightEma(net, decay=0.9)
+    reference = {k: v.clone() for k, v in net.state_dict().items()}
+    generator = torch.Generator().manual_seed(1)
+    for update in range(1, 100):  # the decay warms up to 0.9 at the 81st
+        with torch.no_grad():
+            for param in net.parameters():
+                param.add_(torch.randn(param.shape, generator=generator, dtype=param.dtype))
+        net.train()(torch.randn(6, 5, generator=generator, dtype=torch.float64))  # moves batch-norm stats
+        ema.update(net)
+        decay = min(0.9, (1 + update) / (10 + update))
+        for key, value in net.state_dict().items():
+            if value.is_floating_point():
+                reference[key] = decay * reference[key] + (1 - decay) * value
+            else:
+                reference[key] = value.clone()
+    assert ema.updates == 99 and ema.current_decay() == 0.9
+    for key, value in ema.module.state_dict().items():
+        torch.testing.assert_close(value, reference[key], rtol=0, atol=1e-12, msg=key)
+    assert int(ema.module.state_dict()["1.num_batches_tracked"]) == 99  # copied, not averaged
+    assert not ema.module.training and not any(p.requires_grad for p in ema.module.parameters())
+    assert all(
+        a.data_ptr() != b.data_ptr() for a, b in zip(ema.module.parameters(), net.parameters())
+    )  # a copy, not a view of the live weights
+
+
+def checkpoint_entries(run: Path, prefix: str) -> dict[str, torch.Tensor]:
+    checkpoint = resolve_checkpoint(run)
+    index = tensor_index(checkpoint)
+    keys = [k for k in index if k.startswith(prefix)]
+    return {k[len(prefix) :]: v for k, v in load_tensors(checkpoint, keys, index).items()}
+
+
+HALF = 3
+RECIPE = {
+    "model": {"backbone": "small", "embedding_size": 32, "ema_decay": 0.9},
+    "head": {"margin": "arcface", "scale": 16.0, "margin_params": {"m": 0.3}, "margin_warmup_steps": 4},
+}
+
+
+@pytest.mark.slow
+def test_training_verifies_exports_and_resumes_the_average(tmp_path):
+    pairs = str(tmp_path / "synth" / "heldout" / "pairs.txt")
+    straight = tiny_config(
+        tmp_path,
+        "straight",
+        **RECIPE,
+        eval={"pairs": pairs},
+        train={"steps": 2 * HALF, "checkpoint_every": HALF},
+    )
+    halves = tiny_config(tmp_path, "halves", **RECIPE, eval={"pairs": pairs}, train={"steps": HALF})
+    for args in (
+        ("-c", str(straight)),
+        ("-c", str(halves)),
+        ("-c", str(halves), "--set", f"train.steps={2 * HALF}", "--resume", "auto"),
+    ):
+        result = run_cli("train", *args, "--nproc", "2")
+        assert result.returncode == 0, result.stderr
+
+    # resumed exactly: the same losses, the same average and the same trained weights
+    assert logged_losses(tmp_path / "halves") == pytest.approx(logged_losses(tmp_path / "straight"), abs=1e-6)
+    for prefix in ("backbone/", TRAINED_PREFIX):
+        expected = checkpoint_entries(tmp_path / "straight", prefix)
+        resumed = checkpoint_entries(tmp_path / "halves", prefix)
+        assert sorted(expected) == sorted(resumed) and expected
+        for name, tensor in expected.items():
+            torch.testing.assert_close(resumed[name], tensor, rtol=0, atol=1e-6, msg=prefix + name)
+
+    # the checkpoint's backbone is the average, and it is what was verified and what load_backbone reads
+    run = tmp_path / "straight"
+    average, trained = checkpoint_entries(run, "backbone/"), checkpoint_entries(run, TRAINED_PREFIX)
+    assert any(not torch.equal(average[k], trained[k]) for k in average if average[k].is_floating_point())
+    backbone, config, _ = load_backbone(run)
+    for name, tensor in backbone.state_dict().items():
+        assert torch.equal(tensor, average[name]), name
+    evaluation = json.loads((run / "summary.json").read_text())["evaluation"]
+    outcome = verify(load_pairs(pairs), backbone, tuple(config.data.image_size), progress=False)
+    assert evaluation["xnorm"] == pytest.approx(outcome.xnorm, rel=1e-5)
+    assert evaluation["accuracy"] == pytest.approx(outcome.accuracy, abs=1e-9)
+    assert (run / "curves.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
