@@ -74,6 +74,8 @@ BAD_VALUES = [
     (["head.tile_classes=0"], "head.tile_classes", "0"),
     (["head.weight_dtype=fp16"], "head.weight_dtype", "'fp16'"),
     (["head.state_dtype=fp64"], "head.state_dtype", "'fp64'"),
+    (["head.sub_centers=0"], "head.sub_centers", "0"),
+    (["head.sub_centers=3", "head.mode=tiled"], "head.sub_centers", "3"),
     # optim
     (["optim.name=bogus"], "optim.name", "'bogus'"),
     (["optim.lr=0"], "optim.lr", "0.0"),

@@ -82,6 +82,7 @@ def test_parameter_counts_are_in_the_expected_ranges():
     assert 60e6 < counts["r100"] < 70e6  # IResNet-100 has 65.2M
     assert 20e6 < counts["reid_r50"] < 30e6  # torchvision ResNet-50 without its 1000-way FC
     assert 0.5e6 < counts["small"] < 2e6
+    assert counts["small_pooled"] < counts["small"] < counts["small_wide"] < 4e6
 
 
 def run_step(backbone: nn.Module, images: torch.Tensor) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:

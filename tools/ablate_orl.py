@@ -42,14 +42,18 @@ def write_orl_split(orl: Path, out: Path) -> tuple[Path, Path, Path]:
     from facetrain.eval.pair_making import balanced_pair_set, write_pairs_csv
 
     out.mkdir(parents=True, exist_ok=True)
+
+    def photo(subject: int, image: int) -> Path:  # ORL's K.pgm, or an aligned copy's K.png
+        return next((orl / f"s{subject}").glob(f"{image}.*"))
+
     train_list = out / "orl_train.csv"
     with train_list.open("w", newline="") as handle:
         writer = csv.writer(handle)
         writer.writerow(["path", "label"])
         for subject in TRAIN_SUBJECTS:
             for image in range(1, 11):
-                writer.writerow([orl / f"s{subject}" / f"{image}.pgm", subject - 1])
-    held_out = [(s, orl / f"s{s}" / f"{k}.pgm") for s in HELD_OUT_SUBJECTS for k in range(1, 11)]
+                writer.writerow([photo(subject, image), subject - 1])
+    held_out = [(s, photo(s, k)) for s in HELD_OUT_SUBJECTS for k in range(1, 11)]
     balanced = out / "orl_balanced_pairs.csv"
     subjects, paths = zip(*held_out)
     write_pairs_csv(balanced_pair_set(paths, subjects, "orl s31-s40", seed=0), balanced, overwrite=True)
@@ -130,7 +134,9 @@ def main() -> None:
     parser.add_argument("--set", action="append", default=[], metavar="SECTION.KEY=VALUE")
     parser.add_argument("--seeds", type=int, nargs="+", default=[0, 1, 2])
     parser.add_argument("--nproc", type=int, default=2)
-    parser.add_argument("--orl", type=Path, default=ORL, help="the ORL root (s1..s40)")
+    parser.add_argument(
+        "--orl", type=Path, default=ORL, help="the ORL root (s1..s40), or its copy by `facetrain align`"
+    )
     parser.add_argument("--out", type=Path, default=REPO / "runs" / "ablate_orl")
     parser.add_argument(
         "--train-folder", type=Path, help="train on this folder of identities instead of ORL s1-s30"
@@ -142,7 +148,8 @@ def main() -> None:
     args = parser.parse_args()
     if (args.out / args.name).exists():
         sys.exit(f"{args.out / args.name} exists; pick another row name or remove it")
-    split = write_orl_split(args.orl.resolve(), args.out / "split")
+    orl = args.orl.resolve()
+    split = write_orl_split(orl, args.out / ("split" if orl == ORL.resolve() else f"split_{orl.name}"))
     rows = []
     for seed in args.seeds:
         row = train_seed(args, split, seed)

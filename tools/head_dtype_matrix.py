@@ -8,7 +8,7 @@ on a shared machine hits the rows of a seed alike. `head.tile_classes` is small 
 each rank's shard unevenly, as on a large run.
 
 Datasets: `orl` trains configs/orl_small.yaml on ORL s1-s30 and verifies on the balanced pairs of the
-held-out s31-s40 (tests/test_train_learns.py's split: 450 matched + 450 mismatched, 10 folds);
+held-out s31-s40 (tools/ablate_orl.py's split, the tests': 450 matched + 450 mismatched, 10 folds);
 `synth` trains configs/demo.yaml on the built-in synthetic faces (200 identities, made once under
 OUT) and verifies on its 60 held-out identities (1,200 pairs), at `--image-size` pixels.
 
@@ -52,17 +52,10 @@ def facetrain(*args: str) -> None:
 
 def orl_recipe(out: Path, args: argparse.Namespace) -> tuple[Path, list[str]]:
     sys.path.insert(0, str(REPO))
-    from tests.test_train_learns import write_orl_split
+    from tools.ablate_orl import write_orl_split
 
-    split = out / "split"
-    if not (split / "orl_balanced_pairs.csv").exists():
-        split.mkdir(parents=True, exist_ok=True)
-        write_orl_split(args.orl.resolve(), split)
-    overrides = [
-        "data.source=list",
-        f"data.path={split / 'orl_train.csv'}",
-        f"eval.pairs={split / 'orl_balanced_pairs.csv'}",
-    ]
+    train_list, balanced, _ = write_orl_split(args.orl.resolve(), out / "split")
+    overrides = ["data.source=list", f"data.path={train_list}", f"eval.pairs={balanced}"]
     return REPO / "configs" / "orl_small.yaml", overrides
 
 

@@ -105,6 +105,9 @@ class HeadConfig:
     margin_params: dict[str, float] = field(default_factory=dict)
     # the margin grows linearly from none (plain normalised softmax) to its full value over these steps
     margin_warmup_steps: int = setting(0, at_least(0))
+    # sub-center ArcFace: K centres a class, a class's cosine is its nearest centre's; K > 1 lets a class
+    # with noisy or varied photos keep its outliers on a centre of their own (untiled head only)
+    sub_centers: int = setting(1, at_least(1))
     # untiled (fastest: one B x C/N logit buffer) | tiled (B x tile_classes logits at a time) | auto:
     # untiled when its weight, gradient, optimizer state and logits fit in half the free device memory
     mode: str = setting("auto", OneOf(("auto", "untiled", "tiled")))

@@ -134,9 +134,16 @@ def fused_optimizer_conflict(cfg: Config) -> Problem | None:
 def _head_mode_settings(s: Context) -> Problem | None:
     """bf16 storage needs the fused optimizer (it alone rounds updates stochastically); a head that will
     certainly use it must not be given settings it cannot honour. head.mode auto with fp32 storage
-    keeps a gradient buffer instead when it picks tiles for such a run."""
+    keeps a gradient buffer instead when it picks tiles for such a run. Sub-centers exist in the
+    untiled head only (head.mode auto then always picks it)."""
     head = s.cfg.head
     low_precision = [key for key in ("weight_dtype", "state_dtype") if getattr(head, key) == "bf16"]
+    if head.sub_centers > 1 and (head.mode == "tiled" or low_precision):
+        return (
+            "head.sub_centers",
+            head.sub_centers,
+            "needs the untiled head: head.mode untiled or auto, weight_dtype and state_dtype fp32",
+        )
     if low_precision and (head.mode == "untiled" or not head.fused_optimizer):
         return (
             f"head.{low_precision[0]}",

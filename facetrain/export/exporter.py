@@ -90,9 +90,13 @@ def _export_head(loaded: LoadedModel, out_dir: Path) -> dict[str, Any]:
     """The full head, gathered from however many shards training used, with its class names."""
     weight: torch.Tensor = load_full_head(loaded.source)
     head_config = loaded.card["training"]["config"]["head"]
+    sub_centers = int(head_config.get("sub_centers", 1))
+    if sub_centers > 1:  # classes x sub-centers x embedding
+        weight = weight.view(weight.shape[0], sub_centers, -1)
     metadata = {"margin": str(head_config["margin"]), "scale": str(head_config["scale"])}
+    metadata["sub_centers"] = str(sub_centers)
     entry = write_head(weight, out_dir, metadata)
-    entry.update(margin=head_config["margin"], scale=head_config["scale"])
+    entry.update(margin=head_config["margin"], scale=head_config["scale"], sub_centers=sub_centers)
     classes = resolve_checkpoint(loaded.source) / CLASSES_NAME
     if classes.is_file():
         with atomic_target(out_dir / CLASSES_NAME) as tmp:

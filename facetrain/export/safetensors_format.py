@@ -47,8 +47,9 @@ def read_safetensors_into(module: nn.Module, path: Path, device: torch.device | 
 
 
 def write_head(weight: torch.Tensor, out_dir: Path, metadata: dict[str, str]) -> dict[str, Any]:
-    """Write the full (classes x embedding) head weight gathered from its shards."""
+    """Write the full head weight gathered from its shards: classes x embedding, or classes x
+    sub-centers x embedding."""
     path = out_dir / HEAD_NAME
     with atomic_target(path) as tmp:
         save_file({"weight": weight.detach().to("cpu").contiguous()}, str(tmp), metadata=metadata)
-    return {"file": HEAD_NAME, "num_classes": int(weight.shape[0]), "embedding_size": int(weight.shape[1])}
+    return {"file": HEAD_NAME, "num_classes": int(weight.shape[0]), "embedding_size": int(weight.shape[-1])}

@@ -35,6 +35,9 @@ class ShardedMarginHead(MarginHead):
     fastest: one B x C/N logit buffer) and tiled (at most B x `tile_classes` logits at a time). A tiled
     head can own its optimizer (`fuse_optimizer`): each tile's rows are then updated inside the
     backward and no weight gradient exists, which is what lets the weight live in bf16 (`dtype`).
+
+    `sub_centers` K > 1 (sub-center ArcFace, untiled only) gives each class K weight rows, class-major,
+    so a class's centres always share a shard; checkpoints store them as one row of K x D per class.
     """
 
     def __init__(
@@ -48,6 +51,7 @@ class ShardedMarginHead(MarginHead):
         check_every_step: bool = False,
         tile_classes: int | None = None,
         dtype: torch.dtype = torch.float32,
+        sub_centers: int = 1,
         **margin_params: float,
     ):
         if not 0.0 < sample_rate <= 1.0:
@@ -60,8 +64,15 @@ class ShardedMarginHead(MarginHead):
             )
         if tile_classes is not None and tile_classes < 1:
             raise FacetrainError(f"head tile_classes must be >= 1, got {tile_classes} (head.tile_classes)")
+        if sub_centers < 1 or (sub_centers > 1 and tile_classes is not None):
+            raise FacetrainError(
+                f"head sub_centers must be >= 1 and needs the untiled head when > 1, got {sub_centers} "
+                f"(head.sub_centers, head.mode)"
+            )
         class_start, class_count = class_range(num_classes, world_size, rank)
-        super().__init__(num_classes, embedding_size, class_count, margin, scale, dtype, **margin_params)
+        rows = class_count * sub_centers
+        super().__init__(num_classes, embedding_size, rows, margin, scale, dtype, **margin_params)
+        self.sub_centers = sub_centers
         self.group = group
         self.world_size, self.rank = world_size, rank
         self.class_start, self.class_count = class_start, class_count
@@ -100,11 +111,16 @@ class ShardedMarginHead(MarginHead):
             for index in range(first, last + 1):
                 generator = torch.Generator().manual_seed(seed * 1_000_003 + index)
                 low, high = index * block, min((index + 1) * block, self.num_classes)
-                rows = torch.randn(high - low, self.embedding_size, generator=generator) * 0.01
+                shape = (high - low, self.sub_centers * self.embedding_size)
+                rows = torch.randn(shape, generator=generator) * 0.01
                 start, stop = max(low, self.class_start), min(high, self.class_stop)
-                self.weight[start - self.class_start : stop - self.class_start] = rows[
+                self.per_class(self.weight)[start - self.class_start : stop - self.class_start] = rows[
                     start - low : stop - low
                 ]
+
+    def per_class(self, tensor: torch.Tensor) -> torch.Tensor:
+        """A weight-shaped tensor (the weight, its momentum) as one row per class: K x D wide."""
+        return tensor.view(self.class_count, -1)
 
     @property
     def class_stop(self) -> int:
@@ -115,6 +131,7 @@ class ShardedMarginHead(MarginHead):
             f"classes={self.class_start}:{self.class_stop} of {self.num_classes}, "
             f"embedding_size={self.embedding_size}, margin={self.margin}, scale={self.scale}, "
             f"sample_rate={self.sample_rate}, mode={self.mode}, tile_classes={self.tile_classes}, "
+            f"sub_centers={self.sub_centers}, "
             f"dtype={self.weight.dtype}, rank={self.rank}/{self.world_size}"
         )
 
@@ -136,10 +153,11 @@ class ShardedMarginHead(MarginHead):
         if self.sample_rate < 1.0:
             kept, target_column = self._sample_classes(local_labels)
         if self.tile_classes is None:
-            weight = self.weight if kept is None else self.weight[kept]
+            weight = self.weight if kept is None else self.per_class(self.weight)[kept]
             loss, hits = ShardedMarginSoftmax.apply(
-                global_embeddings, weight, target_column, self.margin, self.scale, self.group
-            )
+                global_embeddings, weight.view(-1, self.embedding_size), target_column, self.margin,
+                self.scale, self.group, self.sub_centers,
+            )  # fmt: skip
         else:
             loss, hits = TiledMarginSoftmax.apply(
                 global_embeddings, self.weight, kept, target_column, self.margin, self.scale, self.group,

@@ -5,6 +5,10 @@ the backward, which turns it in place into the logit gradient. Only batch-sized 
 ranks: the row max, then [sum of exponentials, target logit, hit] in one all-reduce. The three GEMMs
 (logits, embedding gradient, weight gradient) dominate; everything else is one or two passes over
 the buffer, which is what lets the step stay close to the cost of its GEMMs.
+
+With K sub-centers a class (sub-center ArcFace) the weight holds K rows a class, class-major; the
+logit GEMM gives a (B x cK) buffer whose per-class maximum becomes the (B x c) buffer above, and the
+backward routes each class's logit gradient to the centre that won.
 """
 
 from __future__ import annotations
@@ -46,13 +50,14 @@ def _compute_dtype(device: torch.device, dtype: torch.dtype) -> torch.dtype:
 class ShardedMarginSoftmax(torch.autograd.Function):
     """loss = mean over the global batch of CE(scale * margin(cos), target), computed shard by shard.
 
-    Inputs: `embeddings` (B x D, the global batch), `weight` (c x D, this rank's classes),
-    `target_column` (B,) the column of each row's target within `weight`, or -1 where another rank
-    owns it. Returns the loss (identical on every rank) and the global top-1 hit count (no gradient).
+    Inputs: `embeddings` (B x D, the global batch), `weight` (cK x D: this rank's c classes, K rows a
+    class), `target_column` (B,) the column of each row's target among the c classes, or -1 where
+    another rank owns it. Returns the loss (identical on every rank) and the global top-1 hit count
+    (no gradient).
     """
 
     @staticmethod
-    def forward(ctx, embeddings, weight, target_column, margin: Margin, scale: float, group):
+    def forward(ctx, embeddings, weight, target_column, margin: Margin, scale: float, group, sub_centers=1):
         compute_dtype = _compute_dtype(embeddings.device, embeddings.dtype)
         # statistics in fp32 (fp64 only when the caller works in fp64, as exactness tests do)
         stat_dtype = torch.float64 if embeddings.dtype == torch.float64 else torch.float32
@@ -66,6 +71,9 @@ class ShardedMarginSoftmax(torch.autograd.Function):
             logits = torch.mm(x_unit.to(compute_dtype), w.to(compute_dtype).t())
             logits = logits.to(stat_dtype)
             logits.mul_(w_inv_norm * scale)  # now scale * cos(theta)
+            nearest_centre = None
+            if sub_centers > 1:
+                logits, nearest_centre = logits.view(logits.shape[0], -1, sub_centers).max(dim=2)
 
             # Rows whose target another rank owns (column -1) take part through masks, not indexing,
             # so no step waits on the host for the number of local targets.
@@ -99,7 +107,9 @@ class ShardedMarginSoftmax(torch.autograd.Function):
 
             loss = (sum_exp.log() + row_max - target_logit).mean()
 
-        ctx.save_for_backward(exps, sum_exp, x_unit, x_norm, w, w_inv_norm, has_target, columns, margin_slope)
+        ctx.save_for_backward(
+            exps, sum_exp, x_unit, x_norm, w, w_inv_norm, has_target, columns, margin_slope, nearest_centre
+        )
         ctx.scale, ctx.group, ctx.compute_dtype = scale, group, compute_dtype
         ctx.embedding_dtype, ctx.weight_dtype = embeddings.dtype, weight.dtype
         hit_count = hits.sum()
@@ -109,7 +119,9 @@ class ShardedMarginSoftmax(torch.autograd.Function):
     @staticmethod
     @torch.autograd.function.once_differentiable
     def backward(ctx, grad_loss, _grad_hits):
-        exps, sum_exp, x_unit, x_norm, w, w_inv_norm, has_target, columns, margin_slope = ctx.saved_tensors
+        exps, sum_exp, x_unit, x_norm, w, w_inv_norm, has_target, columns, margin_slope, nearest_centre = (
+            ctx.saved_tensors
+        )
         scale, compute_dtype = ctx.scale, ctx.compute_dtype
         batch = exps.shape[0]
         with torch.autocast(exps.device.type, enabled=False):
@@ -120,6 +132,10 @@ class ShardedMarginSoftmax(torch.autograd.Function):
             at_target = exps.gather(1, columns).squeeze(1)
             corrected = torch.where(has_target, (at_target - sum_exp) * margin_slope, at_target)
             exps.scatter_(1, columns, corrected[:, None])
+            if nearest_centre is not None:  # each class's gradient goes to its nearest centre's row
+                classes, centres = nearest_centre.shape[1], w.shape[0] // nearest_centre.shape[1]
+                spread = exps.new_zeros(batch, classes, centres)
+                exps = spread.scatter_(2, nearest_centre[..., None], exps[..., None]).view(batch, -1)
             # d logit / d raw dot product = scale / |w|, per column: one pass over the buffer.
             grad_raw = exps.mul_(w_inv_norm * scale).to(compute_dtype)
 
@@ -132,4 +148,4 @@ class ShardedMarginSoftmax(torch.autograd.Function):
 
             radial = torch.einsum("bd,bd->b", grad_x_unit, x_unit)
             grad_x = (grad_x_unit - x_unit * radial[:, None]) / x_norm
-        return grad_x.to(ctx.embedding_dtype), grad_w.to(ctx.weight_dtype), None, None, None, None
+        return grad_x.to(ctx.embedding_dtype), grad_w.to(ctx.weight_dtype), None, None, None, None, None

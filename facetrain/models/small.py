@@ -11,11 +11,12 @@ from collections import OrderedDict
 from torch import nn
 
 from facetrain.models.backbone import Backbone, ConvStage
-from facetrain.models.embedding import FlattenedEmbedding, downsampled
+from facetrain.models.embedding import FlattenedEmbedding, PooledEmbedding, downsampled
 from facetrain.models.registry import BACKBONES
 
 SMALL_INPUT_SIZE = (112, 112)
 WIDTHS = (24, 48, 96, 160)
+WIDE_WIDTHS = (48, 96, 192, 320)
 SQUEEZED = 48
 
 
@@ -27,20 +28,47 @@ def conv_bn_prelu(in_channels: int, out_channels: int, kernel: int = 3, stride: 
     )
 
 
-@BACKBONES.register("small")
-def small(embedding_size: int, dropout: float, input_size: tuple[int, int] | None) -> Backbone:
+def small_network(
+    embedding_size: int,
+    dropout: float,
+    input_size: tuple[int, int] | None,
+    widths: tuple[int, ...] = WIDTHS,
+    pooled: bool = False,
+) -> Backbone:
+    """`pooled` averages the last map over its positions instead of flattening it: a face that sits
+    anywhere in an unaligned crop then gives the same features."""
     input_size = input_size or SMALL_INPUT_SIZE
     modules: OrderedDict[str, nn.Module] = OrderedDict(
-        stem=ConvStage(OrderedDict(conv=conv_bn_prelu(3, WIDTHS[0], stride=2)), checkpointable=False)
+        stem=ConvStage(OrderedDict(conv=conv_bn_prelu(3, widths[0], stride=2)), checkpointable=False)
     )
-    for index, (in_channels, width) in enumerate(zip(WIDTHS, WIDTHS[1:]), start=1):
+    for index, (in_channels, width) in enumerate(zip(widths, widths[1:]), start=1):
         modules[f"stage{index}"] = ConvStage(
             OrderedDict(down=conv_bn_prelu(in_channels, width, stride=2), conv=conv_bn_prelu(width, width))
         )
+    if pooled:
+        modules["output"] = PooledEmbedding(widths[-1], embedding_size, dropout)
+        return Backbone(modules, embedding_size, input_size)
     modules["squeeze"] = ConvStage(
-        OrderedDict(conv=conv_bn_prelu(WIDTHS[-1], SQUEEZED, kernel=1)), checkpointable=False
+        OrderedDict(conv=conv_bn_prelu(widths[-1], SQUEEZED, kernel=1)), checkpointable=False
     )
-    strides = len(WIDTHS)
+    strides = len(widths)
     spatial = (downsampled(input_size[0], strides), downsampled(input_size[1], strides))
     modules["output"] = FlattenedEmbedding(SQUEEZED, spatial, embedding_size, dropout)
     return Backbone(modules, embedding_size, input_size)
+
+
+@BACKBONES.register("small")
+def small(embedding_size: int, dropout: float, input_size: tuple[int, int] | None) -> Backbone:
+    return small_network(embedding_size, dropout, input_size)
+
+
+@BACKBONES.register("small_wide")
+def small_wide(embedding_size: int, dropout: float, input_size: tuple[int, int] | None) -> Backbone:
+    """Twice the channels (four times the compute) of `small`."""
+    return small_network(embedding_size, dropout, input_size, widths=WIDE_WIDTHS)
+
+
+@BACKBONES.register("small_pooled")
+def small_pooled(embedding_size: int, dropout: float, input_size: tuple[int, int] | None) -> Backbone:
+    """`small` with a pooled output: for unaligned crops."""
+    return small_network(embedding_size, dropout, input_size, pooled=True)

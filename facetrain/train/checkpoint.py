@@ -69,6 +69,8 @@ def _optimizer_entries(
     head_state = fused.state_tensors() if fused is not None else optimizer.state.get(head.weight, {})
     for key, value in head_state.items():
         tensor = _as_tensor(value)
+        if tensor.shape == head.weight.shape:
+            tensor = head.per_class(tensor)
         if tensor.dim() and tensor.shape[0] == head.class_count:
             entries[range_key(f"optim/head/{key}", head.class_start, head.class_count)] = tensor
         else:
@@ -111,7 +113,9 @@ def save_checkpoint(
         if ema is not None:
             entries.update({f"{TRAINED_PREFIX}{k}": v for k, v in backbone.state_dict().items()})
     if head is not None:
-        entries[range_key("head/weight", head.class_start, head.class_count)] = head.weight.detach()
+        entries[range_key("head/weight", head.class_start, head.class_count)] = head.per_class(
+            head.weight.detach()
+        )
     entries.update(_optimizer_entries(optimizer, named, head))
     if scaler is not None and scaler.is_enabled():
         scaler_state = scaler.state_dict()
@@ -315,17 +319,22 @@ def _param_name(optimizer_key: str) -> str:
 def _load_head(
     checkpoint: Path, index: dict, head: ShardedMarginHead, optimizer: torch.optim.Optimizer
 ) -> None:
-    with torch.no_grad():
-        head.weight.copy_(
-            read_class_rows(checkpoint, index, "head/weight", head.class_start, head.class_count)
+    weight = read_class_rows(checkpoint, index, "head/weight", head.class_start, head.class_count)
+    if weight.numel() != head.weight.numel():
+        raise FacetrainError(
+            f"{checkpoint}: its head has {weight.shape[1] // head.embedding_size} sub-centers a class, "
+            f"this run {head.sub_centers}; set head.sub_centers to match"
         )
+    with torch.no_grad():
+        head.weight.copy_(weight.view_as(head.weight))
     # The same entries whichever mode wrote them, so a run may switch between the untiled head (state in
     # the torch optimizer, in the weight's dtype) and the tiled one (state in its fused optimizer).
     values = {}
     for key in {k.rsplit("/", 1)[0] if is_range_key(k) else k for k in index if k.startswith("optim/head/")}:
         state_key = key[len("optim/head/") :]
         if any(is_range_key(k) and k.rsplit("/", 1)[0] == key for k in index):
-            values[state_key] = read_class_rows(checkpoint, index, key, head.class_start, head.class_count)
+            rows = read_class_rows(checkpoint, index, key, head.class_start, head.class_count)
+            values[state_key] = rows.view_as(head.weight) if rows.numel() == head.weight.numel() else rows
         else:
             values[state_key] = load_tensors(checkpoint, [key], index)[key]
     if head.fused_optimizer is not None:

@@ -124,15 +124,17 @@ def build_head(cfg: Config, num_classes: int, dims: ParallelDims) -> ShardedMarg
     (validate's fused_optimizer_conflict), a tiled head keeps a gradient buffer instead.
     """
     settings, dim = cfg.head, cfg.model.embedding_size
-    rows = class_range(num_classes, dims.dp, dims.dp_rank).count
+    classes = class_range(num_classes, dims.dp, dims.dp_rank).count
+    rows = classes * settings.sub_centers
     global_batch = cfg.train.batch_size * dims.dp
     weight_dtype, state_dtype = STORAGE_DTYPES[settings.weight_dtype], STORAGE_DTYPES[settings.state_dtype]
     untiled = estimate_head_memory(rows, dim, global_batch, "untiled", optimizer=cfg.optim.name)
+    requested = "untiled" if settings.sub_centers > 1 else settings.mode
     free = 0
-    if settings.mode == "auto":
+    if requested == "auto":
         mine = torch.tensor([free_memory_bytes(dims.device)], device=comm.collective_device(dims.dp_group))
         free = int(comm.all_reduce_(mine, "min", dims.dp_group))
-    mode = choose_mode(settings.mode, untiled, free, torch.bfloat16 in (weight_dtype, state_dtype))
+    mode = choose_mode(requested, untiled, free, torch.bfloat16 in (weight_dtype, state_dtype))
     fused = mode == "tiled" and settings.fused_optimizer and fused_optimizer_conflict(cfg) is None
     head = ShardedMarginHead(
         num_classes,
@@ -143,6 +145,7 @@ def build_head(cfg: Config, num_classes: int, dims: ParallelDims) -> ShardedMarg
         group=dims.dp_group,
         tile_classes=settings.tile_classes if mode == "tiled" else None,
         dtype=weight_dtype,
+        sub_centers=settings.sub_centers,
         **settings.margin_params,
     )
     head.reset_parameters(seed=cfg.train.seed)
@@ -157,9 +160,10 @@ def build_head(cfg: Config, num_classes: int, dims: ParallelDims) -> ShardedMarg
         how = f"tiled, {settings.tile_classes:,} classes a tile" if mode == "tiled" else "untiled"
         updates = f"fused {cfg.optim.name}" if fused else f"torch {cfg.optim.name}"
         state = f", state {settings.state_dtype}" if fused else ""
-        chosen = f" (head.mode auto, {free / 2**30:.1f} GiB free)" if settings.mode == "auto" else ""
+        chosen = f" (head.mode auto, {free / 2**30:.1f} GiB free)" if requested == "auto" else ""
+        centres = f" x {settings.sub_centers} sub-centers" if settings.sub_centers > 1 else ""
         tqdm.write(
-            f"head: {how}{chosen}, {updates}, weight {settings.weight_dtype}{state}; {rows:,} of "
-            f"{num_classes:,} classes on this rank: {describe(memory)}"
+            f"head: {how}{chosen}, {updates}, weight {settings.weight_dtype}{state}; {classes:,}{centres} "
+            f"of {num_classes:,} classes on this rank: {describe(memory)}"
         )
     return head
