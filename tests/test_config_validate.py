@@ -296,3 +296,13 @@ def test_a_python_tag_is_one_line_with_the_line_number_and_runs_nothing(tmp_path
 def test_validate_names_no_file_when_none_is_given():
     with pytest.raises(FacetrainError, match=r"^config: train.steps = 0: must be >= 1$"):
         validate(load_config(overrides=["train.steps=0"]))
+
+
+def test_exponent_numbers_without_a_dot_are_numbers(tmp_path):
+    """YAML 1.1 reads 5e-3 as a string; in a number field it is the number a user meant."""
+    path = tmp_path / "config.yaml"
+    path.write_text("optim:\n  lr: 1e-3\n")
+    cfg = load_config(path, ["optim.weight_decay=5e-3", "head.scale=+3E1"])
+    assert (cfg.optim.lr, cfg.optim.weight_decay, cfg.head.scale) == (0.001, 0.005, 30.0)
+    with pytest.raises(FacetrainError, match="optim.lr must be a number, got '1e-3x'"):
+        load_config(None, ["optim.lr=1e-3x"])

@@ -64,16 +64,16 @@ def test_synthetic_training_beats_the_untrained_network(tmp_path):
     assert trained["accuracy"] >= 0.65
 
 
-# The recipe of configs/orl_small.yaml on the balanced ORL pairs, 3 seeds on the 2-core test machine
-# (docs/accuracy.md, row "recipe"): 0.917, 0.883, 0.914 for seeds 0-2 (this test runs seed 0); the
-# threshold sits under the lowest seed by a margin for other machines' runs (their thread counts change
-# the float sums, hence the weights).
+# The recipe of configs/orl_small.yaml on the balanced ORL pairs, 5 seeds on the 2-core test machine
+# (docs/accuracy.md, row "recipe"): 0.924, 0.919, 0.889, 0.909, 0.906 for seeds 0-4 (this test runs
+# seed 0); the threshold sits under the lowest seed by a margin for other machines' runs (their thread
+# counts change the float sums, hence the weights).
 ORL_BALANCED_ACCURACY = 0.85
 
 
 @pytest.mark.slow
 def test_orl_real_faces(shared_data, tmp_path):
-    """configs/orl_small.yaml trained on s1-s30 (2 ranks, 300 steps), verified on held-out s31-s40 the
+    """configs/orl_small.yaml trained on s1-s30 (2 ranks, 600 steps), verified on held-out s31-s40 the
     way tools/ablate_orl.py measures it; the thresholds sit under measured runs, quoted in comments."""
     train_list, balanced, all_pairs = write_orl_split(shared_data / "orl", tmp_path)
     run = tmp_path / "orl"
@@ -105,7 +105,7 @@ def test_orl_real_faces(shared_data, tmp_path):
     assert trained["folds"] == 10 and trained["baseline_accuracy"] == 0.5
     assert trained["accuracy"] >= ORL_BALANCED_ACCURACY
     assert trained["accuracy"] >= untrained.accuracy + 0.05  # untrained: 0.79
-    assert trained["auc"] >= 0.94  # measured 0.964-0.979
+    assert trained["auc"] >= 0.94  # measured 0.953-0.979
     assert trained["threshold_tar"] >= 0.7 and trained["threshold_far"] <= 0.3  # a balanced operating point
     assert everything.num_pairs == 4950 and everything.baseline_accuracy == pytest.approx(4500 / 4950)
-    assert everything.accuracy_mean >= everything.baseline_accuracy + 0.03  # measured +0.048 to +0.051
+    assert everything.accuracy_mean >= everything.baseline_accuracy + 0.03  # measured +0.060 to +0.069

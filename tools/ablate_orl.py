@@ -8,12 +8,14 @@ time, then the mean and the sample standard deviation over the seeds, and append
 to OUT/rows.jsonl. `--all-pairs` also scores all 4,950 held-out pairs (91 % mismatched) beside the
 balanced figure; `--folder ROOT` also verifies on balanced pairs of another folder of identities, and
 `--train-folder ROOT` trains on a folder of identities instead of ORL s1-s30 (checks that a setting
-generalises beyond ORL; the ORL pairs then measure a model that never saw an ORL photo).
+generalises beyond ORL; the ORL pairs then measure a model that never saw an ORL photo). `--orl DIR`
+runs the protocol on a copy of ORL made by `facetrain align` (K.png instead of K.pgm).
 
     .venv/bin/python tools/ablate_orl.py baseline
     .venv/bin/python tools/ablate_orl.py erasing --set data.augment.random_erasing=0.5
     .venv/bin/python tools/ablate_orl.py recipe --all-pairs
     .venv/bin/python tools/ablate_orl.py lfw_recipe --train-folder lfw_aligned --folder ../shared/data/johns
+    .venv/bin/python tools/ablate_orl.py aligned --orl runs/orl_aligned --seeds 0 1 2 3 4
 """
 
 from __future__ import annotations

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import dataclasses
 import os
+import re
 import types
 import typing
 from pathlib import Path
@@ -17,6 +18,8 @@ from facetrain.errors import FacetrainError
 from facetrain.files import atomic_write_text
 
 T = TypeVar("T")
+
+_EXPONENT_NUMBER = re.compile(r"[-+]?(\d+\.?\d*|\.\d+)[eE][-+]?\d+")
 
 
 def load_config(path: str | Path | None = None, overrides: list[str] | tuple[str, ...] = ()) -> Config:
@@ -112,6 +115,8 @@ def _convert(hint: Any, value: Any, source: str, key: str) -> Any:
             _type_error(source, key, "an integer", value)
         return value
     if hint is float:
+        if isinstance(value, str) and _EXPONENT_NUMBER.fullmatch(value.strip()):
+            return float(value)  # YAML 1.1 reads 5e-3 (no dot) as a string
         if isinstance(value, bool) or not isinstance(value, int | float):
             _type_error(source, key, "a number", value)
         return float(value)
