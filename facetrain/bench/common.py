@@ -147,6 +147,19 @@ def machine_info() -> dict[str, Any]:
     }
 
 
+def report_footer(report: dict) -> list[str]:
+    """The closing lines of a benchmark's markdown: each target's verdict, then the machine."""
+    machine = report["machine"]
+    load = " ".join(f"{x:.2f}" for x in machine["load_average_1_5_15"])
+    return [
+        "",
+        *(f"- {t['status']}: {t['name']} {t['threshold']}: {t['detail']}" for t in report["targets"]),
+        "",
+        f"{machine['cpu_model']}, {machine['cores']} cores, torch {machine['torch']}, {machine['date']}, "
+        f"load average {load}",
+    ]
+
+
 def parse_int_list(text: str, option: str, minimum: int = 1) -> list[int]:
     """`--classes 100000,1000000` -> [100000, 1000000], or a one-line error naming the option."""
     try:

@@ -8,6 +8,7 @@ from pathlib import Path
 from matplotlib.backends.backend_agg import FigureCanvasAgg
 from matplotlib.figure import Figure
 
+from facetrain.bench.common import report_footer
 from facetrain.bench.head_report import format_bytes
 from facetrain.files import write_atomic
 
@@ -92,14 +93,11 @@ def markdown_table(report: dict) -> str:
     columns = ["head", "C", "N", "peak memory/rank", "bytes/class", "classes/GiB", "step s"]
     lines = ["| " + " | ".join(columns) + " |", "|" + "---|" * len(columns)]
     lines += ["| " + " | ".join(_row_cells(row)) + " |" for row in report["results"]]
-    lines.append("")
-    lines += [f"- {t['status']}: {t['name']} {t['threshold']}: {t['detail']}" for t in report["targets"]]
-    machine, settings = report["machine"], report["settings"]
-    lines.append("")
-    lines.append(
-        f"{machine['cpu_model']}, {machine['cores']} cores, torch {machine['torch']}, {machine['date']}, "
-        f"load average {' '.join(f'{x:.2f}' for x in machine['load_average_1_5_15'])}; device "
-        f"{settings['device']}, B={settings['batch']}, D={settings['dim']}, T={settings['tile_classes']}"
+    settings = report["settings"]
+    lines += report_footer(report)
+    lines[-1] += (
+        f"; device {settings['device']}, B={settings['batch']}, D={settings['dim']}, "
+        f"T={settings['tile_classes']}"
     )
     return "\n".join(lines) + "\n"
 

@@ -9,6 +9,7 @@ from pathlib import Path
 from matplotlib.backends.backend_agg import FigureCanvasAgg
 from matplotlib.figure import Figure
 
+from facetrain.bench.common import report_footer
 from facetrain.files import write_atomic
 
 OUTPUT_NAMES = {"json": "bench_head.json", "plot": "bench_head.png", "table": "bench_head.md"}
@@ -121,15 +122,7 @@ def markdown_table(report: dict) -> str:
     ]
     lines = ["| " + " | ".join(columns) + " |", "|" + "---|" * len(columns)]
     lines += ["| " + " | ".join(_table_row(row)) + " |" for row in report["results"]]
-    lines.append("")
-    lines += [f"- {t['status']}: {t['name']} {t['threshold']}: {t['detail']}" for t in report["targets"]]
-    machine = report["machine"]
-    lines.append("")
-    lines.append(
-        f"{machine['cpu_model']}, {machine['cores']} cores, torch {machine['torch']}, {machine['date']}, "
-        f"load average {' '.join(f'{x:.2f}' for x in machine['load_average_1_5_15'])}"
-    )
-    return "\n".join(lines) + "\n"
+    return "\n".join(lines + report_footer(report)) + "\n"
 
 
 def plot(report: dict, path: Path) -> None:
