@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import ctypes
 import datetime
+import json
 import os
 import platform
 import threading
@@ -18,6 +19,7 @@ from typing import Any
 import torch
 
 from facetrain.errors import FacetrainError
+from facetrain.files import write_atomic
 
 PROC_STATUS = Path("/proc/self/status")
 PROC_STATM = Path("/proc/self/statm")
@@ -145,6 +147,18 @@ def machine_info() -> dict[str, Any]:
         "platform": platform.platform(),
         "date": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
     }
+
+
+def write_report_files(
+    out: Path, report: dict, table: str, names: dict[str, str], plots: dict[str, Callable[[dict, Path], None]]
+) -> str:
+    """A benchmark's JSON report, its plots and its markdown table, each written atomically into `out`
+    under `names` ("json", each plot's key, "table"); returns the table."""
+    write_atomic(out / names["json"], lambda tmp: tmp.write_text(json.dumps(report, indent=2) + "\n"))
+    for key, draw in plots.items():
+        write_atomic(out / names[key], lambda tmp, draw=draw: draw(report, tmp))
+    write_atomic(out / names["table"], lambda tmp: tmp.write_text(table))
+    return table
 
 
 def report_footer(report: dict) -> list[str]:

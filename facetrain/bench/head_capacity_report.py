@@ -2,15 +2,13 @@
 
 from __future__ import annotations
 
-import json
 from pathlib import Path
 
 from matplotlib.backends.backend_agg import FigureCanvasAgg
 from matplotlib.figure import Figure
 
-from facetrain.bench.common import report_footer
+from facetrain.bench.common import report_footer, write_report_files
 from facetrain.bench.head_report import format_bytes
-from facetrain.files import write_atomic
 
 OUTPUT_NAMES = {
     "json": "bench_head_capacity.json",
@@ -135,8 +133,4 @@ def plot(report: dict, path: Path) -> None:
 
 def write_outputs(report: dict, out: Path) -> str:
     """Write JSON, plot and table atomically into `out`; return the table."""
-    table = markdown_table(report)
-    write_atomic(out / OUTPUT_NAMES["json"], lambda tmp: tmp.write_text(json.dumps(report, indent=2) + "\n"))
-    write_atomic(out / OUTPUT_NAMES["plot"], lambda tmp: plot(report, tmp))
-    write_atomic(out / OUTPUT_NAMES["table"], lambda tmp: tmp.write_text(table))
-    return table
+    return write_report_files(out, report, markdown_table(report), OUTPUT_NAMES, {"plot": plot})

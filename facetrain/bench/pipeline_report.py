@@ -2,13 +2,12 @@
 
 from __future__ import annotations
 
-import json
 from pathlib import Path
 
 from matplotlib.backends.backend_agg import FigureCanvasAgg
 from matplotlib.figure import Figure
 
-from facetrain.files import write_atomic
+from facetrain.bench.common import write_report_files
 
 OUTPUT_NAMES = {
     "json": "bench_pipeline.json",
@@ -110,9 +109,6 @@ def plot_sweep(report: dict, path: Path) -> None:
 
 
 def write_outputs(report: dict, out: Path) -> str:
-    table = markdown_table(report)
-    write_atomic(out / OUTPUT_NAMES["json"], lambda tmp: tmp.write_text(json.dumps(report, indent=2) + "\n"))
-    write_atomic(out / OUTPUT_NAMES["bars"], lambda tmp: plot_bars(report, tmp))
-    write_atomic(out / OUTPUT_NAMES["sweep"], lambda tmp: plot_sweep(report, tmp))
-    write_atomic(out / OUTPUT_NAMES["table"], lambda tmp: tmp.write_text(table))
-    return table
+    """Write JSON, the two plots and the table atomically into `out`; return the table."""
+    plots = {"bars": plot_bars, "sweep": plot_sweep}
+    return write_report_files(out, report, markdown_table(report), OUTPUT_NAMES, plots)
