@@ -40,6 +40,13 @@ def rowwise_dot(a: torch.Tensor, b: torch.Tensor, block: int = 8192) -> torch.Te
     return out
 
 
+def through_normalization(grad_unit: torch.Tensor, unit: torch.Tensor, norm: torch.Tensor) -> torch.Tensor:
+    """The gradient of x from that of x / |x| (`unit`, with `norm` = |x| per row): the component along
+    the unit vector is removed and the rest divided by the norm."""
+    radial = torch.einsum("bd,bd->b", grad_unit, unit)
+    return (grad_unit - unit * radial[:, None]) / norm
+
+
 def _compute_dtype(device: torch.device, dtype: torch.dtype) -> torch.dtype:
     """The dtype of the GEMMs: autocast's when it is on, else the embeddings'."""
     if torch.is_autocast_enabled(device.type):
@@ -146,6 +153,5 @@ class ShardedMarginSoftmax(torch.autograd.Function):
             along = rowwise_dot(grad_w, w).mul_(w_inv_norm.square())
             grad_w.addcmul_(w, along[:, None], value=-1.0)
 
-            radial = torch.einsum("bd,bd->b", grad_x_unit, x_unit)
-            grad_x = (grad_x_unit - x_unit * radial[:, None]) / x_norm
+            grad_x = through_normalization(grad_x_unit, x_unit, x_norm)
         return grad_x.to(ctx.embedding_dtype), grad_w.to(ctx.weight_dtype), None, None, None, None, None

@@ -19,7 +19,7 @@ import torch
 from facetrain.heads.class_rows import class_tiles
 from facetrain.heads.fused_optim import FusedOptimizer
 from facetrain.heads.margins import Margin
-from facetrain.heads.sharded_softmax import _EPS, _compute_dtype
+from facetrain.heads.sharded_softmax import _EPS, _compute_dtype, through_normalization
 from facetrain.parallel import comm
 
 
@@ -209,6 +209,5 @@ class TiledMarginSoftmax(torch.autograd.Function):
             grad_x = None
             if wants_x:
                 grad_x_unit.mul_(row_factor[:, None])
-                radial_x = torch.einsum("bd,bd->b", grad_x_unit, x_unit)
-                grad_x = ((grad_x_unit - x_unit * radial_x[:, None]) / x_norm).to(ctx.embedding_dtype)
+                grad_x = through_normalization(grad_x_unit, x_unit, x_norm).to(ctx.embedding_dtype)
         return grad_x, grad_weight, None, None, None, None, None, None, None
