@@ -24,3 +24,9 @@ class EveryRankError(FacetrainError):
 
     Only rank 0 prints it, so N ranks do not repeat the same line N times.
     """
+
+
+class CollectiveError(FacetrainError):
+    """A collective (or joining the group) failed on this rank for a reason of its own: a network
+    interface, InfiniBand, a GPU shared by two ranks, a driver. The message keeps the backend's key line,
+    so the real cause is not hidden behind a lost-rank report."""

@@ -169,7 +169,7 @@ def test_configurations_over_the_memory_limit_are_skipped(tmp_path):
         (["--heads", "sharded,fancy"], "--heads"),
         (["--classes", "1000,x"], "--classes"),
         (["--world-sizes", "0"], "--world-sizes"),
-        (["--largest", "tiled"], "--largest and --device belong to --capacity"),
+        (["--largest", "tiled"], "--largest belongs to --capacity"),
         (["--capacity", "--largest", "fancy"], "--largest"),
         (
             ["--capacity", "--heads", "tiled", "--largest", "sharded"],

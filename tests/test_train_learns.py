@@ -58,6 +58,9 @@ def test_synthetic_training_beats_the_untrained_network(tmp_path):
     result = run_cli("train", "-c", str(config), "--nproc", "2", timeout=600)
     assert result.returncode == 0, result.stderr
     trained = trained_result(tmp_path / "run")
+    console = result.stdout + result.stderr  # each verification and the final summary are printed
+    assert f"step 150: verification {100 * trained['accuracy']:.1f} ± " in console
+    assert "done: 150 steps; last step 150: verification" in console and "curves.png" in console
     untrained = untrained_result(config, tmp_path / "synth" / "heldout" / "pairs.txt")
     print(f"synthetic held-out: trained {trained['accuracy']:.3f} vs untrained {untrained.accuracy:.3f}")
     assert trained["accuracy"] >= untrained.accuracy + 0.10  # measured: 0.733 vs 0.503

@@ -24,15 +24,20 @@ import argparse
 import csv
 import itertools
 import json
-import os
-import statistics
-import subprocess
 import sys
-import time
 from pathlib import Path
 
-REPO = Path(__file__).resolve().parents[1]
-ORL = REPO.parent / "shared" / "data" / "orl"
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from protocol import (  # noqa: E402
+    REPO,
+    SHARED_DATA,
+    append_row,
+    summarize,
+    train_and_verify,
+    verify_extra,
+)
+
+ORL = SHARED_DATA / "orl"
 TRAIN_SUBJECTS = range(1, 31)
 HELD_OUT_SUBJECTS = range(31, 41)
 
@@ -68,23 +73,6 @@ def write_orl_split(orl: Path, out: Path) -> tuple[Path, Path, Path]:
     return train_list, balanced, all_pairs
 
 
-def facetrain(*args: str) -> subprocess.CompletedProcess:
-    """The CLI in a subprocess; its output is shown only when it fails."""
-    command = [sys.executable, "-m", "facetrain", *args]
-    result = subprocess.run(command, capture_output=True, text=True, cwd=REPO, env={**os.environ})
-    if result.returncode != 0:
-        sys.exit(f"failed: {' '.join(command)}\n{result.stdout[-3000:]}{result.stderr[-3000:]}")
-    return result
-
-
-def verify_extra(run: Path, name: str, pairs: Path | None = None, folder: Path | None = None) -> dict:
-    """`facetrain eval` of the run's last checkpoint on more pairs; its JSON report."""
-    out = run / f"eval_{name}"
-    source = ["--pairs", str(pairs)] if pairs else ["--folder", str(folder)]
-    facetrain("eval", str(run / "checkpoints" / "last"), *source, "--out", str(out), "--quiet")
-    return json.loads(next(out.glob("*.json")).read_text())
-
-
 def train_seed(args: argparse.Namespace, split: tuple[Path, Path, Path], seed: int) -> dict:
     train_list, balanced, all_pairs = split
     run = args.out / args.name / f"seed{seed}"
@@ -93,24 +81,9 @@ def train_seed(args: argparse.Namespace, split: tuple[Path, Path, Path], seed: i
         *(source or ["data.source=list", f"data.path={train_list}"]),
         f"eval.pairs={balanced}",
         f"train.seed={seed}",
-        f"train.output_dir={run}",
         *args.set,
     ]
-    started = time.perf_counter()
-    facetrain("train", "-c", str(args.config), *(f"--set={o}" for o in overrides), "--nproc", str(args.nproc))
-    wall = time.perf_counter() - started
-    summary = json.loads((run / "summary.json").read_text())
-    evaluation = summary["evaluation"]
-    row = {
-        "seed": seed,
-        "steps": summary["steps"],
-        "train_s": summary.get("train_seconds"),
-        "wall_s": wall,
-        "accuracy": evaluation["accuracy"],
-        "auc": evaluation["auc"],
-        "tar_far_1e-2": evaluation.get("tar_at_far", {}).get("0.01"),
-        "load_1min": os.getloadavg()[0],
-    }
+    row = {"seed": seed, **train_and_verify(args.config, run, overrides, args.nproc)}
     if args.all_pairs:
         everything = verify_extra(run, "all_pairs", pairs=all_pairs)
         row["all_pairs_accuracy"] = everything["accuracy"]
@@ -120,11 +93,6 @@ def train_seed(args: argparse.Namespace, split: tuple[Path, Path, Path], seed: i
         row[f"{folder.name}_accuracy"] = report["accuracy"]
         row[f"{folder.name}_auc"] = report["auc"]
     return row
-
-
-def mean_std(values: list[float]) -> str:
-    spread = statistics.stdev(values) if len(values) > 1 else 0.0
-    return f"{100 * statistics.mean(values):.1f} ± {100 * spread:.1f}"
 
 
 def main() -> None:
@@ -158,15 +126,9 @@ def main() -> None:
         rows.append(row)
         print(json.dumps(row), flush=True)
     metrics = ["accuracy", "auc"] + [k for k in rows[0] if k.endswith(("_accuracy", "_auc"))]
-    figures = {k: mean_std([row[k] for row in rows]) for k in metrics}
-    print(
-        f"{args.name}: " + ", ".join(f"{k} {v}" for k, v in figures.items()) + f" over seeds {args.seeds}; "
-        f"{rows[0]['steps']} steps, training {min(r['train_s'] for r in rows):.0f}-"
-        f"{max(r['train_s'] for r in rows):.0f} s"
-    )
-    with (args.out / "rows.jsonl").open("a") as handle:
-        record = {"name": args.name, "config": str(args.config), "set": args.set, "figures": figures}
-        handle.write(json.dumps({**record, "runs": rows}) + "\n")
+    figures = summarize(args.name, rows, metrics, f"seeds {args.seeds}")
+    record = {"name": args.name, "config": str(args.config), "set": args.set, "figures": figures}
+    append_row(args.out / "rows.jsonl", {**record, "runs": rows})
 
 
 if __name__ == "__main__":

@@ -8,14 +8,14 @@ from pathlib import Path
 import numpy as np
 
 from facetrain.align.detectors import FACE_DETECTORS, find_faces
-from facetrain.align.landmarks import FivePointLandmarks
-from facetrain.align.template import reference_points
-from facetrain.align.transform import similarity_transform, warp_to_template
+from facetrain.align.template import TEMPLATES
+from facetrain.align.transform import warp_to_template
 from facetrain.data.decode import decode_image
 from facetrain.errors import FacetrainError
 
 DEFAULT_SIZE = (112, 112)
 DEFAULT_DETECTOR = "hog"
+DEFAULT_TEMPLATE = "arcface"
 
 
 @dataclass(frozen=True)
@@ -28,13 +28,21 @@ class AlignedFace:
 
 
 class FaceAligner:
-    """Finds and aligns faces to crops of `size` = (height, width); build once, use for many images."""
+    """Finds and aligns faces to crops of `size` = (height, width) (None: the template's own size);
+    build once, use for many images."""
 
-    def __init__(self, size: tuple[int, int] = DEFAULT_SIZE, detector: str = DEFAULT_DETECTOR):
+    def __init__(
+        self,
+        size: tuple[int, int] | None = DEFAULT_SIZE,
+        detector: str = DEFAULT_DETECTOR,
+        template: str = DEFAULT_TEMPLATE,
+    ):
+        self._template = TEMPLATES.build(template)
+        size = size or self._template.default_size
         self.size = (int(size[0]), int(size[1]))
-        self.template = reference_points(self.size)
+        self.template = self._template.reference_points(self.size)
         self._detect = FACE_DETECTORS.build(detector)
-        self._landmarks = FivePointLandmarks()
+        self._landmarks = self._template.landmarks()
 
     def landmarks(self, image: np.ndarray) -> tuple[np.ndarray | None, int]:
         """The five landmarks of the largest face in an RGB image (None without a face), and the face count."""
@@ -48,7 +56,7 @@ class FaceAligner:
         landmarks, faces = self.landmarks(image)
         if landmarks is None:
             return None
-        matrix = similarity_transform(landmarks, self.template)
+        matrix = self._template.matrix(landmarks, self.size)
         return AlignedFace(warp_to_template(image, matrix, self.size), landmarks, faces)
 
     def align_file_or_fail(self, path: str | Path) -> np.ndarray:

@@ -19,7 +19,7 @@ import cv2
 import numpy as np
 from tqdm import tqdm
 
-from facetrain.align.aligner import DEFAULT_DETECTOR, DEFAULT_SIZE, FaceAligner
+from facetrain.align.aligner import DEFAULT_DETECTOR, DEFAULT_SIZE, DEFAULT_TEMPLATE, FaceAligner
 from facetrain.align.report import (
     ALIGNED,
     CENTERED,
@@ -65,9 +65,9 @@ def _centre(worker: _Worker, task: Task, image: np.ndarray) -> ImageOutcome:
 class _Worker:
     """The per-process aligner and what to do with faceless images."""
 
-    def __init__(self, size: tuple[int, int], detector: str, fallback: str):
-        self.settings = (size, detector, fallback)
-        self.aligner = FaceAligner(size, detector)
+    def __init__(self, size: tuple[int, int] | None, detector: str, fallback: str, template: str):
+        self.settings = (size, detector, fallback, template)
+        self.aligner = FaceAligner(size, detector, template)
         self.on_no_face = NO_FACE_ACTIONS.get(fallback)
 
     def run(self, task: Task) -> ImageOutcome:
@@ -89,11 +89,11 @@ class _Worker:
                 raise FacetrainError(f"cannot write {target}; check that the disk has room and is writable")
 
 
-def _start_worker(size: tuple[int, int], detector: str, fallback: str) -> None:
+def _start_worker(size: tuple[int, int] | None, detector: str, fallback: str, template: str) -> None:
     """Builds the worker in a spawned process; a forked one already holds the parent's."""
     global _worker_state
-    if _worker_state is None or _worker_state.settings != (size, detector, fallback):
-        _worker_state = _Worker(size, detector, fallback)
+    if _worker_state is None or _worker_state.settings != (size, detector, fallback, template):
+        _worker_state = _Worker(size, detector, fallback, template)
 
 
 def _run_in_worker(task: Task) -> ImageOutcome:
@@ -131,13 +131,14 @@ def plan_tasks(source: Path, destination: Path) -> list[Task]:
 def align_folder(
     source: str | Path,
     destination: str | Path,
-    size: tuple[int, int] = DEFAULT_SIZE,
+    size: tuple[int, int] | None = DEFAULT_SIZE,
     detector: str = DEFAULT_DETECTOR,
     fallback: str = "skip",
     workers: int = 1,
     overwrite: bool = False,
     progress: bool = True,
     report: str | Path | None = None,
+    template: str = DEFAULT_TEMPLATE,
 ) -> AlignSummary:
     """Align every image under `source` into the same tree under `destination` and write the report.
 
@@ -155,7 +156,7 @@ def align_folder(
         )
     if not overwrite:
         refuse_to_overwrite([*targets, report_path])
-    worker = _Worker(size, detector, fallback)
+    worker = _Worker(size, detector, fallback, template)
     outcomes: list[ImageOutcome] = []
     not_aligned = 0
     with tqdm(total=len(tasks), desc="align", unit="img", disable=not progress) as bar:

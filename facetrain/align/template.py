@@ -9,9 +9,16 @@ both.
 
 from __future__ import annotations
 
+from collections.abc import Callable
+from dataclasses import dataclass
+
 import numpy as np
 
+from facetrain.align import dlib_chip
+from facetrain.align.landmarks import FivePointLandmarks
+from facetrain.align.transform import similarity_transform
 from facetrain.errors import FacetrainError
+from facetrain.registry import Registry
 
 TEMPLATE_HEIGHT = 112
 ARCFACE_TEMPLATE_112 = np.array(
@@ -45,3 +52,38 @@ def parse_crop_size(text: str) -> tuple[int, int]:
     raise FacetrainError(
         f"--size {text!r}: give one number for a square crop (112) or HEIGHTxWIDTH (112x96), each >= 16"
     )
+
+
+@dataclass(frozen=True)
+class AlignmentTemplate:
+    """What `facetrain align --template` names: the landmarks a face is found by, where they go in a
+    crop of a given size, the 2x3 photo-to-crop matrix, and the crop size models of that kind take."""
+
+    default_size: tuple[int, int]
+    landmarks: Callable[[], Callable]
+    reference_points: Callable[[tuple[int, int]], np.ndarray]
+    matrix: Callable[[np.ndarray, tuple[int, int]], np.ndarray]
+
+
+def _arcface() -> AlignmentTemplate:
+    return AlignmentTemplate(
+        (TEMPLATE_HEIGHT, TEMPLATE_HEIGHT),
+        FivePointLandmarks,
+        reference_points,
+        lambda landmarks, size: similarity_transform(landmarks, reference_points(size)),
+    )
+
+
+def _dlib() -> AlignmentTemplate:
+    """dlib's `get_face_chip(image, shape, 150, 0.25)`, the chips its face ResNet was trained on."""
+    return AlignmentTemplate(
+        dlib_chip.DLIB_CHIP_SIZE,
+        dlib_chip.DlibFivePointLandmarks,
+        dlib_chip.dlib_chip_points,
+        dlib_chip.dlib_chip_matrix,
+    )
+
+
+TEMPLATES: Registry[AlignmentTemplate] = Registry("alignment template")
+TEMPLATES.register("arcface")(_arcface)
+TEMPLATES.register("dlib")(_dlib)

@@ -16,6 +16,7 @@ from collections.abc import Callable, Iterable
 from pathlib import Path
 from typing import Any
 
+import click
 import torch
 
 from facetrain.errors import FacetrainError
@@ -26,21 +27,112 @@ PROC_STATM = Path("/proc/self/statm")
 PROC_CLEAR_REFS = Path("/proc/self/clear_refs")
 
 
+DEVICE_CHOICES = ("auto", "cpu", "cuda")
+
+
+def resolve_device(name: str, cuda_available: Callable[[], bool] = torch.cuda.is_available) -> str:
+    """`--device auto|cpu|cuda` -> "cpu" or "cuda"; asking for CUDA where torch sees none is a user error."""
+    if name == "auto":
+        return "cuda" if cuda_available() else "cpu"
+    if name == "cuda" and not cuda_available():
+        raise FacetrainError(
+            "--device cuda: torch sees no CUDA device (torch.cuda.is_available() is False); "
+            "use --device cpu or auto"
+        )
+    if name not in DEVICE_CHOICES:
+        raise FacetrainError(f"--device must be one of {', '.join(DEVICE_CHOICES)}, got {name!r}")
+    return name
+
+
+def device_option(help_text: str = "Where the benchmark runs; auto: cuda when torch sees a GPU, else cpu."):
+    """The `--device` option every `facetrain bench` command shares."""
+    return click.option(
+        "--device", type=click.Choice(DEVICE_CHOICES), default="auto", show_default=True, help=help_text
+    )
+
+
+class CudaApi:
+    """The few torch.cuda calls the timers and peak-memory windows make, replaceable in tests."""
+
+    synchronize = staticmethod(torch.cuda.synchronize)
+    Event = torch.cuda.Event
+    empty_cache = staticmethod(torch.cuda.empty_cache)
+    reset_peak_memory_stats = staticmethod(torch.cuda.reset_peak_memory_stats)
+    memory_allocated = staticmethod(torch.cuda.memory_allocated)
+    max_memory_allocated = staticmethod(torch.cuda.max_memory_allocated)
+
+
+class HostClock:
+    """Wall time on the host: on the CPU a call's work is done when it returns."""
+
+    method = "perf_counter"
+
+    def __init__(self, device: torch.device, cuda: type[CudaApi] = CudaApi):
+        self.device = device
+
+    def start(self) -> float:
+        return time.perf_counter()
+
+    def stop(self, started: float) -> float:
+        return time.perf_counter() - started
+
+
+class CudaClock:
+    """Seconds between two CUDA events around a call, the GPU drained before the first.
+
+    Kernels run asynchronously, so host time after the call would miss the work still queued; the
+    synchronize before the start event keeps earlier work (a warm-up, the barrier's copies) out.
+    """
+
+    method = "cuda-events"
+
+    def __init__(self, device: torch.device, cuda: type[CudaApi] = CudaApi):
+        self.device, self.cuda = device, cuda
+
+    def start(self):
+        self.cuda.synchronize(self.device)
+        event = self.cuda.Event(enable_timing=True)
+        event.record()
+        return event
+
+    def stop(self, started) -> float:
+        end = self.cuda.Event(enable_timing=True)
+        end.record()
+        end.synchronize()
+        return started.elapsed_time(end) / 1000.0
+
+
+CLOCKS = {"cpu": HostClock, "cuda": CudaClock}
+
+
+def clock_for(device: torch.device | str | None, cuda: type[CudaApi] = CudaApi) -> HostClock | CudaClock:
+    device = torch.device(device or "cpu")
+    return CLOCKS[device.type](device, cuda)
+
+
 def timed_repeats(
-    fn: Callable[[], Any], repeats: int, warmup: int = 0, before_each: Callable[[], Any] | None = None
+    fn: Callable[[], Any],
+    repeats: int,
+    warmup: int = 0,
+    before_each: Callable[[], Any] | None = None,
+    device: torch.device | str | None = None,
+    cuda: type[CudaApi] = CudaApi,
 ) -> list[float]:
     """Seconds taken by each of `repeats` calls of `fn`, after `warmup` untimed calls.
 
-    `before_each` runs untimed before every call: a barrier that lines ranks up, a gradient reset.
+    `before_each` runs untimed before every call: a barrier that lines ranks up, a gradient reset. On a
+    CUDA `device` each call is timed until its kernels have finished (`CudaClock`).
     """
+    clock = clock_for(device, cuda)
     times = []
     for index in range(warmup + repeats):
         if before_each is not None:
             before_each()
-        start = time.perf_counter()
+        started = clock.start()
         fn()
+        elapsed = clock.stop(started)
         if index >= warmup:
-            times.append(time.perf_counter() - start)
+            times.append(elapsed)
     return times
 
 
@@ -123,6 +215,58 @@ class PeakRss:
         self._sampler.join()
         self.peak_bytes = max(self.peak_bytes, current_rss_bytes())
         self._sampler = None
+
+
+class CudaPeak:
+    """Peak growth of memory allocated by tensors on a CUDA device over a `with` block, in bytes.
+
+    The caching allocator's high-water mark, reset at the start, is what a model can use; the host's
+    RSS does not see GPU memory at all.
+    """
+
+    method = "cuda-max-allocated"
+
+    def __init__(self, device: torch.device, cuda: type[CudaApi] = CudaApi):
+        self.device, self.cuda = device, cuda
+        self.baseline_bytes = 0
+        self.peak_bytes = 0
+
+    @property
+    def growth_bytes(self) -> int:
+        return max(0, self.peak_bytes - self.baseline_bytes)
+
+    def __enter__(self) -> CudaPeak:
+        self.cuda.synchronize(self.device)
+        self.cuda.empty_cache()
+        self.cuda.reset_peak_memory_stats(self.device)
+        self.baseline_bytes = self.cuda.memory_allocated(self.device)
+        return self
+
+    def __exit__(self, *exc_info) -> None:
+        self.cuda.synchronize(self.device)
+        self.peak_bytes = self.cuda.max_memory_allocated(self.device)
+
+
+PEAK_MEMORY = {"cpu": lambda device, cuda: PeakRss(), "cuda": CudaPeak}
+
+
+def peak_memory(device: torch.device | str | None, cuda: type[CudaApi] = CudaApi) -> PeakRss | CudaPeak:
+    """The peak-memory window for where the work runs: host RSS on the CPU, allocated bytes on a GPU."""
+    device = torch.device(device or "cpu")
+    return PEAK_MEMORY[device.type](device, cuda)
+
+
+def gpu_info(device_kind: str) -> dict[str, Any] | None:
+    """The GPU a CUDA benchmark ran on, for its report; None on the CPU."""
+    if device_kind != "cuda":
+        return None
+    properties = torch.cuda.get_device_properties(torch.cuda.current_device())
+    return {
+        "name": properties.name,
+        "memory_total_bytes": properties.total_memory,
+        "count": torch.cuda.device_count(),
+        "cuda": torch.version.cuda,
+    }
 
 
 def cpu_model() -> str:

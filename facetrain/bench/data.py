@@ -5,7 +5,8 @@ to one thread. Fixtures are 112x112 JPEG faces from the synthetic renderer (real
 compresses and decodes like real crops; noise would not), stored as an image folder and as a .rec
 written from it. The stages are timed cumulatively (read, + decode, + augment and normalize), so the
 cost of each stage is the difference between neighbouring columns. Files are in the page cache after
-being written, as a dataset read every epoch usually is, so disk speed is not measured.
+being written, as a dataset read every epoch usually is, so disk speed is not measured. With
+--loader-workers, N DataLoader workers deliver batches onto --device as well (`bench/data_loader.py`).
 """
 
 from __future__ import annotations
@@ -23,7 +24,8 @@ import numpy as np
 import torch
 from tqdm import tqdm
 
-from facetrain.bench.common import machine_info
+from facetrain.bench.common import device_option, gpu_info, machine_info, parse_int_list, resolve_device
+from facetrain.bench.data_loader import loader_images_per_second
 from facetrain.config.schema import AugmentConfig
 from facetrain.data.dataset import FaceDataset, SampleTable
 from facetrain.data.decode import decode_image
@@ -91,7 +93,16 @@ def images_per_second(fn: Callable[[int], object], count: int, repeats: int) -> 
     return rates
 
 
-def run_data_benchmark(images: int, identities: int, repeats: int, progress: bool = True) -> dict:
+def run_data_benchmark(
+    images: int,
+    identities: int,
+    repeats: int,
+    progress: bool = True,
+    loader_workers: tuple[int, ...] = (),
+    loader_batch: int = 128,
+    device: str = "cpu",
+) -> dict:
+    loader_rows = []
     with tempfile.TemporaryDirectory(prefix="facetrain-bench-data-") as tmp:
         folder = Path(tmp) / "folder"
         write_jpeg_folder(folder, images, identities)
@@ -111,6 +122,13 @@ def run_data_benchmark(images: int, identities: int, repeats: int, progress: boo
                     bar.update()
                 row["pass"] = row["full"]["median_images_per_s"] >= TARGET_IMAGES_PER_S
                 rows.append(row)
+        transform = build_train_transform([IMAGE_SIZE, IMAGE_SIZE], AugmentConfig())
+        for source, table in tables.items():
+            for workers in loader_workers:
+                figures = loader_images_per_second(
+                    FaceDataset(table, transform), workers, loader_batch, repeats, torch.device(device)
+                )
+                loader_rows.append({"source": source, "device": device, **figures})
     return {
         "settings": {
             "images": images,
@@ -123,8 +141,9 @@ def run_data_benchmark(images: int, identities: int, repeats: int, progress: boo
             "threads": "torch 1, OpenCV 1 (one process: one DataLoader worker's share)",
         },
         "target_images_per_s_per_worker": TARGET_IMAGES_PER_S,
-        "machine": machine_info(),
+        "machine": {**machine_info(), "gpu": gpu_info(device)},
         "rows": rows,
+        "loader_rows": loader_rows,
     }
 
 
@@ -139,6 +158,17 @@ def format_table(result: dict) -> str:
         cells = " | ".join(f"{rate:,.0f}" for rate in rates)
         verdict = "PASS" if row["pass"] else "MISS"
         lines.append(f"| {row['source']} | {cells} | >= {target:,.0f} | {verdict} |")
+    if result["loader_rows"]:
+        lines += [
+            "",
+            "| source | loader workers | batch | onto | pinned | images/s |",
+            "| --- | ---: | ---: | --- | --- | ---: |",
+        ]
+        for row in result["loader_rows"]:
+            lines.append(
+                f"| {row['source']} | {row['workers']} | {row['batch_size']} | {row['device']} | "
+                f"{'yes' if row['pin_memory'] else 'no'} | {row['images_per_s']:,.0f} |"
+            )
     return "\n".join(lines)
 
 
@@ -157,7 +187,23 @@ def format_table(result: dict) -> str:
     show_default=True,
 )
 @click.option("--overwrite", is_flag=True, help="Replace the JSON of an earlier run.")
-def data_command(images: int, identities: int, repeats: int, out: Path, overwrite: bool) -> None:
+@click.option(
+    "--loader-workers",
+    default="",
+    help="Also time the trainer's DataLoader with these worker counts, e.g. 8,16 (--repeats epochs each).",
+)
+@click.option("--loader-batch", type=click.IntRange(min=1), default=128, show_default=True)
+@device_option("Where --loader-workers deliver the batches (pinned memory on cuda).")
+def data_command(
+    images: int,
+    identities: int,
+    repeats: int,
+    out: Path,
+    overwrite: bool,
+    loader_workers: str,
+    loader_batch: int,
+    device: str,
+) -> None:
     """Images/s of one data worker: decode + augment + normalize of 112x112 JPEGs, from a folder and a .rec.
 
     Runs in this process on one core (torch and OpenCV at one thread each), the share of one DataLoader
@@ -169,10 +215,13 @@ def data_command(images: int, identities: int, repeats: int, out: Path, overwrit
       facetrain bench data
       facetrain bench data --images 2000 --repeats 5 --out runs/bench/data_big.json
       facetrain bench data --overwrite
+      facetrain bench data --images 4096 --loader-workers 8,16 --device cuda
     """
+    device = resolve_device(device)
+    workers = tuple(parse_int_list(loader_workers, "--loader-workers", minimum=0)) if loader_workers else ()
     if not overwrite:
         refuse_to_overwrite([out])
-    result = run_data_benchmark(images, identities, repeats)
+    result = run_data_benchmark(images, identities, repeats, True, workers, loader_batch, device)
     write_atomic(out, lambda path: path.write_text(json.dumps(result, indent=2)))
     click.echo(format_table(result))
     click.echo(f"\nwrote {out}")

@@ -18,7 +18,7 @@ import click
 import numpy as np
 import torch
 
-from facetrain.bench.common import machine_info, timed_repeats
+from facetrain.bench.common import device_option, gpu_info, machine_info, resolve_device, timed_repeats
 from facetrain.config.schema import ModelConfig
 from facetrain.eval.embedding import compute_embeddings
 from facetrain.eval.metrics import verification_metrics
@@ -30,21 +30,31 @@ FOLDS = 10
 
 
 def embedding_throughput(
-    backbone: str, image_size: int, batch_size: int, batches: int, threads: int, progress: bool
+    backbone: str,
+    image_size: int,
+    batch_size: int,
+    batches: int,
+    threads: int,
+    progress: bool,
+    device: str = "cpu",
 ) -> dict[str, Any]:
     """Images/s of one timed pass over `batches` batches, after one untimed warm-up batch."""
     torch.set_num_threads(threads)
     torch.manual_seed(0)
-    module = build_backbone(ModelConfig(backbone=backbone), image_size=(image_size, image_size)).eval()
+    module = build_backbone(ModelConfig(backbone=backbone), image_size=(image_size, image_size))
+    module = module.to(device).eval()
     rng = np.random.default_rng(0)
     images = list(rng.integers(0, 256, (batch_size * batches, image_size, image_size, 3), dtype=np.uint8))
     size = (image_size, image_size)
     compute_embeddings(module, images[:batch_size], size, batch_size, flip=False, progress=False)
     (seconds,) = timed_repeats(
-        lambda: compute_embeddings(module, images, size, batch_size, flip=False, progress=progress), repeats=1
+        lambda: compute_embeddings(module, images, size, batch_size, flip=False, progress=progress),
+        repeats=1,
+        device=device,
     )
     return {
         "backbone": backbone,
+        "device": device,
         "image_size": image_size,
         "batch_size": batch_size,
         "batches": batches,
@@ -83,7 +93,7 @@ def format_table(result: dict[str, Any]) -> str:
             "| measure | setting | result | target |",
             "| --- | --- | ---: | --- |",
             f"| embedding throughput | {embedding['backbone']} {embedding['image_size']}x{embedding['image_size']}, "
-            f"batch {embedding['batch_size']}, {embedding['threads']} threads, no flip | "
+            f"batch {embedding['batch_size']}, {embedding['device']}, {embedding['threads']} threads, no flip | "
             f"{embedding['images_per_s']:,.1f} img/s ({embedding['ms_per_batch']:,.0f} ms/batch) | |",
             f"| verification metrics | {metrics['pairs']:,} pairs, {metrics['folds']} folds | "
             f"{1000 * metrics['median_s']:,.1f} ms | < {metrics['target_s']:g} s: {verdict} |",
@@ -127,6 +137,7 @@ def format_table(result: dict[str, Any]) -> str:
 )
 @click.option("--overwrite", is_flag=True, help="Replace the JSON of an earlier run.")
 @click.option("--quiet", is_flag=True, help="No progress bar.")
+@device_option("Where the backbone embeds; the metrics always run on the CPU.")
 def eval_command(
     backbone: str,
     image_size: int,
@@ -138,8 +149,9 @@ def eval_command(
     out: Path,
     overwrite: bool,
     quiet: bool,
+    device: str,
 ) -> None:
-    """Embedding throughput (images/s) on CPU and the time to compute verification metrics.
+    """Embedding throughput (images/s) on CPU or GPU and the time to compute verification metrics.
 
     Embeds --batches batches of random 8-bit images (after one untimed warm-up batch) with a freshly
     initialized --backbone, without the flip test (which doubles the model's work), and times the
@@ -152,14 +164,18 @@ def eval_command(
       facetrain bench eval
       facetrain bench eval --backbone r18 --batches 4 --threads 2 --overwrite
       facetrain bench eval --backbone small --out runs/bench/eval_small.json
+      facetrain bench eval --device cuda --batch-size 256 --batches 8
     """
+    device = resolve_device(device)
     if not overwrite:
         refuse_to_overwrite([out])
     result = {
         "benchmark": "eval",
-        "embedding": embedding_throughput(backbone, image_size, batch_size, batches, threads, not quiet),
+        "embedding": embedding_throughput(
+            backbone, image_size, batch_size, batches, threads, not quiet, device
+        ),
         "metrics": metric_time(pairs, repeats),
-        "machine": machine_info(),
+        "machine": {**machine_info(), "gpu": gpu_info(device)},
     }
     write_atomic(out, lambda path: path.write_text(json.dumps(result, indent=2) + "\n"))
     click.echo(format_table(result))

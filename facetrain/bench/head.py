@@ -1,6 +1,7 @@
 """`facetrain bench head`: the sharded head against the dense (DDP-replicated) and naive model-parallel FC.
 
-Every (C, N, head) configuration runs in N spawned CPU processes joined by gloo. The sharded head's
+Every (C, N, head) configuration runs in N spawned processes: on the CPU joined by gloo, on CUDA by nccl
+when each rank has a GPU of its own and by gloo when they share one (`bench/workers.py`). The sharded head's
 claims are measured, not assumed: its step time (untiled, and tiled with its fused update) against the
 three GEMMs of the untiled step alone, the balance of peak memory over ranks, and bytes per step that
 do not depend on the class count. `--capacity` (facetrain/bench/head_capacity.py) measures memory
@@ -17,10 +18,13 @@ import click
 from tqdm import tqdm
 
 from facetrain.bench.common import (
+    device_option,
+    gpu_info,
     machine_info,
     mean_of_max_over_ranks,
     parse_int_list,
     parse_name_list,
+    resolve_device,
 )
 from facetrain.bench.head_capacity import CapacitySettings, run_capacity_benchmark
 from facetrain.bench.head_capacity_report import OUTPUT_NAMES as CAPACITY_OUTPUT_NAMES
@@ -41,9 +45,11 @@ METHODS = {
     "barrier before each step; mean over timed steps of the slowest rank",
     "gemm_time": "sharded and tiled: torch.mm for logits (B x D @ D x c), embedding gradient (B x c @ c x D) "
     "and weight gradient ((B x c)^T @ B x D) on the same shapes in the same worker, timed like a step",
-    "peak_memory": "per rank: peak RSS growth over the process's RSS before the head and data were "
+    "peak_memory": "per rank: on the CPU peak RSS growth over the process's RSS before the head and data were "
     "created; the kernel's exact high-water mark VmHWM, reset through /proc/self/clear_refs "
-    "(memory_method vmhwm-reset), or /proc/self/statm sampled every 1 ms (statm-sampling)",
+    "(memory_method vmhwm-reset), or /proc/self/statm sampled every 1 ms (statm-sampling); on CUDA "
+    "torch.cuda.max_memory_allocated, reset before the head is built, minus what was allocated then "
+    "(cuda-max-allocated)",
     "bytes_sent": "per rank per step, counted by facetrain.bench.traffic around the step (ring model: all-gather sends "
     "(N-1)/N of the result, all-reduce twice its buffer's (N-1)/N)",
 }
@@ -61,10 +67,12 @@ class HeadBenchSettings:
     warmup: int = 1
     memory_limit_gb: float = 18.0
     seed: int = 0
+    device: str = "cpu"
+    precision: str = "fp32"
 
     def cases(self) -> list[HeadCase]:
         return [
-            HeadCase(head, num_classes, world_size, self.batch, self.dim, self.tile_classes)
+            HeadCase(head, num_classes, world_size, self.batch, self.dim, self.tile_classes, self.precision)
             for world_size in self.world_sizes
             for num_classes in self.classes
             for head in self.heads
@@ -89,9 +97,11 @@ def estimated_bytes_per_rank(case: HeadCase) -> list[int]:
     return BENCH_HEADS.build(case.head).estimate_bytes_per_rank(case)
 
 
-def estimated_total_bytes(case: HeadCase) -> int:
-    """What the machine must hold: every rank's growth plus every worker process's own baseline."""
-    return sum(estimated_bytes_per_rank(case)) + PROCESS_BASELINE_BYTES * case.world_size
+def estimated_total_bytes(case: HeadCase, device: str = "cpu") -> int:
+    """What the machine must hold: every rank's growth plus, on the CPU, every worker process's own
+    baseline (on a GPU the processes' host memory is not what the limit is about)."""
+    baseline = PROCESS_BASELINE_BYTES if device == "cpu" else 0
+    return sum(estimated_bytes_per_rank(case)) + baseline * case.world_size
 
 
 def summarize(case: HeadCase, ranks: list[dict]) -> dict:
@@ -128,7 +138,7 @@ def run_head_benchmark(settings: HeadBenchSettings, progress: bool = True) -> di
     pools: dict[int, WorkerPool] = {}
     try:
         for case in tqdm(cases, desc="bench head", unit="config", disable=not progress):
-            estimate = estimated_total_bytes(case)
+            estimate = estimated_total_bytes(case, settings.device)
             row = {
                 **asdict(case),
                 "local_batch": case.local_batch,
@@ -143,10 +153,10 @@ def run_head_benchmark(settings: HeadBenchSettings, progress: bool = True) -> di
                 pools.pop(world_size).close()
             if case.world_size not in pools:
                 threads = max(1, (os.cpu_count() or 1) // case.world_size)
-                pools[case.world_size] = WorkerPool(case.world_size, threads)
+                pools[case.world_size] = WorkerPool(case.world_size, threads, device=settings.device)
             try:
                 ranks = pools[case.world_size].run(
-                    measure_case, case, settings.steps, settings.warmup, settings.seed
+                    measure_case, case, settings.steps, settings.warmup, settings.seed, False, settings.device
                 )
             except WorkerError as error:
                 pools.pop(case.world_size)
@@ -159,13 +169,12 @@ def run_head_benchmark(settings: HeadBenchSettings, progress: bool = True) -> di
             pool.close()
     return {
         "benchmark": "head",
-        "machine": machine_info(),
+        "machine": {**machine_info(), "gpu": gpu_info(settings.device)},
         "settings": {
             **asdict(settings),
             "memory_limit_bytes": int(limit_bytes),
             "process_baseline_bytes": PROCESS_BASELINE_BYTES,
-            "dtype": "float32",
-            "device": "cpu",
+            "dtype": "float32" if settings.precision == "fp32" else "float32 weights, bf16 autocast",
             "margin": "arcface",
             "scale": 64.0,
         },
@@ -211,12 +220,15 @@ def run_head_benchmark(settings: HeadBenchSettings, progress: bool = True) -> di
     default="",
     help="With --capacity: heads whose largest trainable C under --memory-limit-gb to find, e.g. tiled_bf16,tiled.",
 )
+@device_option(
+    "Where the heads run; cuda: rank r on GPU r modulo the GPUs (--capacity: one GPU, --world-sizes 1)."
+)
 @click.option(
-    "--device",
-    type=click.Choice(["cpu", "cuda"]),
-    default="cpu",
+    "--precision",
+    type=click.Choice(["fp32", "bf16"]),
+    default="fp32",
     show_default=True,
-    help="With --capacity: where the head runs (cuda: one GPU, --world-sizes 1).",
+    help="Without --capacity: bf16 runs each step under bf16 autocast and times bf16 GEMMs.",
 )
 @click.option(
     "--out",
@@ -239,12 +251,13 @@ def head_command(
     capacity: bool,
     largest: str,
     device: str,
+    precision: str,
     out: Path,
     overwrite: bool,
 ) -> None:
-    """Compare the sharded margin head with the dense (DDP) and naive model-parallel FC on CPU.
+    """Compare the sharded margin head with the dense (DDP) and naive model-parallel FC, on CPU or CUDA.
 
-    For each class count C, world size N and head, N gloo processes each take B/N random fp32
+    For each class count C, world size N and head, N processes each take B/N random fp32
     embeddings and time forward + backward (the tiled head's fused update included), measure per-rank
     peak memory and bytes sent per step, and the step's three untiled GEMMs alone. Prints a table and
     PASS/MISS for the targets; writes JSON, a PNG plot and the markdown table to --out.
@@ -262,9 +275,13 @@ def head_command(
       facetrain bench head --capacity --world-sizes 1        # memory against C (long)
       facetrain bench head --capacity --world-sizes 1 --largest tiled_bf16,tiled --memory-limit-gb 20
       facetrain bench head --capacity --world-sizes 1 --device cuda --largest tiled_bf16 --memory-limit-gb 130
+      facetrain bench head --device cuda --world-sizes 1 --batch 1024 --classes 1000000 --precision bf16
     """
-    if not capacity and (largest or device != "cpu"):
-        raise FacetrainError("--largest and --device belong to --capacity; add --capacity")
+    if not capacity and largest:
+        raise FacetrainError("--largest belongs to --capacity; add --capacity")
+    if capacity and precision != "fp32":
+        raise FacetrainError("--precision belongs to the head bench without --capacity; drop one of them")
+    device = resolve_device(device)
     if capacity:
         settings = CapacitySettings(
             classes=tuple(parse_int_list(classes or "100000,300000,1000000,3000000", "--classes")),
@@ -298,6 +315,8 @@ def head_command(
             steps=steps or 3,
             warmup=1 if warmup is None else warmup,
             memory_limit_gb=memory_limit_gb,
+            device=device,
+            precision=precision,
         )
         settings.validate()
         names = OUTPUT_NAMES

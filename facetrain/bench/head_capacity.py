@@ -7,6 +7,10 @@ counts weights, optimizer state, gradients and the step's activations. Classes p
 class count over that peak in GiB. With `--largest`, the largest C that one process fits under the
 memory limit is found for the chosen heads: predicted from the largest measured run's bytes per class,
 then trained for one step to confirm (10% less after a failure, three attempts).
+
+Cases of `fresh_process_classes` or more run each in a new worker process, so their peak is that of a
+first step on a fresh heap, as a training run's is: after earlier cases, glibc's heap (and its raised
+mmap threshold) would hide or add growth that a real run does not see.
 """
 
 from __future__ import annotations
@@ -44,6 +48,7 @@ class CapacitySettings:
     largest: tuple[str, ...] = ()
     device: str = "cpu"
     seed: int = 0
+    fresh_process_classes: int = 1_000_000
 
     def case(self, head: str, num_classes: int) -> HeadCase:
         return HeadCase(head, num_classes, self.world_size, self.batch, self.dim, self.tile_classes)
@@ -78,6 +83,17 @@ class _Runner:
         row["estimated_total_bytes"] = estimated_total_bytes(case)
         if skip_over_estimate and row["estimated_total_bytes"] > settings.memory_limit_gb * GIB:
             return {**row, "status": "skipped"}
+        row["fresh_process"] = case.num_classes >= settings.fresh_process_classes
+        if row["fresh_process"]:
+            self.close()
+        try:
+            return self._measure(case, row)
+        finally:
+            if row["fresh_process"]:
+                self.close()
+
+    def _measure(self, case: HeadCase, row: dict) -> dict:
+        settings = self.settings
         if self.pool is None:
             threads = max(1, (os.cpu_count() or 1) // case.world_size)
             self.pool = WorkerPool(case.world_size, threads)
@@ -165,7 +181,8 @@ def run_capacity_benchmark(settings: CapacitySettings, progress: bool = True) ->
             "step": "forward + backward + optimizer update of the head alone on random embeddings",
             "peak_memory": "per rank: peak growth over the process's memory before the head existed "
             "(CPU: RSS high-water mark VmHWM reset through /proc/self/clear_refs; CUDA: "
-            "torch.cuda.max_memory_allocated)",
+            "torch.cuda.max_memory_allocated); cases with fresh_process_classes or more classes each "
+            "run in a new worker process, so the peak is a first step's on a fresh heap",
             "classes_per_gib": "classes on the rank / (peak memory in GiB)",
         },
         "results": rows,

@@ -13,8 +13,8 @@ from dataclasses import dataclass, replace
 import torch
 from torch import nn
 
-from facetrain.bench.common import timed_repeats
-from facetrain.bench.head_memory import bench_device, peak_memory
+from facetrain.bench.common import peak_memory, timed_repeats
+from facetrain.bench.head_memory import bench_device
 from facetrain.bench.naive_head import NaiveModelParallelHead
 from facetrain.bench.traffic import count_traffic
 from facetrain.heads import DenseMarginHead, ShardedMarginHead, class_range
@@ -22,6 +22,7 @@ from facetrain.heads.fused_optim import FusedSGD
 from facetrain.heads.memory import estimate_head_memory
 from facetrain.parallel import comm
 from facetrain.registry import Registry
+from facetrain.train.step import AUTOCAST_DTYPES
 
 FLOAT_BYTES = 4
 
@@ -36,6 +37,15 @@ class HeadCase:
     batch: int
     dim: int
     tile_classes: int = 8192
+    precision: str = "fp32"  # fp32, or bf16: the step under bf16 autocast, as training runs it
+
+    def autocast(self, device: torch.device):
+        dtype = AUTOCAST_DTYPES[self.precision]
+        return torch.autocast(device.type, dtype=dtype, enabled=dtype is not None)
+
+    @property
+    def gemm_dtype(self) -> torch.dtype:
+        return AUTOCAST_DTYPES[self.precision] or torch.float32
 
     @property
     def local_batch(self) -> int:
@@ -188,22 +198,16 @@ def _time_shard_gemms(
 ) -> list[float]:
     """The untiled head's three GEMMs alone, with its operand layouts: what its step cannot beat."""
     classes = case.shard_classes(rank)
-    embeddings = torch.randn(case.batch, case.dim, device=device)
-    weight = torch.randn(classes, case.dim, device=device)
-    logit_grad = torch.randn(case.batch, classes, device=device)
+    embeddings = torch.randn(case.batch, case.dim, device=device, dtype=case.gemm_dtype)
+    weight = torch.randn(classes, case.dim, device=device, dtype=case.gemm_dtype)
+    logit_grad = torch.randn(case.batch, classes, device=device, dtype=case.gemm_dtype)
 
     def gemms() -> None:
         torch.mm(embeddings, weight.t())
         torch.mm(logit_grad, weight)
         torch.mm(logit_grad.t(), embeddings)
-        _synchronize(device)
 
-    return timed_repeats(gemms, steps, warmup, before_each=comm.barrier)
-
-
-def _synchronize(device: torch.device) -> None:
-    if device.type == "cuda":
-        torch.cuda.synchronize(device)
+    return timed_repeats(gemms, steps, warmup, before_each=comm.barrier, device=device)
 
 
 def _timed_steps(
@@ -226,14 +230,15 @@ def _timed_steps(
             traffic.reset()
 
         def step() -> None:
-            head(embeddings, labels).loss.backward()
+            with case.autocast(device):
+                loss = head(embeddings, labels).loss
+            loss.backward()
             kind.after_backward(head, case)
             if optimizer is not None:
                 optimizer.step()
-            _synchronize(device)
             sent_per_step.append(traffic.bytes_sent)
 
-        step_s = timed_repeats(step, steps, warmup, before_each=prepare)
+        step_s = timed_repeats(step, steps, warmup, before_each=prepare, device=device)
     return step_s, sent_per_step[warmup:], dict(traffic.by_op)
 
 

@@ -14,7 +14,7 @@ from pathlib import Path
 
 import click
 
-from facetrain.bench.common import parse_int_list
+from facetrain.bench.common import device_option, parse_int_list, resolve_device
 from facetrain.bench.pipeline_cases import DEFAULTS, PipelineBenchSettings, run_pipeline_benchmark
 from facetrain.bench.pipeline_report import OUTPUT_NAMES, write_outputs
 from facetrain.files import refuse_to_overwrite
@@ -113,6 +113,7 @@ from facetrain.files import refuse_to_overwrite
     help="Folder for bench_pipeline.json, .md and the two plots.",
 )
 @click.option("--overwrite", is_flag=True, help="Replace the outputs of an earlier run in --out.")
+@device_option("Where the stages run; cuda: one GPU per stage (nccl), the single device on GPU 0.")
 def pipeline_command(
     backbone: str,
     image_size: int,
@@ -129,8 +130,9 @@ def pipeline_command(
     warmup: int,
     out: Path,
     overwrite: bool,
+    device: str,
 ) -> None:
-    """Time single device, model parallel and pipelined training steps of a backbone on CPU.
+    """Time single device, model parallel and pipelined training steps of a backbone, on CPU or GPUs.
 
     Each stage is a process with one thread; the single device runs once with one thread and once
     with as many threads as stages. Runs repeat (mean and std), and the micro-batch (split) size is
@@ -142,6 +144,7 @@ def pipeline_command(
       facetrain bench pipeline --backbone r18 --image-size 32 --batch-size 16 --split-sizes 8,4,2
       facetrain bench pipeline --microbatches 8 --split-sizes 32,16,8,4 --repeats 5 --overwrite
       facetrain bench pipeline --split-at layer3.5 --out runs/bench/pipeline-fixed-cut
+      facetrain bench pipeline --device cuda --backbone r50 --image-size 112 --batch-size 128
     """
     settings = PipelineBenchSettings(
         backbone=backbone,
@@ -157,6 +160,7 @@ def pipeline_command(
         repeats=repeats,
         steps=steps,
         warmup=warmup,
+        device=resolve_device(device),
     )
     settings.validate()
     if not overwrite:

@@ -3,7 +3,8 @@
 Every run times `facetrain.train.step.train_step` with the backbone as the trainer parallelizes it
 (`parallelize_backbone`) and the sharded margin head on the last stage. On CPU each stage is a process
 with one thread; a single device is shown with one thread and with as many threads as there are stages,
-so that both get the same cores.
+so that both get the same cores. On CUDA each stage needs a GPU of its own (stage processes join with
+nccl): gloo cannot send CUDA tensors point to point and NCCL refuses two ranks on one GPU.
 """
 
 from __future__ import annotations
@@ -16,7 +17,7 @@ from dataclasses import asdict, dataclass
 import torch
 from tqdm import tqdm
 
-from facetrain.bench.common import machine_info, mean_of_max_over_ranks, timed_repeats
+from facetrain.bench.common import gpu_info, machine_info, mean_of_max_over_ranks, timed_repeats
 from facetrain.bench.workers import WorkerPool
 from facetrain.config.schema import ModelConfig, OptimConfig, ParallelConfig
 from facetrain.errors import FacetrainError
@@ -54,6 +55,7 @@ class PipelineBenchSettings:
     steps: int = 2
     warmup: int = 1
     seed: int = 0
+    device: str = "cpu"
 
     @property
     def input_shape(self) -> tuple[int, int, int, int]:
@@ -64,8 +66,11 @@ class PipelineBenchSettings:
         counts = {1, self.microbatches} | {self.batch_size // size for size in self.split_sizes}
         return sorted(counts)
 
-    def validate(self) -> None:
+    def validate(self, gpu_count: int | None = None) -> None:
         BACKBONES.get(self.backbone)
+        check_stage_devices(
+            self.device, self.stages, torch.cuda.device_count() if gpu_count is None else gpu_count
+        )
         for size in (*self.split_sizes, self.batch_size // max(self.microbatches, 1)):
             if size < 1 or self.batch_size % size:
                 raise FacetrainError(
@@ -81,6 +86,21 @@ class PipelineBenchSettings:
 
 
 DEFAULTS = PipelineBenchSettings()
+
+
+def check_stage_devices(device: str, stages: int, gpu_count: int) -> None:
+    if device == "cuda" and stages > gpu_count:
+        raise FacetrainError(
+            f"--device cuda --stages {stages} needs a GPU per stage, {gpu_count} visible: gloo cannot send "
+            "CUDA tensors point to point and NCCL refuses two ranks on one GPU; use --device cpu or fewer --stages"
+        )
+
+
+def bench_device(settings: PipelineBenchSettings) -> torch.device:
+    """This process's device: the CPU, or the GPU `init_parallel` chose for it (GPU 0 for the single device)."""
+    if settings.device == "cuda":
+        return torch.device("cuda", torch.cuda.current_device())
+    return torch.device("cpu")
 
 
 def training_data(settings: PipelineBenchSettings) -> tuple[torch.Tensor, torch.Tensor]:
@@ -104,15 +124,17 @@ def _timed_train_steps(
     settings: PipelineBenchSettings, model, head, local, pipeline=None, before_each=None
 ) -> list[float]:
     """Seconds of each timed `train_step` (the trainer's own step: forward, backward, SGD)."""
+    device = bench_device(settings)
     optimizer = build_optimizer(OPTIM, local, head)
-    scaler = torch.amp.GradScaler("cpu", enabled=False)
-    batches = itertools.repeat(training_data(settings))
-    step_settings = StepSettings(device=torch.device("cpu"))
+    scaler = torch.amp.GradScaler(device.type, enabled=False)
+    images, labels = training_data(settings)
+    batches = itertools.repeat((images.to(device), labels.to(device)))
+    step_settings = StepSettings(device=device)
 
     def step() -> None:
         train_step(batches, model, head, optimizer, scaler, step_settings, pipeline)
 
-    return timed_repeats(step, settings.steps, settings.warmup, before_each=before_each)
+    return timed_repeats(step, settings.steps, settings.warmup, before_each=before_each, device=device)
 
 
 def plan_split_points(settings: PipelineBenchSettings) -> list[str]:
@@ -130,8 +152,10 @@ def plan_split_points(settings: PipelineBenchSettings) -> list[str]:
 def single_device_step_s(settings: PipelineBenchSettings, threads: int) -> float:
     """Mean seconds of one training step of the whole backbone and head in this process."""
     torch.set_num_threads(threads)
-    backbone = make_backbone(settings)
-    return statistics.mean(_timed_train_steps(settings, backbone, make_head(settings), backbone))
+    device = bench_device(settings)
+    backbone = make_backbone(settings).to(device)
+    head = make_head(settings).to(device)
+    return statistics.mean(_timed_train_steps(settings, backbone, head, backbone))
 
 
 def pipeline_step_times(
@@ -144,7 +168,7 @@ def pipeline_step_times(
         split_points=split_points,
     )
     local, model, pipeline = parallelize_backbone(make_backbone(settings), dims, cfg, settings.input_shape)
-    head = make_head(settings, dims.dp_group) if dims.is_last_stage else None
+    head = make_head(settings, dims.dp_group).to(dims.device) if dims.is_last_stage else None
     return _timed_train_steps(settings, model, head, local, pipeline, before_each=comm.barrier)
 
 
@@ -177,7 +201,7 @@ def run_pipeline_benchmark(settings: PipelineBenchSettings, progress: bool = Tru
     single = {1: [], settings.stages: []}
     pipelined: dict[int, list[float]] = {count: [] for count in settings.microbatch_counts()}
     threads_before = torch.get_num_threads()
-    with WorkerPool(settings.stages, threads_per_rank=1) as pool:
+    with WorkerPool(settings.stages, threads_per_rank=1, device=settings.device) as pool:
         for _ in tqdm(range(settings.repeats), desc="bench pipeline", unit="repeat", disable=not progress):
             for threads in single:
                 single[threads].append(single_device_step_s(settings, threads))
@@ -200,8 +224,8 @@ def run_pipeline_benchmark(settings: PipelineBenchSettings, progress: bool = Tru
     against_single = runs[f"single_device_{settings.stages}_threads"]["mean_s"] / runs["pipelined"]["mean_s"]
     return {
         "benchmark": "pipeline",
-        "machine": {**machine_info(), "load_average_at_start": load_before},
-        "settings": {**asdict(settings), "split_points": split_points, "device": "cpu", "dtype": "float32"},
+        "machine": {**machine_info(), "load_average_at_start": load_before, "gpu": gpu_info(settings.device)},
+        "settings": {**asdict(settings), "split_points": split_points, "dtype": "float32"},
         "method": "training step = the trainer's train_step: forward, the sharded margin head's loss over "
         "--classes classes, backward, SGD step; each run times --steps steps after --warmup untimed ones (stage processes meet at a barrier before "
         "each step; the slowest stage counts); mean and std are over --repeats runs, interleaved",

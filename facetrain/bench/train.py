@@ -4,6 +4,9 @@ Both runs time the trainer's own `train_step` (backbone forward/backward, DDP, h
 the same in-memory images, so the figures compare the classifiers inside a real step, without data
 loading. The replicated FC is what plain DDP training does: every rank holds all C classes, computes
 normalize + linear + margin + cross_entropy on its local batch, and all-reduces the C x D gradient.
+The `linear` head is the floor: the backbone under a plain nn.Linear softmax over --linear-classes.
+On CUDA a step is timed until its kernels finish and peak memory is the GPU's allocated bytes; ranks
+that share a GPU join with gloo (`bench/workers.py`), which the report states.
 """
 
 from __future__ import annotations
@@ -14,97 +17,168 @@ from pathlib import Path
 
 import click
 import torch
+import torch.nn.functional as F
+from torch import nn
 
-from facetrain.bench.common import PeakRss, machine_info, mean_of_max_over_ranks, timed_repeats
+from facetrain.bench.common import (
+    device_option,
+    gpu_info,
+    machine_info,
+    mean_of_max_over_ranks,
+    parse_name_list,
+    peak_memory,
+    resolve_device,
+    timed_repeats,
+)
 from facetrain.bench.workers import WorkerPool
 from facetrain.config import ModelConfig, OptimConfig, ParallelConfig
 from facetrain.files import write_atomic
-from facetrain.heads import DenseMarginHead, ShardedMarginHead
+from facetrain.heads import DenseMarginHead, HeadOutput, ShardedMarginHead
 from facetrain.models import build_backbone
 from facetrain.parallel import comm
 from facetrain.parallel.data_parallel import wrap_data_parallel
-from facetrain.parallel.dims import init_parallel
+from facetrain.parallel.dims import ParallelDims, init_parallel
 from facetrain.parallel.parallelize import parallelize_backbone
+from facetrain.registry import Registry
 from facetrain.train.optim import build_optimizer
-from facetrain.train.step import StepSettings, train_step
+from facetrain.train.step import AUTOCAST_DTYPES, StepSettings, train_step
 
-HEADS = ("sharded", "replicated")
+HEAD_OVERHEAD_TARGET = 0.15
+
+
+class LinearSoftmax(nn.Module):
+    """A plain classifier: logits = W x + b, cross-entropy; what a backbone costs without a margin head."""
+
+    def __init__(self, num_classes: int, dim: int):
+        super().__init__()
+        self.fc = nn.Linear(dim, num_classes)
+
+    def forward(self, embeddings: torch.Tensor, labels: torch.Tensor) -> HeadOutput:
+        logits = self.fc(embeddings)
+        accuracy = (logits.detach().argmax(dim=1) == labels).float().mean()
+        return HeadOutput(F.cross_entropy(logits.float(), labels), accuracy)
+
+
+BENCH_TRAIN_HEADS: Registry = Registry("bench train head")
+
+
+@BENCH_TRAIN_HEADS.register("sharded")
+def _sharded(backbone: nn.Module, dims: ParallelDims, settings: dict, shape) -> tuple:
+    local, model, _ = parallelize_backbone(backbone, dims, ParallelConfig(), shape)
+    head = ShardedMarginHead(settings["classes"], settings["dim"], margin="arcface", group=dims.dp_group)
+    return local, model, head.to(dims.device)
+
+
+def _replicated_head(head: nn.Module, backbone: nn.Module, dims: ParallelDims) -> tuple:
+    """Every rank holds the whole classifier; each loss is its own batch's mean, so DDP averages."""
+    local = backbone.to(dims.device)
+    model = wrap_data_parallel(local, dims.device, dims.dp_group, gradient_reduction="mean")
+    return local, model, wrap_data_parallel(head.to(dims.device), dims.device, dims.dp_group, "mean")
+
+
+@BENCH_TRAIN_HEADS.register("replicated")
+def _replicated(backbone: nn.Module, dims: ParallelDims, settings: dict, shape) -> tuple:
+    head = DenseMarginHead(settings["classes"], settings["dim"], margin="arcface")
+    return _replicated_head(head, backbone, dims)
+
+
+@BENCH_TRAIN_HEADS.register("linear")
+def _linear(backbone: nn.Module, dims: ParallelDims, settings: dict, shape) -> tuple:
+    return _replicated_head(LinearSoftmax(settings["linear_classes"], settings["dim"]), backbone, dims)
 
 
 def _train_worker(rank: int, world_size: int, kind: str, settings: dict) -> dict:
-    classes, dim, size = settings["classes"], settings["dim"], settings["image_size"]
-    batch = settings["batch"]
+    classes = settings["linear_classes"] if kind == "linear" else settings["classes"]
+    dim, size, batch = settings["dim"], settings["image_size"], settings["batch"]
     generator = torch.Generator().manual_seed(rank)
     images = torch.randn(batch, 3, size, size, generator=generator)
     labels = torch.randint(0, classes, (batch,), generator=generator)
     dims = init_parallel()
-    with PeakRss() as peak:
+    device = dims.device
+    step_settings = StepSettings(
+        device=device, precision=settings["precision"], channels_last=settings["channels_last"]
+    )
+    # data loading is not part of the figure: the batch sits on the device in the step's layout
+    images = images.to(device, memory_format=step_settings.memory_format)
+    labels = labels.to(device)
+    with peak_memory(device) as peak:
         torch.manual_seed(0)
         backbone = build_backbone(
             ModelConfig(backbone=settings["backbone"], embedding_size=dim), (size, size)
-        )
-        if kind == "sharded":
-            local, model, _ = parallelize_backbone(backbone, dims, ParallelConfig(), images.shape)
-            head = ShardedMarginHead(classes, dim, margin="arcface", group=dims.dp_group)
-        else:  # every rank holds the whole FC; each loss is its own batch's mean, so DDP averages
-            local = backbone
-            model = wrap_data_parallel(backbone, dims.device, dims.dp_group, gradient_reduction="mean")
-            head = wrap_data_parallel(
-                DenseMarginHead(classes, dim, margin="arcface"), dims.device, dims.dp_group, "mean"
-            )
+        ).to(memory_format=step_settings.memory_format)
+        local, model, head = BENCH_TRAIN_HEADS.build(kind, backbone, dims, settings, images.shape)
         optimizer = build_optimizer(OptimConfig(lr=0.01, grad_clip=None), local, head)
-        scaler = torch.amp.GradScaler("cpu", enabled=False)
-        step_settings = StepSettings(device=dims.device)
+        scaler = torch.amp.GradScaler(device.type, enabled=settings["precision"] == "fp16")
         batches = itertools.repeat((images, labels))
         times = timed_repeats(
             lambda: train_step(batches, model, head, optimizer, scaler, step_settings),
             settings["steps"],
             settings["warmup"],
             before_each=comm.barrier,
+            device=device,
         )
     return {"times": times, "peak_bytes": peak.growth_bytes, "memory_method": peak.method}
 
 
+def _targets(rows: dict[str, dict]) -> dict:
+    targets = {}
+    if "sharded" in rows and "replicated" in rows:
+        sharded, replicated = rows["sharded"], rows["replicated"]
+        speedup = sharded["images_per_s"] / replicated["images_per_s"]
+        ratio = max(sharded["peak_bytes_per_rank"]) / max(max(replicated["peak_bytes_per_rank"]), 1)
+        targets["speedup"] = {"value": speedup, "target": ">= 1.5", "pass": speedup >= 1.5}
+        targets["peak_memory_ratio"] = {"value": ratio, "target": "<= 0.6", "pass": ratio <= 0.6}
+    if "sharded" in rows and "linear" in rows:
+        overhead = rows["sharded"]["step_s"] / rows["linear"]["step_s"] - 1
+        targets["head_overhead"] = {
+            "value": overhead,
+            "target": f"<= {HEAD_OVERHEAD_TARGET}",
+            "pass": overhead <= HEAD_OVERHEAD_TARGET,
+        }
+    return targets
+
+
 def run_train_benchmark(settings: dict) -> dict:
-    world_size = settings["world_size"]
+    world_size, device = settings["world_size"], settings["device"]
     threads = max(1, (torch.get_num_threads() or 1) // world_size)
-    rows = []
-    for kind in HEADS:
-        with WorkerPool(world_size, threads) as pool:
+    rows = {}
+    for kind in settings["heads"]:
+        with WorkerPool(world_size, threads, device=device) as pool:
+            backend = pool.backend
             per_rank = pool.run(_train_worker, kind, settings)
         step_s = mean_of_max_over_ranks([r["times"] for r in per_rank])
-        peaks = [r["peak_bytes"] for r in per_rank]
-        rows.append(
-            {
-                "head": kind,
-                "step_s": step_s,
-                "images_per_s": settings["batch"] * world_size / step_s,
-                "peak_bytes_per_rank": peaks,
-                "memory_method": per_rank[0]["memory_method"],
-            }
-        )
-    sharded, replicated = rows
-    speedup = sharded["images_per_s"] / replicated["images_per_s"]
-    memory_ratio = max(sharded["peak_bytes_per_rank"]) / max(replicated["peak_bytes_per_rank"])
+        rows[kind] = {
+            "head": kind,
+            "classes": settings["linear_classes"] if kind == "linear" else settings["classes"],
+            "step_s": step_s,
+            "images_per_s": settings["batch"] * world_size / step_s,
+            "peak_bytes_per_rank": [r["peak_bytes"] for r in per_rank],
+            "memory_method": per_rank[0]["memory_method"],
+        }
     return {
-        "settings": settings,
-        "machine": machine_info(),
-        "rows": rows,
-        "targets": {
-            "speedup": {"value": speedup, "target": ">= 1.5", "pass": speedup >= 1.5},
-            "peak_memory_ratio": {"value": memory_ratio, "target": "<= 0.6", "pass": memory_ratio <= 0.6},
-        },
+        "settings": {**settings, "backend": backend},
+        "machine": {**machine_info(), "gpu": gpu_info(device)},
+        "rows": list(rows.values()),
+        "targets": _targets(rows),
     }
 
 
 def format_table(result: dict) -> str:
+    settings = result["settings"]
     lines = [
-        "| head | step (s) | images/s | peak memory per rank (MiB) |",
-        "| --- | ---: | ---: | --- |",
+        f"{settings['world_size']} ranks on {settings['device']} ({settings['backend']}), "
+        f"{settings['backbone']} {settings['image_size']}px, {settings['precision']}"
+        f"{', channels_last' if settings['channels_last'] else ''}; "
+        f"peak memory: {result['rows'][0]['memory_method']}",
+        "",
+        "| head | classes | step (s) | images/s | peak memory per rank (MiB) |",
+        "| --- | ---: | ---: | ---: | --- |",
     ]
     for row in result["rows"]:
         peaks = ", ".join(f"{p / 2**20:.0f}" for p in row["peak_bytes_per_rank"])
-        lines.append(f"| {row['head']} | {row['step_s']:.3f} | {row['images_per_s']:.1f} | {peaks} |")
+        lines.append(
+            f"| {row['head']} | {row['classes']} | {row['step_s']:.3f} | {row['images_per_s']:.1f} | {peaks} |"
+        )
     for name, target in result["targets"].items():
         verdict = "PASS" if target["pass"] else "MISS"
         lines.append(f"\n{name}: {target['value']:.2f} (target {target['target']}) {verdict}")
@@ -120,19 +194,37 @@ def format_table(result: dict) -> str:
 @click.option("--batch", type=click.IntRange(min=1), default=64, show_default=True, help="Images per rank.")
 @click.option("--steps", type=click.IntRange(min=1), default=5, show_default=True)
 @click.option("--warmup", type=click.IntRange(min=0), default=2, show_default=True)
+@click.option(
+    "--heads",
+    default="sharded,replicated",
+    show_default=True,
+    help="Classifiers to time, in order: sharded, replicated, linear (plain nn.Linear, --linear-classes).",
+)
+@click.option("--linear-classes", type=click.IntRange(min=2), default=1000, show_default=True)
+@click.option("--precision", type=click.Choice(sorted(AUTOCAST_DTYPES)), default="fp32", show_default=True)
+@click.option("--channels-last", is_flag=True, help="Backbone and images in channels_last.")
 @click.option("--out", type=click.Path(file_okay=False), default="runs/bench/train", show_default=True)
-def train_command(classes, world_size, backbone, image_size, dim, batch, steps, warmup, out) -> None:
+@device_option("Where the ranks run; cuda: rank r on GPU r modulo the GPUs, nccl when each has its own.")
+def train_command(
+    classes, world_size, backbone, image_size, dim, batch, steps, warmup, heads, linear_classes,
+    precision, channels_last, out, device,
+) -> None:  # fmt: skip
     """End-to-end training images/s and per-rank peak memory: sharded head vs DDP-replicated full FC.
 
     Targets (C = 100k, 2 ranks): the sharded head reaches >= 1.5x the images/s of the replicated FC at
-    <= 0.6x its per-rank peak memory (peak RSS growth of each rank's process over the run).
+    <= 0.6x its per-rank peak memory (on the CPU peak RSS growth of each rank's process over the run,
+    on CUDA the peak of the GPU's allocated bytes). With the linear head too: the sharded head's step
+    is at most 15 % longer than the backbone's under a plain linear classifier.
 
     \b
     Examples:
       facetrain bench train
       facetrain bench train --classes 1000000 --backbone r18 --batch 32
+      facetrain bench train --device cuda --world-size 1 --backbone r50 --batch 256 --precision bf16 \\
+          --channels-last --classes 2000000 --heads sharded,linear
     """
     settings = {
+        "device": resolve_device(device),
         "classes": classes,
         "world_size": world_size,
         "backbone": backbone,
@@ -141,6 +233,10 @@ def train_command(classes, world_size, backbone, image_size, dim, batch, steps, 
         "batch": batch,
         "steps": steps,
         "warmup": warmup,
+        "heads": parse_name_list(heads, "--heads", BENCH_TRAIN_HEADS.names()),
+        "linear_classes": linear_classes,
+        "precision": precision,
+        "channels_last": channels_last,
     }
     result = run_train_benchmark(settings)
     out_dir = Path(out)

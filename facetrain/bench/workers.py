@@ -1,13 +1,14 @@
 """The one way facetrain runs code on several local ranks outside training: a pool of spawned processes.
 
-Each rank is a spawned CPU process joined by gloo through a file rendezvous in a temporary directory,
-so each rank's memory is its own process's memory and the collectives are real ones. Benchmarks and
-the test suite both use it.
+Each rank is a spawned process joined through a file rendezvous in a temporary directory, so each
+rank's memory is its own process's memory and the collectives are real ones. Benchmarks and the test
+suite both use it. On the CPU the ranks use gloo; on CUDA see `collective_backend`.
 """
 
 from __future__ import annotations
 
 import multiprocessing as mp
+import os
 import queue
 import signal
 import tempfile
@@ -24,15 +25,38 @@ class WorkerError(RuntimeError):
     """A rank raised, died or timed out; the pool that ran it is closed."""
 
 
+def collective_backend(device: str, world_size: int, gpu_count: int) -> str:
+    """nccl when every CUDA rank has a GPU of its own; gloo on the CPU and when ranks share GPUs.
+
+    NCCL refuses two ranks on one GPU ("Duplicate GPU detected"). gloo takes CUDA tensors for the
+    collectives facetrain's head and DDP use (all-reduce, all-gather, broadcast; its reduce-scatter is an
+    all-reduce), staging them through pinned host memory, so shared-GPU figures include that copy. gloo
+    has no CUDA point-to-point: a pipeline on CUDA needs a GPU per stage (see `bench/pipeline_cases.py`).
+    """
+    if device == "cuda" and world_size <= gpu_count:
+        return "nccl"
+    return "gloo"
+
+
 def _worker_main(
-    rank: int, world_size: int, threads: int, collective_timeout_s: float, init_method: str, tasks, results
+    rank: int,
+    world_size: int,
+    threads: int,
+    collective_timeout_s: float,
+    init_method: str,
+    device: str | None,
+    backend: str,
+    tasks,
+    results,
 ) -> None:
+    if device == "cpu":  # init_parallel places a rank on a GPU whenever it sees one
+        os.environ["CUDA_VISIBLE_DEVICES"] = ""
     from facetrain.parallel.dims import destroy_parallel, init_parallel
 
     torch.set_num_threads(threads)
     try:
         init_parallel(
-            backend="gloo",
+            backend=backend,
             timeout_s=collective_timeout_s,
             rank=rank,
             world_size=world_size,
@@ -49,7 +73,9 @@ def _worker_main(
 
 
 class WorkerPool:
-    """`world_size` spawned CPU processes joined by gloo through a file rendezvous in a temp dir.
+    """`world_size` spawned processes joined through a file rendezvous in a temp dir, on `device`:
+    "cpu" (GPUs hidden from the ranks), "cuda" (rank r on GPU r modulo the GPUs visible, `backend` from
+    `collective_backend`), or None (gloo, each rank where `init_parallel` puts it).
 
     Benchmarks keep one alive across configurations (starting a process that imports torch costs
     seconds); tests run one function in a fresh pool (tests/distributed.py).
@@ -66,8 +92,12 @@ class WorkerPool:
         threads_per_rank: int,
         timeout_s: float = 3600.0,
         collective_timeout_s: float = 1800.0,
+        device: str | None = None,
     ):
         self.world_size = world_size
+        self.device = device
+        gpus = torch.cuda.device_count() if device == "cuda" else 0
+        self.backend = collective_backend(device or "cpu", world_size, gpus)
         self.timeout_s = timeout_s
         context = mp.get_context("spawn")
         self._rendezvous_dir = tempfile.TemporaryDirectory(prefix="facetrain-bench-")
@@ -83,6 +113,8 @@ class WorkerPool:
                     threads_per_rank,
                     collective_timeout_s,
                     init_method,
+                    device,
+                    self.backend,
                     self._tasks[rank],
                     self._results,
                 ),

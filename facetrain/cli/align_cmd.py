@@ -15,9 +15,16 @@ DEFAULT_WORKERS = max(1, min(8, os.cpu_count() or 1))
 @click.argument("destination", metavar="DST", type=click.Path(path_type=Path))
 @click.option(
     "--size",
-    default="112",
+    default=None,
+    help="Crop size: 112 (square) or HEIGHTxWIDTH, e.g. 112x96 [default: 112 for arcface, 150 for dlib].",
+)
+@click.option(
+    "--template",
+    type=click.Choice(["arcface", "dlib"]),
+    default="arcface",
     show_default=True,
-    help="Crop size: 112 (square, the ArcFace template) or HEIGHTxWIDTH, e.g. 112x96.",
+    help="ArcFace reference points (insightface models), or dlib's get_face_chip with padding 0.25 "
+    "(dlib's face ResNet, `facetrain import dlib`).",
 )
 @click.option(
     "--detector",
@@ -50,7 +57,8 @@ DEFAULT_WORKERS = max(1, min(8, os.cpu_count() or 1))
 def align(
     source: Path,
     destination: Path,
-    size: str,
+    size: str | None,
+    template: str,
     detector: str,
     fallback: str,
     workers: int,
@@ -65,13 +73,16 @@ def align(
     the ArcFace reference points (the crops insightface-trained models expect). Images without a
     face are skipped, or centre-cropped with --fallback center; both are counted in the summary and
     listed in the report CSV with unreadable images. Nothing in DST is replaced without
-    --overwrite. Needs the align extra: pip install 'facetrain[align]'.
+    --overwrite. --template dlib cuts the chips dlib's face ResNet expects (`facetrain import dlib`)
+    instead: dlib's 5-point landmarks placed as `dlib.get_face_chip` places them, 150x150 with
+    padding 0.25. Needs the align extra: pip install 'facetrain[align]'.
 
     \b
     Examples:
       facetrain align photos/ aligned/
       facetrain align lfw/raw lfw/aligned --workers 4 --fallback center
       facetrain align faces/ crops_112x96/ --size 112x96 --detector cnn --overwrite
+      facetrain align photos/ chips/ --template dlib
     """
     from facetrain.align.runner import align_folder
     from facetrain.align.template import parse_crop_size
@@ -79,12 +90,13 @@ def align(
     summary = align_folder(
         source,
         destination,
-        size=parse_crop_size(size),
+        size=None if size is None else parse_crop_size(size),
         detector=detector,
         fallback=fallback,
         workers=workers,
         overwrite=overwrite,
         progress=not quiet,
         report=report,
+        template=template,
     )
     click.echo(summary.describe())

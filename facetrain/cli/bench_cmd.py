@@ -17,9 +17,13 @@ BENCHMARKS = {
 def bench() -> None:
     """Measure facetrain: each benchmark prints a table and writes JSON (and plots) to --out.
 
+    Every benchmark takes --device auto|cpu|cuda (auto: cuda when torch sees a GPU); on CUDA steps are
+    timed until their kernels finish and peak memory is the GPU's allocated bytes.
+
     \b
     Examples:
       facetrain bench head --classes 100000 --world-sizes 1,2
       facetrain bench data
       facetrain bench pipeline --repeats 3
+      facetrain bench train --device cuda --world-size 1
     """

@@ -16,6 +16,7 @@ def import_group() -> None:
     \b
     Examples:
       facetrain import insightface ms1mv3_r100/backbone.pth --arch iresnet100 -o models/ms1mv3_r100
+      facetrain import dlib -o models/dlib
     """
 
 
@@ -62,5 +63,45 @@ def insightface(backbone: Path, architecture: str, out_dir: Path, overwrite: boo
     result = import_insightface(backbone, architecture, out_dir, overwrite=overwrite, progress=not quiet)
     click.echo(
         f"imported {backbone} as {result.architecture} ({result.tensors} tensors, "
+        f"{result.embedding_size}-d embeddings) into {result.checkpoint}"
+    )
+
+
+@import_group.command("dlib")
+@click.argument("dat", required=False, type=click.Path(path_type=Path))
+@click.option(
+    "-o",
+    "--out",
+    "out_dir",
+    type=click.Path(path_type=Path),
+    required=True,
+    help="Checkpoint folder to write.",
+)
+@click.option("--overwrite", is_flag=True, help="Replace OUT if it is an earlier import or checkpoint.")
+@click.option("--quiet", is_flag=True, help="No progress bar.")
+def dlib(dat: Path | None, out_dir: Path, overwrite: bool, quiet: bool) -> None:
+    """Import dlib's pretrained face recognition ResNet as a facetrain checkpoint (backbone `dlib_resnet`).
+
+    DAT is dlib's `dlib_face_recognition_resnet_model_v1.dat` (128-d embeddings of 150x150 chips);
+    by default the one the `face-recognition-models` package installs. It is decoded in Python
+    (no dlib call, nothing executed), every layer is checked against `dlib_resnet`, and the first
+    difference is reported. OUT is a checkpoint directory that `eval`, `export`, `embed`, `compare`
+    and `train --init` take as is. Inputs are 150x150 RGB chips as `facetrain align --template dlib`
+    cuts them, normalized as every facetrain model is: the backbone turns that into dlib's
+    (pixel - mean) / 256 itself, so its embeddings are dlib's `compute_face_descriptor`.
+
+    \b
+    Examples:
+      facetrain import dlib -o models/dlib
+      facetrain align photos/ -o chips/ --template dlib
+      facetrain eval models/dlib --folder chips/
+      facetrain compare a.jpg b.jpg -m models/dlib
+      facetrain import dlib ~/dlib_face_recognition_resnet_model_v1.dat -o models/dlib --overwrite
+    """
+    from facetrain.export.dlib_import import import_dlib
+
+    result = import_dlib(dat, out_dir, overwrite=overwrite, progress=not quiet)
+    click.echo(
+        f"imported dlib's face ResNet as {result.architecture} ({result.tensors} tensors, "
         f"{result.embedding_size}-d embeddings) into {result.checkpoint}"
     )

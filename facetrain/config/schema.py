@@ -70,7 +70,8 @@ class DataConfig:
     image_size: list[int] = setting([112, 112], Items(("height", "width"), at_least(8)))
     skip_bad_images: bool = False
     num_workers: int = setting(2, at_least(0))
-    pin_memory: bool = False
+    # page-locked batches, so copies to the GPU overlap the step; null: on when training on CUDA
+    pin_memory: bool | None = None
     persistent_workers: bool = False
     prefetch_factor: int = setting(2, at_least(1))
     # distributed | identity (P identities x K images)
@@ -111,7 +112,11 @@ class HeadConfig:
     # untiled (fastest: one B x C/N logit buffer) | tiled (B x tile_classes logits at a time) | auto:
     # untiled when its weight, gradient, optimizer state and logits fit in half the free device memory
     mode: str = setting("auto", OneOf(("auto", "untiled", "tiled")))
-    tile_classes: int = setting(8192, at_least(1))  # classes per tile of the tiled head
+    # classes per tile of the tiled head; null: the device's size (8192 on CPU, 65536 on CUDA), see
+    # facetrain/train/device_defaults.py
+    tile_classes: int | None = setting(None, at_least(1))
+    # tiled: each tile's elementwise work as torch.compile'd fused kernels (fewer launches on a GPU)
+    compile_tiles: bool = False
     # tiled: the head updates each tile's rows inside the backward, so no C x D gradient exists; false
     # keeps a gradient for the trainer's optimizer (grad_accumulation > 1, fp16, pipeline micro-batches)
     fused_optimizer: bool = True

@@ -65,6 +65,7 @@ def build_card(
         },
         "evaluation": evaluation,
         **threshold_fields(evaluation),
+        **({"imported_from": meta["imported_from"]} if meta.get("imported_from") else {}),
         "source": str(source),
         "files": {},
     }

@@ -62,7 +62,7 @@ def import_insightface(
         raise FacetrainError(
             f"--arch {architecture}: insightface backbones import as one of {', '.join(IRESNET_DEPTHS)}"
         )
-    _check_destination(out_dir, overwrite)
+    check_destination(out_dir, overwrite)
     with tqdm(total=3, desc="import", unit="step", disable=not progress) as bar:
         bar.set_postfix_str("read")
         state = read_backbone_state(source)
@@ -72,7 +72,7 @@ def import_insightface(
         bar.update()
         bar.set_postfix_str("write")
         config = imported_config(architecture, backbone.embedding_size)
-        meta = {"architecture": architecture, "file": str(source.resolve()), "sha256": _sha256(source)}
+        meta = {"architecture": architecture, "file": str(source.resolve()), "sha256": file_sha256(source)}
         write_backbone_checkpoint(backbone, config, out_dir, meta)
         bar.update()
     return ImportResult(out_dir, architecture, backbone.embedding_size, len(backbone.state_dict()))
@@ -152,7 +152,7 @@ def write_backbone_checkpoint(backbone: Backbone, config: Config, out_dir: Path,
         shutil.rmtree(tmp, ignore_errors=True)
 
 
-def _check_destination(out_dir: Path, overwrite: bool) -> None:
+def check_destination(out_dir: Path, overwrite: bool) -> None:
     """Refuse to replace anything but an earlier checkpoint, so `--overwrite` never deletes user files."""
     if not overwrite:
         refuse_to_overwrite([out_dir])
@@ -244,7 +244,7 @@ def _blocks_in(state: Mapping[str, object], prefix: str) -> int:
     return len([index for index in indices if index.isdigit()])
 
 
-def _sha256(path: Path, chunk: int = 1 << 20) -> str:
+def file_sha256(path: Path, chunk: int = 1 << 20) -> str:
     digest = hashlib.sha256()
     with path.open("rb") as handle:
         for block in iter(lambda: handle.read(chunk), b""):

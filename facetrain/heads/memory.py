@@ -11,15 +11,26 @@ Per class (D = embedding size), fp32 unless noted:
 | tiled + fused, bf16 weight and state | 2 D | none | 2 D | O(B x T + T x D) |
 
 AdamW keeps two states instead of one. The tiled head also keeps one float per class between forward
-and backward (the inverse weight norms), and Partial FC a float per class to sample from.
+and backward (the inverse weight norms), and Partial FC a float per class to sample from. Under bf16 or
+fp16 autocast the untiled head's logit GEMM writes its B x C/N output in 16 bits before the fp32 copy
+the softmax reads: 2 B bytes a class more.
+
+`head.mode: auto` is decided when the head is built, before the backbone has run: on a CPU from half
+the system's available memory (the other half left to the backbone, its activations and the data
+pipeline); on CUDA from the GPU's free memory less what the backbone will take once it trains
+(`backbone_training_bytes`) and a margin (`cuda_margin`).
 """
 
 from __future__ import annotations
 
+import itertools
 import os
+from collections.abc import Sequence
 from dataclasses import dataclass
 
 import torch
+from torch import nn
+from torch.func import functional_call
 
 STORAGE_DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16}
 STATE_COUNT = {"sgd": 1, "adamw": 2}  # per-class state tensors each optimizer keeps (SGD with momentum)
@@ -32,6 +43,11 @@ AUTO_MEMORY_FRACTION = 0.5
 TILE_LOGIT_COPIES = 3
 TILE_WEIGHT_COPIES = 6
 BATCH_COPIES = 6  # gathered embeddings, their unit vectors, the embedding gradient and its pieces
+# head.mode auto on CUDA: the GPU memory left unplanned, for what no estimate here counts: the caching
+# allocator's fragmentation, cuBLAS and cuDNN workspaces (cudnn.benchmark tries algorithms that want
+# large ones), NCCL's buffers and the data pipeline's pinned-memory copies in flight.
+CUDA_MARGIN_FRACTION = 0.1
+CUDA_MARGIN_MIN_BYTES = 2**30
 
 
 @dataclass(frozen=True)
@@ -63,10 +79,13 @@ def estimate_head_memory(
     optimizer: str = "sgd",
     weight_dtype: torch.dtype = torch.float32,
     state_dtype: torch.dtype = torch.float32,
+    low_precision_logits: bool = False,
 ) -> HeadMemory:
     """The memory of a shard of `rows` classes in `mode` ("untiled" or "tiled").
 
     Without the fused optimizer the trainer's torch optimizer keeps its state in the weight's dtype.
+    `low_precision_logits`: the step runs under bf16 or fp16 autocast, whose untiled logit GEMM output
+    is a 16-bit copy besides the fp32 logits (the tiled head's logit copies already count it).
     """
     weight_bytes = torch.empty((), dtype=weight_dtype).element_size()
     state_bytes = torch.empty(
@@ -76,23 +95,92 @@ def estimate_head_memory(
     state = STATE_COUNT[optimizer] * rows * dim * state_bytes
     batch = BATCH_COPIES * global_batch * dim * 4
     if mode == "untiled":
-        return HeadMemory(weight, rows * dim * weight_bytes, state, 4 * global_batch * rows + batch)
+        logit_bytes = 4 + (2 if low_precision_logits else 0)
+        return HeadMemory(weight, rows * dim * weight_bytes, state, logit_bytes * global_batch * rows + batch)
     tile = min(tile_classes, rows)
     step = 4 * (TILE_LOGIT_COPIES * global_batch * tile + TILE_WEIGHT_COPIES * tile * dim + rows) + batch
     gradient = 0 if fused else rows * dim * weight_bytes
     return HeadMemory(weight, gradient, state, step)
 
 
-def choose_mode(requested: str, untiled: HeadMemory, free_bytes: int, needs_tiles: bool) -> str:
+def choose_mode(
+    requested: str,
+    untiled: HeadMemory,
+    free_bytes: int,
+    needs_tiles: bool,
+    *,
+    device_type: str = "cpu",
+    reserved_bytes: int = 0,
+) -> str:
     """`head.mode`, with auto resolved: the untiled head (the fastest) when it fits comfortably, else tiled.
 
-    `needs_tiles`: the settings ask for what only the tiled head does (bf16 storage).
+    `needs_tiles`: the settings ask for what only the tiled head does (bf16 storage). `free_bytes` is
+    the device's free memory (the tightest rank's); `reserved_bytes` what else will claim it on CUDA
+    (`backbone_training_bytes`).
     """
     if requested != "auto":
         return requested
-    if needs_tiles or untiled.total > AUTO_MEMORY_FRACTION * free_bytes:
+    if needs_tiles or untiled.total > auto_budget(device_type, free_bytes, reserved_bytes):
         return "tiled"
     return "untiled"
+
+
+def auto_budget(device_type: str, free_bytes: int, reserved_bytes: int = 0) -> float:
+    """The most the untiled head may take for head.mode auto to choose it.
+
+    On CUDA the free memory is exact and the backbone's later needs are estimated, so the head may have
+    all of the rest but `cuda_margin`. A CPU's available memory is shared with the data workers and the
+    page cache and moves while the run starts, so there the head takes at most half of it.
+    """
+    if device_type == "cuda":
+        return free_bytes - reserved_bytes - cuda_margin(free_bytes)
+    return AUTO_MEMORY_FRACTION * free_bytes
+
+
+def cuda_margin(free_bytes: int) -> float:
+    """GPU memory head.mode auto leaves unplanned: 10 % of what is free, and at least 1 GiB."""
+    return max(CUDA_MARGIN_FRACTION * free_bytes, CUDA_MARGIN_MIN_BYTES)
+
+
+def backbone_training_bytes(
+    backbone: nn.Module, batch_shape: Sequence[int], optimizer: str = "sgd", replicated: bool = False
+) -> int:
+    """What training the backbone will add on its device beyond its weights, which are already there
+    when the head is built: a gradient and the optimizer's state per parameter, DDP's gradient buckets
+    (another gradient's worth) when `replicated`, and the activations autograd keeps for the backward
+    of one batch of `batch_shape`.
+
+    The activations are the tensors a training forward saves, found by running it on the meta device
+    (no memory, no arithmetic; weights, running statistics and random streams untouched), each counted
+    once. They are counted in fp32, an upper bound under bf16 or fp16 autocast.
+    """
+    parameter_bytes = sum(p.numel() * 4 for p in backbone.parameters() if p.requires_grad)
+    copies = 1 + STATE_COUNT[optimizer] + (1 if replicated else 0)
+    return copies * parameter_bytes + _saved_activation_bytes(backbone, batch_shape)
+
+
+def _saved_activation_bytes(backbone: nn.Module, batch_shape: Sequence[int]) -> int:
+    on_meta = {
+        name: torch.empty_like(tensor, device="meta").requires_grad_(tensor.requires_grad)
+        for name, tensor in itertools.chain(backbone.named_parameters(), backbone.named_buffers())
+    }
+    parameters = {id(tensor) for tensor in on_meta.values()}
+    saved: dict[int, torch.Tensor] = {}
+
+    def pack(tensor: torch.Tensor) -> torch.Tensor:
+        base = tensor if tensor._base is None else tensor._base
+        if id(base) not in parameters:
+            saved[id(base)] = base
+        return tensor
+
+    training = backbone.training
+    backbone.train()
+    try:
+        with torch.random.fork_rng(devices=[]), torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t):
+            functional_call(backbone, on_meta, (torch.empty(tuple(batch_shape), device="meta"),))
+    finally:
+        backbone.train(training)
+    return sum(tensor.numel() * 4 for tensor in saved.values())
 
 
 def free_memory_bytes(device: torch.device) -> int:

@@ -15,6 +15,7 @@ from facetrain.heads.base import HeadOutput, MarginHead
 from facetrain.heads.fused_optim import FusedOptimizer
 from facetrain.heads.partition import class_range
 from facetrain.heads.sharded_softmax import ShardedMarginSoftmax
+from facetrain.heads.tile_kernel import tile_ops
 from facetrain.heads.tiled_softmax import TiledMarginSoftmax
 from facetrain.parallel import comm
 
@@ -36,6 +37,9 @@ class ShardedMarginHead(MarginHead):
     head can own its optimizer (`fuse_optimizer`): each tile's rows are then updated inside the
     backward and no weight gradient exists, which is what lets the weight live in bf16 (`dtype`).
 
+    `compile_tiles` runs the tiled head's per-tile elementwise work as torch.compile'd fused kernels
+    (fewer launches a tile on a GPU; the same arithmetic, docs/head.md).
+
     `sub_centers` K > 1 (sub-center ArcFace, untiled only) gives each class K weight rows, class-major,
     so a class's centres always share a shard; checkpoints store them as one row of K x D per class.
     """
@@ -52,6 +56,7 @@ class ShardedMarginHead(MarginHead):
         tile_classes: int | None = None,
         dtype: torch.dtype = torch.float32,
         sub_centers: int = 1,
+        compile_tiles: bool = False,
         **margin_params: float,
     ):
         if not 0.0 < sample_rate <= 1.0:
@@ -79,6 +84,7 @@ class ShardedMarginHead(MarginHead):
         self.sample_rate = float(sample_rate)
         self.check_every_step = check_every_step
         self.tile_classes = tile_classes
+        self.tile_ops = tile_ops(compile_tiles)
         self._row_counts: list[int] | None = None
 
     def fuse_optimizer(self, optimizer: FusedOptimizer) -> None:
@@ -131,7 +137,7 @@ class ShardedMarginHead(MarginHead):
             f"classes={self.class_start}:{self.class_stop} of {self.num_classes}, "
             f"embedding_size={self.embedding_size}, margin={self.margin}, scale={self.scale}, "
             f"sample_rate={self.sample_rate}, mode={self.mode}, tile_classes={self.tile_classes}, "
-            f"sub_centers={self.sub_centers}, "
+            f"sub_centers={self.sub_centers}, compiled_tiles={self.tile_ops.compiled}, "
             f"dtype={self.weight.dtype}, rank={self.rank}/{self.world_size}"
         )
 
@@ -161,7 +167,7 @@ class ShardedMarginHead(MarginHead):
         else:
             loss, hits = TiledMarginSoftmax.apply(
                 global_embeddings, self.weight, kept, target_column, self.margin, self.scale, self.group,
-                self.tile_classes, self.fused_optimizer,
+                self.tile_classes, self.fused_optimizer, self.tile_ops,
             )  # fmt: skip
         return HeadOutput(loss, hits / sum(counts))
 

@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import torch
 
+from facetrain.heads.logit_gemm import LogitGemm
 from facetrain.heads.margins import Margin
 from facetrain.parallel import comm
 
@@ -75,8 +76,8 @@ class ShardedMarginSoftmax(torch.autograd.Function):
             w = weight.to(stat_dtype)
             w_inv_norm = torch.linalg.vector_norm(w, dim=1).clamp_min(_EPS).reciprocal()
 
-            logits = torch.mm(x_unit.to(compute_dtype), w.to(compute_dtype).t())
-            logits = logits.to(stat_dtype)
+            # fp32 out of the GEMM: a bf16 output would round the logits before the softmax
+            logits = LogitGemm(x.device, compute_dtype, stat_dtype).mm(x_unit, w.t())
             logits.mul_(w_inv_norm * scale)  # now scale * cos(theta)
             nearest_centre = None
             if sub_centers > 1:

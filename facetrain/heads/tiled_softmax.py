@@ -18,8 +18,10 @@ import torch
 
 from facetrain.heads.class_rows import class_tiles
 from facetrain.heads.fused_optim import FusedOptimizer
+from facetrain.heads.logit_gemm import LogitGemm
 from facetrain.heads.margins import Margin
 from facetrain.heads.sharded_softmax import _EPS, _compute_dtype, through_normalization
+from facetrain.heads.tile_kernel import EAGER_TILE_OPS, TileOps
 from facetrain.parallel import comm
 
 
@@ -37,6 +39,12 @@ class _Scratch:
             buffer = self.buffers[name] = torch.empty(rows * cols, dtype=dtype, device=self.device)
         return buffer[: rows * cols].view(rows, cols)
 
+    def cast(self, name: str, values: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
+        """`values` in `dtype`: itself when it is already, else a copy in the named buffer."""
+        if values.dtype == dtype:
+            return values
+        return self.get(name, *values.shape, dtype).copy_(values)
+
     def mm(self, name: str, a: torch.Tensor, b: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
         """a @ b as `dtype`, into the named buffer when no conversion is needed."""
         if a.dtype != dtype:
@@ -44,25 +52,25 @@ class _Scratch:
         return torch.mm(a, b, out=self.get(name, a.shape[0], b.shape[1], dtype))
 
 
-def _tile_logits(scratch, x_op, weight, rows, stat_dtype, scale):
-    """scale * cos(theta) for the tile (B x t, stat dtype) and the inverse norms of its weight rows."""
+def _tile_dots(scratch, gemm, x_op, weight, rows, inv_norm):
+    """x_unit . w for the tile (B x t, in `inv_norm`'s dtype); the inverse norms of its weight rows are
+    written into `inv_norm`, the tile's slice of the shard's vector.
+
+    Every tile-sized temporary lives in `scratch`: fresh ones, between the small tensors a step keeps,
+    fragment the heap (glibc serves 16 MiB blocks from it once a freed one raised its mmap threshold).
+    """
     stored = rows.read(weight, weight.dtype)  # a view, or Partial FC's rows: never converted twice
-    inv_norm = torch.linalg.vector_norm(stored, dim=1, dtype=stat_dtype).clamp_min(_EPS).reciprocal()
-    logits = scratch.mm("logits", x_op, stored.to(x_op.dtype).t(), stat_dtype)
-    logits.mul_(inv_norm * scale)
-    return logits, inv_norm
+    current = scratch.cast("current", stored, inv_norm.dtype)
+    torch.linalg.vector_norm(current, dim=1, out=inv_norm).clamp_min_(_EPS).reciprocal_()
+    same = gemm.operand_dtype == current.dtype
+    w_op = current if same else scratch.cast("operand", stored, gemm.operand_dtype)
+    return gemm.mm(x_op, w_op.t(), out=scratch.get("logits", x_op.shape[0], len(rows), inv_norm.dtype))
 
 
 def _target_in_tile(target_column, rows):
     """Which rows have their target in this tile, and its column within the tile (0 where not)."""
     in_tile = (target_column >= rows.start) & (target_column < rows.stop)
     return in_tile, (target_column - rows.start).clamp(0, len(rows) - 1)[:, None]
-
-
-def _replace_where(buffer, in_tile, column, values):
-    """buffer[i, column[i]] = values[i] for the rows in the tile, by mask (no host synchronisation)."""
-    kept = buffer.gather(1, column).squeeze(1)
-    buffer.scatter_(1, column, torch.where(in_tile, values, kept)[:, None])
 
 
 class TiledMarginSoftmax(torch.autograd.Function):
@@ -87,6 +95,7 @@ class TiledMarginSoftmax(torch.autograd.Function):
         group,
         tile_classes: int,
         optimizer: FusedOptimizer | None,
+        tile_ops: TileOps = EAGER_TILE_OPS,
     ):
         compute_dtype = _compute_dtype(embeddings.device, embeddings.dtype)
         stat_dtype = torch.float64 if embeddings.dtype == torch.float64 else torch.float32
@@ -97,7 +106,8 @@ class TiledMarginSoftmax(torch.autograd.Function):
             x = embeddings.to(stat_dtype)
             x_norm = torch.linalg.vector_norm(x, dim=1, keepdim=True).clamp_min(_EPS)
             x_unit = x / x_norm
-            x_op = x_unit.to(compute_dtype)
+            gemm = LogitGemm(x.device, compute_dtype, stat_dtype)
+            x_op = x_unit.to(gemm.operand_dtype)
             has_target = target_column >= 0
 
             # Online softmax over the tiles. A row's own target column is left out (set to -inf) and
@@ -105,20 +115,15 @@ class TiledMarginSoftmax(torch.autograd.Function):
             running_max = x.new_full((batch,), float("-inf"))
             running_sum = x.new_zeros(batch)
             target_raw = x.new_zeros(batch)
-            inv_norms = []
+            inv_norms = x.new_empty(width)
             scratch = _Scratch(x.device)
             for rows in tiles:
-                logits, inv_norm = _tile_logits(scratch, x_op, weight, rows, stat_dtype, scale)
-                inv_norms.append(inv_norm)
+                tile_norms = inv_norms[rows.start : rows.stop]
+                dots = _tile_dots(scratch, gemm, x_op, weight, rows, tile_norms)
                 in_tile, column = _target_in_tile(target_column, rows)
-                target_raw = torch.where(in_tile, logits.gather(1, column).squeeze(1), target_raw)
-                _replace_where(logits, in_tile, column, logits.new_full((batch,), float("-inf")))
-                new_max = torch.maximum(running_max, logits.amax(dim=1))
-                # a row that has seen only its own (left out) target so far stays at -inf: shift by 0
-                shift = torch.where(new_max == float("-inf"), 0.0, new_max)
-                tile_sum = logits.sub_(shift[:, None]).exp_().sum(1)
-                running_sum = running_sum * (running_max - shift).exp() + tile_sum
-                running_max = new_max
+                running_max, running_sum, target_raw = tile_ops.online_softmax(
+                    dots, tile_norms * scale, in_tile, column, running_max, running_sum, target_raw
+                )
 
             target_cos = target_raw / scale
             with torch.enable_grad():
@@ -146,10 +151,10 @@ class TiledMarginSoftmax(torch.autograd.Function):
             loss = (sum_exp.log() + global_max - target_logit).mean()
 
         ctx.save_for_backward(
-            x_unit, x_norm, weight, index, torch.cat(inv_norms), target_column, target_logit_local,
+            x_unit, x_norm, weight, index, inv_norms, target_column, target_logit_local,
             margin_slope, sum_exp, global_max,
         )  # fmt: skip
-        ctx.scale, ctx.tile_classes, ctx.optimizer = scale, tile_classes, optimizer
+        ctx.scale, ctx.tile_classes, ctx.optimizer, ctx.tile_ops = scale, tile_classes, optimizer, tile_ops
         ctx.compute_dtype, ctx.embedding_dtype = compute_dtype, embeddings.dtype
         hit_count = hits.sum()
         ctx.mark_non_differentiable(hit_count)
@@ -167,7 +172,8 @@ class TiledMarginSoftmax(torch.autograd.Function):
         stat_dtype, batch = x_unit.dtype, x_unit.shape[0]
         width = inv_norms.shape[0]
         with torch.autocast(x_unit.device.type, enabled=False), torch.no_grad():
-            x_op = x_unit.to(ctx.compute_dtype)
+            gemm = LogitGemm(x_unit.device, ctx.compute_dtype, stat_dtype)
+            x_logit_op = x_unit.to(gemm.operand_dtype)
             # d loss / d logit = (softmax - onehot) grad / B; the row factor grad / (B sum_exp) goes
             # into the B x D operands, so targets are corrected in unscaled units: (exp - sum_exp)
             row_factor = grad_loss.to(stat_dtype) / (batch * sum_exp)
@@ -182,15 +188,18 @@ class TiledMarginSoftmax(torch.autograd.Function):
             scratch = _Scratch(x_unit.device)
             for rows in class_tiles(width, ctx.tile_classes, index):
                 stored = rows.read(weight, weight.dtype)
-                w = stored.to(stat_dtype)
-                w_op = w if ctx.compute_dtype == stat_dtype else stored.to(ctx.compute_dtype)
+                w = scratch.cast("current", stored, stat_dtype)
+                w_op = scratch.cast("operand", stored, ctx.compute_dtype) if gemm.reduced else w
                 inv_norm = inv_norms[rows.start : rows.stop]
                 column_factor = inv_norm * scale
-                exps = scratch.mm("logits", x_op, w_op.t(), stat_dtype)
-                torch.addcmul(-global_max[:, None], exps, column_factor, out=exps).exp_()
+                w_logit_op = w if gemm.operand_dtype == stat_dtype else w_op
+                logits_out = scratch.get("logits", batch, len(rows), stat_dtype)
+                dots = gemm.mm(x_logit_op, w_logit_op.t(), out=logits_out)
                 in_tile, column = _target_in_tile(target_column, rows)
-                _replace_where(exps, in_tile, column, corrected_target)
-                grad_raw = exps.mul_(column_factor).to(ctx.compute_dtype)  # through scale / |w|
+                logit_grad = ctx.tile_ops.logit_grad(
+                    dots, column_factor, global_max, in_tile, column, corrected_target
+                )
+                grad_raw = scratch.cast("grad_raw", logit_grad, ctx.compute_dtype)
                 if wants_x and grad_raw.dtype == stat_dtype:
                     grad_x_unit.addmm_(grad_raw, w_op)
                 elif wants_x:
@@ -210,4 +219,4 @@ class TiledMarginSoftmax(torch.autograd.Function):
             if wants_x:
                 grad_x_unit.mul_(row_factor[:, None])
                 grad_x = through_normalization(grad_x_unit, x_unit, x_norm).to(ctx.embedding_dtype)
-        return grad_x, grad_weight, None, None, None, None, None, None, None
+        return grad_x, grad_weight, None, None, None, None, None, None, None, None

@@ -9,7 +9,13 @@ from __future__ import annotations
 from facetrain.config import validate_section
 from facetrain.config.schema import ModelConfig
 from facetrain.errors import FacetrainError
-from facetrain.models import face_resnet, iresnet, reid_resnet, small  # noqa: F401  (fill the registry)
+from facetrain.models import (  # noqa: F401  (fill the registry)
+    dlib_resnet,
+    face_resnet,
+    iresnet,
+    reid_resnet,
+    small,
+)
 from facetrain.models.backbone import Backbone, ConvStage
 from facetrain.models.registry import BACKBONES
 

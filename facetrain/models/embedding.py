@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import torch
 from torch import nn
 
 
@@ -12,11 +13,36 @@ def downsampled(size: int, times: int) -> int:
     return size
 
 
+class _WeightPrecision:
+    """Runs the layer outside autocast on inputs cast to its weights' dtype.
+
+    The embedding's last two layers decide its scale, which reduced precision would round; insightface
+    keeps them in fp32 for the same reason.
+    """
+
+    weight: torch.Tensor
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        if not torch.amp.is_autocast_available(x.device.type):  # the meta device of shape estimates
+            return super().forward(x.to(self.weight.dtype))
+        with torch.autocast(x.device.type, enabled=False):
+            return super().forward(x.to(self.weight.dtype))
+
+
+class WeightPrecisionLinear(_WeightPrecision, nn.Linear):
+    """`nn.Linear` that ignores autocast (same parameters and keys)."""
+
+
+class WeightPrecisionBatchNorm1d(_WeightPrecision, nn.BatchNorm1d):
+    """`nn.BatchNorm1d` that ignores autocast (same parameters, buffers and keys)."""
+
+
 class FlattenedEmbedding(nn.Sequential):
     """IResNet's output layer: BN over the whole feature map, dropout, FC over it flattened, BN.
 
     Flattening (rather than pooling) keeps where on the face a feature fired, which aligned face
-    crops make meaningful; the final BN keeps embedding scales even for the margin head.
+    crops make meaningful; the final BN keeps embedding scales even for the margin head. The FC and
+    the final BN run in their weights' precision under autocast, as in IResNet.
     """
 
     def __init__(self, channels: int, spatial: tuple[int, int], embedding_size: int, dropout: float):
@@ -24,8 +50,8 @@ class FlattenedEmbedding(nn.Sequential):
         self.norm = nn.BatchNorm2d(channels)
         self.dropout = nn.Dropout(dropout)
         self.flatten = nn.Flatten()
-        self.fc = nn.Linear(channels * spatial[0] * spatial[1], embedding_size)
-        self.features = nn.BatchNorm1d(embedding_size)
+        self.fc = WeightPrecisionLinear(channels * spatial[0] * spatial[1], embedding_size)
+        self.features = WeightPrecisionBatchNorm1d(embedding_size)
 
 
 class PooledEmbedding(nn.Sequential):

@@ -22,7 +22,7 @@ import torch
 from torch import nn
 
 from facetrain.models.backbone import Backbone, ConvStage
-from facetrain.models.embedding import downsampled
+from facetrain.models.embedding import WeightPrecisionBatchNorm1d, WeightPrecisionLinear, downsampled
 from facetrain.models.registry import BACKBONES
 
 IRESNET_INPUT_SIZE = (112, 112)
@@ -70,28 +70,6 @@ def improved_stage(in_channels: int, width: int, depth: int) -> ConvStage:
     blocks = [ImprovedBasicBlock(in_channels, width, stride=2, downsample=downsample)]
     blocks += [ImprovedBasicBlock(width, width) for _ in range(depth - 1)]
     return ConvStage(OrderedDict((str(index), block) for index, block in enumerate(blocks)))
-
-
-class _WeightPrecision:
-    """Runs the layer outside autocast on inputs cast to its weights' dtype.
-
-    The embedding's last two layers decide its scale, which reduced precision would round; insightface
-    keeps them in fp32 for the same reason.
-    """
-
-    weight: torch.Tensor
-
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        with torch.autocast(x.device.type, enabled=False):
-            return super().forward(x.to(self.weight.dtype))
-
-
-class WeightPrecisionLinear(_WeightPrecision, nn.Linear):
-    """`nn.Linear` that ignores autocast (same parameters and keys)."""
-
-
-class WeightPrecisionBatchNorm1d(_WeightPrecision, nn.BatchNorm1d):
-    """`nn.BatchNorm1d` that ignores autocast (same parameters, buffers and keys)."""
 
 
 def iresnet(

@@ -1,7 +1,12 @@
 """Every collective facetrain's training code uses, in one place.
 
 Without an initialized process group (or with a group of one) each function is the identity, so
-callers never branch on whether they run distributed.
+callers never branch on whether they run distributed. Each names itself on a failure
+(`failures.naming`), so the one-line report says which collective failed.
+
+Host-side work that some ranks wait for (`primary_first`, `on_every_rank`) takes its group explicitly:
+`ParallelDims.control_group`, a gloo group over the CPU. Waiting there instead of in an NCCL collective
+keeps NCCL's watchdog out of a wait that only the host's disk or network decides.
 """
 
 from __future__ import annotations
@@ -10,6 +15,7 @@ import torch
 import torch.distributed as dist
 
 from facetrain.errors import FacetrainError, PeerFailed
+from facetrain.parallel.failures import naming
 
 ProcessGroup = dist.ProcessGroup if dist.is_available() else object
 
@@ -46,14 +52,18 @@ def all_reduce_(tensor: torch.Tensor, op: str = "sum", group: ProcessGroup | Non
     if not is_active(group):
         return tensor
     reduce_op = {"sum": dist.ReduceOp.SUM, "max": dist.ReduceOp.MAX, "min": dist.ReduceOp.MIN}[op]
-    dist.all_reduce(tensor, op=reduce_op, group=group)
+    with naming("all_reduce"):
+        dist.all_reduce(tensor, op=reduce_op, group=group)
     return tensor
 
 
 def broadcast_(tensor: torch.Tensor, src: int = 0, group: ProcessGroup | None = None) -> torch.Tensor:
     if not is_active(group):
         return tensor
-    dist.broadcast(tensor, src=dist.get_global_rank(group, src) if group is not None else src, group=group)
+    with naming("broadcast"):
+        dist.broadcast(
+            tensor, src=dist.get_global_rank(group, src) if group is not None else src, group=group
+        )
     return tensor
 
 
@@ -63,7 +73,8 @@ def all_gather_equal(tensor: torch.Tensor, group: ProcessGroup | None = None) ->
         return tensor
     n = world_size(group)
     out = torch.empty((n * tensor.shape[0], *tensor.shape[1:]), dtype=tensor.dtype, device=tensor.device)
-    getattr(dist, ALL_GATHER)(out, tensor.contiguous(), group=group)
+    with naming("all_gather"):
+        getattr(dist, ALL_GATHER)(out, tensor.contiguous(), group=group)
     return out
 
 
@@ -109,7 +120,8 @@ class _AllGatherRows(torch.autograd.Function):
         stacked = torch.cat([_pad_rows(p, rows) for p in pieces])
         if dist.get_backend(group) == "nccl":
             mine = stacked.new_empty((rows, *stacked.shape[1:]))
-            getattr(dist, REDUCE_SCATTER)(mine, stacked, group=group)
+            with naming("reduce_scatter"):
+                getattr(dist, REDUCE_SCATTER)(mine, stacked, group=group)
         else:  # gloo has no reduce-scatter: all-reduce, then keep this rank's rows
             all_reduce_(stacked, "sum", group)
             mine = stacked[me * rows : (me + 1) * rows]
@@ -118,15 +130,26 @@ class _AllGatherRows(torch.autograd.Function):
 
 def barrier(group: ProcessGroup | None = None) -> None:
     if is_active(group):
-        dist.barrier(group=group)
+        with naming("barrier"):
+            dist.barrier(group=group)
 
 
-def primary_first(fn, also_others: bool = True, group: ProcessGroup | None = None):
+def _check_host_group(group: ProcessGroup | None) -> None:
+    if is_active(group) and dist.get_backend(group) != "gloo":
+        raise ValueError(
+            f"host-side waits go through a gloo group (ParallelDims.control_group), not {dist.get_backend(group)}"
+        )
+
+
+def primary_first(fn, *, group: ProcessGroup | None, also_others: bool = True):
     """Run `fn` on rank 0, then (with `also_others`) on the other ranks; elsewhere return None.
 
-    For work that must happen once before the others may start (generating a dataset, say). If rank 0
-    fails with a user error, every other rank raises PeerFailed at once instead of waiting forever.
+    For work that must happen once before the others may start (generating a dataset, say). The others
+    wait on `group`, which must be a CPU group (`ParallelDims.control_group`; None is the default group,
+    gloo when it is the CPU's). If rank 0 fails with a user error, every other rank raises PeerFailed at
+    once instead of waiting forever.
     """
+    _check_host_group(group)
     result, failure = None, None
     if rank(group) == 0:
         try:
@@ -142,3 +165,27 @@ def primary_first(fn, also_others: bool = True, group: ProcessGroup | None = Non
     if rank(group) == 0:
         return result
     return fn() if also_others else None
+
+
+def on_every_rank(fn, *, group: ProcessGroup | None):
+    """Run `fn` on every rank at once and agree over `group` (a CPU group, as for `primary_first`) on
+    whether it worked; return its result.
+
+    For host-side work each rank needs for itself, such as scanning the dataset: nobody waits for anybody
+    but the slowest scan. A user error on rank 0 is raised there and as PeerFailed elsewhere, so it is
+    printed once; one on other ranks only (the data missing on one node) is raised by each of them.
+    """
+    _check_host_group(group)
+    result, failure = None, None
+    try:
+        result = fn()
+    except FacetrainError as error:
+        failure = error
+    failed = torch.zeros(world_size(group), dtype=torch.int64, device=collective_device(group))
+    failed[rank(group)] = int(failure is not None)
+    all_reduce_(failed, "sum", group)
+    if failure is not None and (rank(group) == 0 or not failed[0]):
+        raise failure
+    if failed.any():
+        raise PeerFailed(f"rank {int(failed.nonzero()[0])} failed")
+    return result

@@ -24,6 +24,7 @@ import torch.distributed as dist
 from torch.distributed.device_mesh import DeviceMesh, init_device_mesh
 
 from facetrain.errors import EveryRankError, FacetrainError
+from facetrain.parallel.failures import join_failure_error
 
 
 @dataclass(frozen=True)
@@ -97,8 +98,34 @@ def _int_env(name: str, default: int) -> int:
         raise FacetrainError(f"environment variable {name}={value!r} is not an integer") from None
 
 
+def visible_gpus() -> int:
+    return torch.cuda.device_count() if torch.cuda.is_available() else 0
+
+
+def check_backend(backend: str, local_ranks: int, gpus: int) -> str:
+    """The backend `parallel.backend` means for `local_ranks` ranks on a node with `gpus` visible GPUs,
+    refused in one line where NCCL cannot run: before any rank starts (the launcher) and at init.
+
+    NCCL needs a GPU of its own for every rank; two ranks on one GPU fail in their first collective with
+    "Duplicate GPU detected". gloo may share GPUs (and runs on the CPU).
+    """
+    if backend == "auto":
+        backend = "nccl" if gpus > 0 else "gloo"
+    if backend not in ("gloo", "nccl"):
+        raise EveryRankError(f"parallel.backend must be auto, gloo or nccl, got {backend!r}")
+    if backend == "nccl" and gpus == 0:
+        raise EveryRankError("parallel.backend=nccl needs CUDA devices; use gloo (or auto) on CPU")
+    if backend == "nccl" and local_ranks > gpus:
+        raise EveryRankError(
+            f"{local_ranks} ranks on this node but {gpus} visible GPU(s): nccl needs a GPU per rank; start "
+            f"at most {gpus} (--nproc, torchrun --nproc-per-node) or set parallel.backend=gloo to share GPUs"
+        )
+    return backend
+
+
 def pick_device(local_rank: int) -> torch.device:
-    """One GPU per local rank when there are GPUs (several ranks may share one), else the CPU."""
+    """One GPU per local rank when there are GPUs (gloo ranks may share one), else the CPU; it becomes the
+    current CUDA device, which NCCL's communicator and `collective_device` use."""
     if torch.cuda.is_available():
         device = torch.device("cuda", local_rank % torch.cuda.device_count())
         torch.cuda.set_device(device)
@@ -106,27 +133,29 @@ def pick_device(local_rank: int) -> torch.device:
     return torch.device("cpu")
 
 
-def _join_process_group(backend: str, timeout_s: float, rank: int, world_size: int, init_method: str | None):
-    if backend == "auto":
-        backend = "nccl" if torch.cuda.is_available() else "gloo"
-    if backend not in ("gloo", "nccl"):
-        raise EveryRankError(f"parallel.backend must be auto, gloo or nccl, got {backend!r}")
-    if backend == "nccl" and not torch.cuda.is_available():
-        raise EveryRankError("parallel.backend=nccl needs CUDA devices; use gloo (or auto) on CPU")
+def _join_process_group(
+    backend: str, timeout_s: float, rank: int, world_size: int, init_method: str | None, device: torch.device
+):
+    """`device_id` makes NCCL build its communicator now, so its set-up errors are reported as joining."""
     timeout = timedelta(seconds=timeout_s)
-    if init_method is None and "TORCHELASTIC_RESTART_COUNT" in os.environ:
-        store = _attempt_store(rank, world_size, timeout)
+    bound = {"device_id": device} if backend == "nccl" else {}
+    try:
+        if init_method is None and "TORCHELASTIC_RESTART_COUNT" in os.environ:
+            store = _attempt_store(rank, world_size, timeout)
+            dist.init_process_group(
+                backend=backend, store=store, rank=rank, world_size=world_size, timeout=timeout, **bound
+            )
+            return
         dist.init_process_group(
-            backend=backend, store=store, rank=rank, world_size=world_size, timeout=timeout
+            backend=backend,
+            init_method=init_method or "env://",
+            rank=rank,
+            world_size=world_size,
+            timeout=timeout,
+            **bound,
         )
-        return
-    dist.init_process_group(
-        backend=backend,
-        init_method=init_method or "env://",
-        rank=rank,
-        world_size=world_size,
-        timeout=timeout,
-    )
+    except dist.DistError as error:
+        raise join_failure_error(error, rank, world_size, backend) from error
 
 
 def _attempt_store(rank: int, world_size: int, timeout: timedelta) -> dist.Store:
@@ -163,13 +192,17 @@ def init_parallel(
     """
     if dist.is_available() and dist.is_initialized():
         rank, world_size = dist.get_rank(), dist.get_world_size()
+        local_rank = _int_env("LOCAL_RANK", rank)
+        device = pick_device(local_rank)
     else:
         rank = _int_env("RANK", 0) if rank is None else rank
         world_size = max(1, _int_env("WORLD_SIZE", 1) if world_size is None else world_size)
+        local_rank = _int_env("LOCAL_RANK", rank)
+        if world_size > 1:  # without LOCAL_WORLD_SIZE, at least this rank's GPU must be its own
+            backend = check_backend(backend, _int_env("LOCAL_WORLD_SIZE", local_rank + 1), visible_gpus())
+        device = pick_device(local_rank)  # before joining: NCCL binds its communicator to it
         if world_size > 1:
-            _join_process_group(backend, timeout_s, rank, world_size, init_method)
-    local_rank = _int_env("LOCAL_RANK", rank)
-    device = pick_device(local_rank)
+            _join_process_group(backend, timeout_s, rank, world_size, init_method, device)
     if pipeline_stages < 1 or world_size % pipeline_stages:
         raise EveryRankError(
             f"parallel.pipeline_stages={pipeline_stages} must divide the world size {world_size} "

@@ -12,6 +12,9 @@ bystander), and to the agent's error file, so torchrun's own summary shows the m
 launcher prints the first `cause` after a one-line summary, and a `peer` message only when nothing
 better explains the failure, so a bystander is never blamed.
 
+With nccl (`parallel.backend` nccl, or auto on a machine with GPUs) more ranks than visible GPUs are
+refused in one line before any rank starts: NCCL cannot put two ranks on one GPU.
+
 A SIGTERM or SIGINT sent to the launcher is passed on to the ranks, which stop at the next step
 boundary, write a checkpoint and exit 0; the launcher then exits 0 as well.
 """
@@ -32,6 +35,8 @@ from pathlib import Path
 
 from torch.distributed.elastic.multiprocessing.errors import ChildFailedError, ProcessFailure
 from torch.distributed.launcher.api import LaunchConfig, elastic_launch
+
+from facetrain.parallel.dims import check_backend, visible_gpus
 
 # exit code of a rank that has reported its one-line user error
 USER_ERROR_EXIT = 2
@@ -81,8 +86,15 @@ def _forward_stop_signals() -> dict:
     return {sig: signal.signal(sig, forward) for sig in (signal.SIGTERM, signal.SIGINT)}
 
 
-def launch_local(nproc: int, entrypoint: Callable[..., object], *args: object) -> int:
-    """Run `entrypoint(*args)` as ranks 0..nproc-1 of one group on this machine; return the exit code."""
+def launch_local(
+    nproc: int, entrypoint: Callable[..., object], *args: object, backend: str | None = None
+) -> int:
+    """Run `entrypoint(*args)` as ranks 0..nproc-1 of one group on this machine; return the exit code.
+
+    `backend` (parallel.backend) is checked against the visible GPUs first (`dims.check_backend`).
+    """
+    if backend is not None:
+        check_backend(backend, nproc, visible_gpus())
     config = LaunchConfig(
         min_nodes=1,
         max_nodes=1,

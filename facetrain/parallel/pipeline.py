@@ -35,6 +35,25 @@ PIPELINE_SCHEDULES = {"gpipe": ScheduleGPipe, "1f1b": Schedule1F1B}
 HeadFn = Callable[[torch.Tensor, torch.Tensor], tuple[torch.Tensor, torch.Tensor]]
 
 
+class _ContiguousBoundary(nn.Module):
+    """A stage whose activations cross ranks in the default (NCHW) memory format.
+
+    The pipeline receives into buffers in the default format and point-to-point sends ship raw storage:
+    a channels-last stage's output (model.channels_last) would be refused by gloo ("has to be
+    contiguous") or read back scrambled over NCCL. Converting costs one copy of the boundary tensor per
+    micro-batch; the next channels-last stage converts its input back itself. Input gradients need no
+    conversion: GPipe and 1F1B read them from `.grad` of the received buffer, which autograd lays out
+    like the buffer.
+    """
+
+    def __init__(self, stage: nn.Module):
+        super().__init__()
+        self.stage = stage
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.stage(x).contiguous()
+
+
 def plan_split(
     backbone: nn.Module, cfg: ParallelConfig, dims: ParallelDims, microbatch_shape: Sequence[int]
 ) -> list[int]:
@@ -73,9 +92,11 @@ class PipelineRuntime:
         dims: ParallelDims,
         batch_shape: Sequence[int],
         gradient_reduction: str = "sum",
+        broadcast_buffers: bool = True,
     ):
         """`gradient_reduction` combines the replicas' stage gradients (see `wrap_data_parallel`): "sum"
-        when the loss is already the mean over all replicas' batches, as the sharded head's is."""
+        when the loss is already the mean over all replicas' batches, as the sharded head's is.
+        `broadcast_buffers` is DDP's, as there."""
         if not dims.pp_enabled:
             raise FacetrainError("a pipeline needs parallel.pipeline_stages >= 2 and a process group")
         self.dims = dims
@@ -86,7 +107,9 @@ class PipelineRuntime:
         self.stage_starts = plan_split(backbone, cfg, dims, microbatch_shape)
         shapes = stage_boundary_shapes(backbone, self.stage_starts, microbatch_shape)
         self.stage = split_backbone(backbone, self.stage_starts)[dims.stage_index].to(dims.device)
-        self.module = wrap_data_parallel(self.stage, dims.device, dims.dp_group, gradient_reduction)
+        self.module = wrap_data_parallel(
+            _ContiguousBoundary(self.stage), dims.device, dims.dp_group, gradient_reduction, broadcast_buffers
+        )
         # the stages' tensors, known in advance: nothing is inferred from a first forward at run time
         # (activations from an earlier stage need gradients; the images do not)
         stage_input = torch.empty(shapes[dims.stage_index], device=dims.device)

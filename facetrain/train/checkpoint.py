@@ -104,7 +104,11 @@ def save_checkpoint(
     root = run_dir / "checkpoints"
     final = root / f"step_{state.step:08d}"
     tmp = root / f"step_{state.step:08d}.tmp"
-    comm.primary_first(lambda: _writable(lambda: _clear_leftovers(root), root, final), also_others=False)
+    comm.primary_first(
+        lambda: _writable(lambda: _clear_leftovers(root), root, final),
+        also_others=False,
+        group=dims.control_group,
+    )
 
     named = dict(backbone.named_parameters()) if dims.writes_backbone else {}
     entries = {}
@@ -151,7 +155,9 @@ def save_checkpoint(
             atomic_write_text(root / "best", final.name)
         _prune(root, keep, final)
 
-    comm.primary_first(lambda: _writable(finish, root, final, cleanup=tmp), also_others=False)
+    comm.primary_first(
+        lambda: _writable(finish, root, final, cleanup=tmp), also_others=False, group=dims.control_group
+    )
     return final
 
 
@@ -248,11 +254,14 @@ def load_checkpoint(
     load_backbone_weights(checkpoint, backbone, index, prefix)
     named = dict(backbone.named_parameters())
     backbone_keys = [k for k in index if k.startswith("optim/backbone/") and _param_name(k) in named]
+    restored: dict[nn.Parameter, dict[str, torch.Tensor]] = {}
     for key, value in load_tensors(checkpoint, backbone_keys, index).items():
-        param = named[_param_name(key)]
-        optimizer.state[param][key.rsplit("/", 1)[1]] = value.to(param.device)
+        restored.setdefault(named[_param_name(key)], {})[key.rsplit("/", 1)[1]] = value
     if head is not None:
-        _load_head(checkpoint, index, head, optimizer)
+        head_state = _load_head(checkpoint, index, head)
+        if head_state:
+            restored[head.weight] = head_state
+    restore_optimizer_state(optimizer, restored)
 
     if scaler is not None and scaler.is_enabled() and "scaler/scale" in index:
         values = load_tensors(checkpoint, ["scaler/scale", "scaler/growth_tracker"], index)
@@ -316,9 +325,9 @@ def _param_name(optimizer_key: str) -> str:
     return optimizer_key[len("optim/backbone/") :].rsplit("/", 1)[0]
 
 
-def _load_head(
-    checkpoint: Path, index: dict, head: ShardedMarginHead, optimizer: torch.optim.Optimizer
-) -> None:
+def _load_head(checkpoint: Path, index: dict, head: ShardedMarginHead) -> dict[str, torch.Tensor]:
+    """Restore the head's weight (and the fused optimizer's state); returns the state the torch
+    optimizer holds for the weight when the head is not fused."""
     weight = read_class_rows(checkpoint, index, "head/weight", head.class_start, head.class_count)
     if weight.numel() != head.weight.numel():
         raise FacetrainError(
@@ -339,7 +348,32 @@ def _load_head(
             values[state_key] = load_tensors(checkpoint, [key], index)[key]
     if head.fused_optimizer is not None:
         head.fused_optimizer.load_state_tensors(values)
-        return
-    for state_key, value in values.items():
-        dtype = head.weight.dtype if value.shape == head.weight.shape else value.dtype
-        optimizer.state[head.weight][state_key] = value.to(head.weight.device, dtype)
+        return {}
+    return values
+
+
+def restore_optimizer_state(
+    optimizer: torch.optim.Optimizer, restored: dict[nn.Parameter, dict[str, torch.Tensor]]
+) -> None:
+    """Put `restored` (CPU tensors by parameter) into `optimizer` through its own `load_state_dict`.
+
+    Written into `optimizer.state` directly, AdamW's `step` would follow its parameter onto the GPU,
+    where torch's multi-tensor AdamW then reads it back with one `.item()` a parameter every step.
+    `load_state_dict` places each value by torch's rules instead: `step` stays on the CPU (on the
+    device only for fused or capturable optimizers, which want it there), the rest goes to its
+    parameter's device and dtype. `step` is stored as torch creates it, a 0-d float32 tensor, whatever
+    form an older checkpoint or the tiled head's fused optimizer wrote it in.
+    """
+    current = optimizer.state_dict()
+    position = {
+        param: index
+        for group, saved in zip(optimizer.param_groups, current["param_groups"])
+        for param, index in zip(group["params"], saved["params"])
+    }
+    state = {position[param]: dict(values) for param, values in optimizer.state.items() if param in position}
+    for param, values in restored.items():
+        values = dict(values)
+        if "step" in values:
+            values["step"] = torch.tensor(float(values["step"]), dtype=torch.float32)
+        state.setdefault(position[param], {}).update(values)
+    optimizer.load_state_dict({"state": state, "param_groups": current["param_groups"]})

@@ -3,6 +3,9 @@
 Every rank needs the accuracy, because keeping the best checkpoint is a collective save. A verification
 that fails (a pairs image became unreadable, the disk is full) must not cost the training: rank 0
 reports it in one line, every rank learns that it failed, and the trainer goes on without it.
+
+The other ranks wait for rank 0 on the CPU group (`ParallelDims.control_group`), not in an NCCL
+collective, whose watchdog would abort them while rank 0 embeds the pairs.
 """
 
 from __future__ import annotations
@@ -32,13 +35,14 @@ class TrainingVerifier:
             return load_pairs(cfg.eval.pairs, cfg.eval.images)
 
         # rank 0 checks the pairs and images now, so a bad path fails before training starts
-        self.pairs = comm.primary_first(load, also_others=False)
+        self.pairs = comm.primary_first(load, also_others=False, group=dims.control_group)
         self.failure: str | None = None  # rank 0's one-line reason once a verification failed
 
     def run(self, backbone: nn.Module, step: int) -> dict | None:
         """The verification's results on every rank, or None when it failed (see `failure`)."""
         # [accuracy, failed]
-        outcome = torch.zeros(2, dtype=torch.float64, device=comm.collective_device())
+        group = self.dims.control_group
+        outcome = torch.zeros(2, dtype=torch.float64, device=comm.collective_device(group))
         results: dict = {}
         if self.dims.is_primary:
             was_training = backbone.training  # a weight average stays in eval mode
@@ -55,7 +59,7 @@ class TrainingVerifier:
                 outcome[1] = 1
             finally:
                 backbone.train(was_training)
-        comm.broadcast_(outcome, 0)
+        comm.broadcast_(outcome, 0, group)
         if outcome[1]:
             self.failure = self.failure or f"verification at step {step} failed on rank 0"
             return None

@@ -21,6 +21,7 @@ from facetrain.data import build_train_dataset, build_train_loader, prepare_trai
 from facetrain.heads import ShardedMarginHead, class_range
 from facetrain.heads.memory import (
     STORAGE_DTYPES,
+    backbone_training_bytes,
     choose_mode,
     describe,
     estimate_head_memory,
@@ -32,6 +33,7 @@ from facetrain.parallel.dims import ParallelDims
 from facetrain.parallel.parallelize import parallelize_backbone
 from facetrain.parallel.pipeline import PipelineRuntime
 from facetrain.train.checkpoint import TrainState, load_checkpoint
+from facetrain.train.device_defaults import apply_device_defaults, resolve_device_defaults, tile_classes
 from facetrain.train.init_weights import load_initial_backbone
 from facetrain.train.optim import build_fused_optimizer, build_lr_scheduler, build_optimizer
 from facetrain.train.run_dir import check_run_dir, find_checkpoint_to_resume, write_run_config
@@ -67,15 +69,20 @@ def build_training_run(cfg: Config, dims: ParallelDims, resume: str | None) -> T
     run_dir = Path(cfg.train.output_dir)
     checkpoint, notes = find_checkpoint_to_resume(run_dir, resume)
     check_run_dir(run_dir)
+    device_defaults = resolve_device_defaults(dims.device.type, cfg)
+    cfg = apply_device_defaults(device_defaults, cfg)
+    if dims.is_primary:
+        tqdm.write(device_defaults.describe())
     if cfg.train.deterministic:
         torch.use_deterministic_algorithms(True, warn_only=True)
-    comm.primary_first(lambda: write_run_config(cfg, run_dir), also_others=False)
+    comm.primary_first(lambda: write_run_config(cfg, run_dir), also_others=False, group=dims.control_group)
     if dims.is_primary:
         for note in notes:
             tqdm.write(f"note: {note}")
 
-    comm.primary_first(lambda: prepare_train_data(cfg.data), also_others=False)
-    dataset = comm.primary_first(lambda: build_train_dataset(cfg.data))
+    # host-side waits go through the CPU group; every rank scans the data at once, not after rank 0
+    comm.primary_first(lambda: prepare_train_data(cfg.data), also_others=False, group=dims.control_group)
+    dataset = comm.on_every_rank(lambda: build_train_dataset(cfg.data), group=dims.control_group)
     if dims.is_primary:
         (run_dir / "classes.json").write_text(json.dumps(dataset.class_names))
 
@@ -87,8 +94,10 @@ def build_training_run(cfg: Config, dims: ParallelDims, resume: str | None) -> T
         if dims.is_primary:
             tqdm.write(f"backbone initialised from {cfg.model.init} (model.init); the head starts fresh")
     batch_shape = (cfg.train.batch_size, 3, *cfg.data.image_size)
-    local, model, pipeline = parallelize_backbone(backbone, dims, cfg.parallel, batch_shape)
-    head = build_head(cfg, dataset.num_classes, dims) if dims.is_last_stage else None
+    local, model, pipeline = parallelize_backbone(
+        backbone, dims, cfg.parallel, batch_shape, broadcast_buffers=device_defaults.broadcast_buffers
+    )
+    head = build_head(cfg, dataset.num_classes, dims, backbone) if dims.is_last_stage else None
     loader, sampler = build_train_loader(
         dataset, cfg.data, cfg.train.batch_size, dims.dp_rank, dims.dp, cfg.train.seed
     )
@@ -115,26 +124,40 @@ def build_training_run(cfg: Config, dims: ParallelDims, resume: str | None) -> T
     )  # fmt: skip
 
 
-def build_head(cfg: Config, num_classes: int, dims: ParallelDims) -> ShardedMarginHead:
+def build_head(
+    cfg: Config, num_classes: int, dims: ParallelDims, backbone: nn.Module | None = None
+) -> ShardedMarginHead:
     """The sharded head in the mode head.mode asks for, with its own optimizer when it is tiled and
     fused; the primary rank logs the mode and what the head holds on it.
 
-    head.mode auto takes the untiled head (the fastest) when it fits in half the free memory of the
-    tightest rank, else the tiled one; with fp32 storage and settings the fused optimizer cannot honour
-    (validate's fused_optimizer_conflict), a tiled head keeps a gradient buffer instead.
+    head.mode auto takes the untiled head (the fastest) when it fits the tightest rank's free memory
+    (half of it on a CPU; on CUDA all but a margin and what `backbone`, the whole backbone, will take
+    to train: see `facetrain.heads.memory`), else the tiled one; with fp32 storage and settings the
+    fused optimizer cannot honour (validate's fused_optimizer_conflict), a tiled head keeps a gradient
+    buffer instead.
     """
     settings, dim = cfg.head, cfg.model.embedding_size
+    tile = tile_classes(settings.tile_classes, dims.device.type)
     classes = class_range(num_classes, dims.dp, dims.dp_rank).count
     rows = classes * settings.sub_centers
     global_batch = cfg.train.batch_size * dims.dp
     weight_dtype, state_dtype = STORAGE_DTYPES[settings.weight_dtype], STORAGE_DTYPES[settings.state_dtype]
-    untiled = estimate_head_memory(rows, dim, global_batch, "untiled", optimizer=cfg.optim.name)
+    low_precision = cfg.train.precision != "fp32"
+    untiled = estimate_head_memory(
+        rows, dim, global_batch, "untiled", optimizer=cfg.optim.name, low_precision_logits=low_precision
+    )
     requested = "untiled" if settings.sub_centers > 1 else settings.mode
-    free = 0
+    free = reserved = 0
     if requested == "auto":
         mine = torch.tensor([free_memory_bytes(dims.device)], device=comm.collective_device(dims.dp_group))
         free = int(comm.all_reduce_(mine, "min", dims.dp_group))
-    mode = choose_mode(requested, untiled, free, torch.bfloat16 in (weight_dtype, state_dtype))
+        if dims.device.type == "cuda" and backbone is not None:
+            batch_shape = (cfg.train.batch_size, 3, *cfg.data.image_size)
+            reserved = backbone_training_bytes(backbone, batch_shape, cfg.optim.name, replicated=dims.dp > 1)
+    needs_tiles = torch.bfloat16 in (weight_dtype, state_dtype)
+    mode = choose_mode(
+        requested, untiled, free, needs_tiles, device_type=dims.device.type, reserved_bytes=reserved
+    )
     fused = mode == "tiled" and settings.fused_optimizer and fused_optimizer_conflict(cfg) is None
     head = ShardedMarginHead(
         num_classes,
@@ -143,9 +166,10 @@ def build_head(cfg: Config, num_classes: int, dims: ParallelDims) -> ShardedMarg
         scale=settings.scale,
         sample_rate=settings.sample_rate,
         group=dims.dp_group,
-        tile_classes=settings.tile_classes if mode == "tiled" else None,
+        tile_classes=tile if mode == "tiled" else None,
         dtype=weight_dtype,
         sub_centers=settings.sub_centers,
+        compile_tiles=settings.compile_tiles,
         **settings.margin_params,
     )
     head.reset_parameters(seed=cfg.train.seed)
@@ -154,13 +178,14 @@ def build_head(cfg: Config, num_classes: int, dims: ParallelDims) -> ShardedMarg
     head = head.to(dims.device)
     if dims.is_primary:
         memory = estimate_head_memory(
-            rows, dim, global_batch, mode, tile_classes=settings.tile_classes, fused=fused,
-            optimizer=cfg.optim.name, weight_dtype=weight_dtype, state_dtype=state_dtype,
+            rows, dim, global_batch, mode, tile_classes=tile, fused=fused, optimizer=cfg.optim.name,
+            weight_dtype=weight_dtype, state_dtype=state_dtype, low_precision_logits=low_precision,
         )  # fmt: skip
-        how = f"tiled, {settings.tile_classes:,} classes a tile" if mode == "tiled" else "untiled"
+        how = f"tiled, {tile:,} classes a tile" if mode == "tiled" else "untiled"
         updates = f"fused {cfg.optim.name}" if fused else f"torch {cfg.optim.name}"
         state = f", state {settings.state_dtype}" if fused else ""
-        chosen = f" (head.mode auto, {free / 2**30:.1f} GiB free)" if requested == "auto" else ""
+        kept = f", {reserved / 2**30:.1f} GiB of it kept for the backbone" if reserved else ""
+        chosen = f" (head.mode auto, {free / 2**30:.1f} GiB free{kept})" if requested == "auto" else ""
         centres = f" x {settings.sub_centers} sub-centers" if settings.sub_centers > 1 else ""
         tqdm.write(
             f"head: {how}{chosen}, {updates}, weight {settings.weight_dtype}{state}; {classes:,}{centres} "

@@ -18,6 +18,7 @@ import time
 from collections.abc import Iterator
 
 import torch
+from torch.distributed.elastic.multiprocessing.errors import record
 from tqdm import tqdm
 
 from facetrain.config import Config
@@ -26,18 +27,20 @@ from facetrain.errors import EveryRankError, FacetrainError, PeerFailed
 from facetrain.heads.margins import margin_at_step
 from facetrain.parallel import comm
 from facetrain.parallel.dims import destroy_parallel, init_parallel, is_initialized
-from facetrain.parallel.failures import is_collective_failure, peer_lost_error
+from facetrain.parallel.failures import collective_failure_error, is_collective_failure
 from facetrain.train.checkpoint import TrainState, load_ema_weights, save_checkpoint
 from facetrain.train.curves import write_run_curves
 from facetrain.train.ema import WeightEma
 from facetrain.train.evaluation import TrainingVerifier
 from facetrain.train.metrics_log import MetricsLog
+from facetrain.train.notices import UnderfitWatch, evaluation_line
 from facetrain.train.setup import TrainingRun, build_training_run
 from facetrain.train.step import train_step
 from facetrain.train.step_gate import StepGate, StopSignals
 from facetrain.train.step_window import StepWindow
 
 
+@record  # every rank's entry point: an error other than a user error leaves its traceback for torchrun
 def train(cfg: Config, resume: str | None = None) -> dict:
     """Train with the config; `resume` is None, "auto" or a checkpoint path. Returns the summary."""
     owns_group = not is_initialized()  # a caller that set up the group keeps it
@@ -58,7 +61,7 @@ def train(cfg: Config, resume: str | None = None) -> dict:
     except Exception as error:
         if dims.world_size > 1 and is_collective_failure(error):
             step = run.state.step if run is not None else None
-            raise peer_lost_error(error, dims.rank, dims.world_size, step) from None
+            raise collective_failure_error(error, dims.rank, dims.world_size, step) from error
         raise
     finally:
         if owns_group:
@@ -75,6 +78,7 @@ def _train(run: TrainingRun) -> dict:
     )
     tolerated = cfg.train.max_nonfinite_steps if run.scaler.is_enabled() else 0
     window = StepWindow(dims.device)
+    underfit = UnderfitWatch(cfg.train.steps, run.dataset.num_classes)
     full_margin = run.head.margin if run.head is not None else None
     started = time.perf_counter()
     signals = StopSignals().install()
@@ -104,6 +108,9 @@ def _train(run: TrainingRun) -> dict:
                 window.check_finite(tolerated, ledger.last_checkpoint)
                 row = _log_row(run, window, lr, time.perf_counter() - started)
                 log.log(row)
+                warning = underfit.check(state.step, row["accuracy"])
+                if warning and dims.is_primary:
+                    tqdm.write(warning)
                 progress.set_postfix(
                     loss=f"{row['loss']:.3f}", acc=f"{row['accuracy']:.3f}", lr=f"{lr:.2e}",
                     img_s=f"{row['images_per_s']:.0f}",
@@ -151,6 +158,8 @@ class RunLedger:
             return False
         self.evaluation = outcome
         log.log_eval(state.step, outcome)
+        if self.run.dims.is_primary:
+            tqdm.write(evaluation_line(state.step, outcome))
         if state.best_accuracy is not None and outcome["accuracy"] <= state.best_accuracy:
             return False
         state.best_accuracy, state.best_step = outcome["accuracy"], state.step
@@ -195,8 +204,14 @@ def _finish(run: TrainingRun, gate: StepGate, ledger: RunLedger, train_seconds: 
         (run.run_dir / "summary.json").write_text(json.dumps(summary, indent=2))
         curves = write_run_curves(run.run_dir)
         if gate.stop_signal is None:
+            verified = ""
+            if ledger.evaluation:
+                verified = f"; last {evaluation_line(state.step, ledger.evaluation)}"
+                if state.best_step is not None and state.best_step != state.step:
+                    verified += f"; best {100 * state.best_accuracy:.1f} % at step {state.best_step}"
             tqdm.write(
-                f"done: {state.step} steps; checkpoints in {run.run_dir / 'checkpoints'}, curves in {curves}"
+                f"done: {state.step} steps{verified}; checkpoints in {run.run_dir / 'checkpoints'}, "
+                f"curves in {curves}"
             )
     if ledger.evaluation_failure is not None:
         raise EveryRankError(

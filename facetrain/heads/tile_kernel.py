@@ -1,0 +1,65 @@
+"""The tiled head's per-tile elementwise work after each logit GEMM, eager or compiled (`head.compile_tiles`).
+
+Eagerly, a tile's softmax statistics take about ten passes over its B x T logits (scale, target gather
+and mask, row max, shift, exp, sum) and its logit gradient four more: on a GPU each is a kernel launch
+and a round trip through memory, so at T = 8192 the tile's GEMM is a fraction of its time. Compiled,
+each function becomes one or two fused kernels. The functions work in place on the tile's logit
+buffer, which eagerly saves a buffer and compiled costs one fused write-back. GEMMs, the optimizer
+update and anything depending on the tile's position stay outside: a Python number that changes from
+tile to tile (the tile's start, the learning rate) would make the compiled function recompile.
+"""
+
+from __future__ import annotations
+
+import functools
+
+import torch
+
+
+def online_softmax_tile(logits, column_factor, in_tile, column, running_max, running_sum, target_raw):
+    """One tile's share of the online softmax: `logits` (B x t raw dot products) become scale * cos,
+    then exp(logit - new row max) in place with each row's target column masked out (its margin is
+    applied after the last tile). Returns the new running max and sum and the raw target logits."""
+    logits.mul_(column_factor)
+    target_raw = torch.where(in_tile, logits.gather(1, column).squeeze(1), target_raw)
+    kept = logits.gather(1, column).squeeze(1)
+    logits.scatter_(1, column, torch.where(in_tile, float("-inf"), kept)[:, None])
+    new_max = torch.maximum(running_max, logits.amax(dim=1))
+    # a row that has seen only its own (left out) target so far stays at -inf: shift by 0
+    shift = torch.where(new_max == float("-inf"), 0.0, new_max)
+    tile_sum = logits.sub_(shift[:, None]).exp_().sum(1)
+    running_sum = running_sum * (running_max - shift).exp() + tile_sum
+    return new_max, running_sum, target_raw
+
+
+def logit_grad_tile(exps, column_factor, global_max, in_tile, column, corrected_target):
+    """The tile's gradient with respect to its raw dot products, in place of `exps` (B x t raw dot
+    products): exp(logit - global max), the targets' corrected values, times scale / |w|. The row factor
+    grad / (B sum_exp) is left to the B x D operands."""
+    torch.addcmul(-global_max[:, None], exps, column_factor, out=exps).exp_()
+    kept = exps.gather(1, column).squeeze(1)
+    exps.scatter_(1, column, torch.where(in_tile, corrected_target, kept)[:, None])
+    return exps.mul_(column_factor)
+
+
+class TileOps:
+    """The two per-tile functions, as given or compiled once per process (static shapes: a run's tiles
+    have at most two widths, the full tile and the shard's remainder)."""
+
+    def __init__(self, compiled: bool):
+        self.compiled = compiled
+        wrap = functools.partial(torch.compile, dynamic=False, fullgraph=True) if compiled else (lambda f: f)
+        self.online_softmax = wrap(online_softmax_tile)
+        self.logit_grad = wrap(logit_grad_tile)
+
+
+EAGER_TILE_OPS = TileOps(compiled=False)
+
+
+@functools.cache
+def compiled_tile_ops() -> TileOps:
+    return TileOps(compiled=True)
+
+
+def tile_ops(compiled: bool) -> TileOps:
+    return compiled_tile_ops() if compiled else EAGER_TILE_OPS

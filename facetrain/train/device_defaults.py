@@ -1,0 +1,110 @@
+"""Settings that depend on the device a run trains on, decided in one place and logged once.
+
+The CPU keeps what facetrain has always done there. On CUDA the defaults are the ones a GPU needs not to
+wait on the host or on itself (issue 22, item 7):
+
+- pinned host memory for the loader (`data.pin_memory` null), so `non_blocking=True` copies overlap;
+- `cudnn.benchmark`: face crops have one shape, so timing the convolution algorithms once pays back
+  within the first steps (off with `train.deterministic`, whose algorithms it would override);
+- TF32 for fp32 matmuls (`set_float32_matmul_precision("high")`), tensor cores for the fp32 path;
+- a GPU tile for the tiled head (`head.tile_classes` null), see `TILE_CLASSES`;
+- DDP without `broadcast_buffers`: an NCCL broadcast of every batch-norm buffer each step buys nothing,
+  as each replica's statistics are its own batch's anyway and checkpoints keep replica 0's;
+- `CUBLAS_WORKSPACE_CONFIG` when `train.deterministic` asks for deterministic algorithms, without which
+  cuBLAS GEMMs are not reproducible (torch only warns, as facetrain asks it to).
+
+A value the config sets explicitly always wins over the device's default.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import os
+from collections.abc import MutableMapping
+
+import torch
+
+from facetrain.config import Config
+
+# Classes per tile of the tiled head when head.tile_classes is null. On a CPU, 8192 keeps the B x T
+# logit tile and the T x D weight rows small (the sizes `facetrain bench head` measured as fastest there)
+# and each tile's GEMM is long enough that its per-tile overhead does not show. On a GPU a tile costs
+# tens of kernel launches whatever its size, so small tiles leave it launch-bound: at C = 1M on one GPU
+# 8192 means ~120 tiles and thousands of launches a step (issue 22 counted 7.5-9.3k). 65536 cuts that
+# eightfold while a tile's temporaries stay small next to GPU memory: at a global batch of 1024 and
+# D = 512 its three B x T fp32 logit copies and six T x D weight copies come to about 1.5 GiB.
+TILE_CLASSES = {"cpu": 8192, "cuda": 65536}
+DETERMINISTIC_CUBLAS_WORKSPACE = ":4096:8"  # what the CUDA docs give for reproducible cuBLAS GEMMs
+
+
+@dataclasses.dataclass(frozen=True)
+class DeviceDefaults:
+    device_type: str
+    pin_memory: bool
+    tile_classes: int
+    cudnn_benchmark: bool
+    float32_matmul_precision: str  # torch.set_float32_matmul_precision's word: "highest" leaves fp32 alone
+    broadcast_buffers: bool  # DDP's, for the backbone
+    cublas_workspace_config: str | None  # set in the environment when not None
+
+    def describe(self) -> str:
+        """The one log line: what this run uses on its device."""
+        on = {True: "on", False: "off"}
+        parts = [
+            f"pin_memory {on[self.pin_memory]}",
+            f"head tiles {self.tile_classes:,} classes",
+            f"DDP broadcast_buffers {on[self.broadcast_buffers]}",
+        ]
+        if self.device_type == "cuda":
+            parts += [
+                f"cudnn.benchmark {on[self.cudnn_benchmark]}",
+                f"fp32 matmul precision {self.float32_matmul_precision}",
+            ]
+        if self.cublas_workspace_config is not None:
+            parts.append(f"CUBLAS_WORKSPACE_CONFIG={self.cublas_workspace_config}")
+        return f"device defaults ({self.device_type}): {', '.join(parts)}"
+
+
+def tile_classes(configured: int | None, device_type: str) -> int:
+    """head.tile_classes, or the device's default when it is null."""
+    return configured if configured is not None else TILE_CLASSES.get(device_type, TILE_CLASSES["cpu"])
+
+
+def resolve_device_defaults(
+    device_type: str, cfg: Config, environ: MutableMapping[str, str] = os.environ
+) -> DeviceDefaults:
+    """The settings a run on `device_type` ("cpu", "cuda") uses; a pure function of its arguments.
+
+    `environ` is read only: a CUBLAS_WORKSPACE_CONFIG the user set is kept (and not reported as ours).
+    """
+    cuda = device_type == "cuda"
+    deterministic = cfg.train.deterministic
+    needs_workspace = cuda and deterministic and "CUBLAS_WORKSPACE_CONFIG" not in environ
+    return DeviceDefaults(
+        device_type=device_type,
+        pin_memory=cfg.data.pin_memory if cfg.data.pin_memory is not None else cuda,
+        tile_classes=tile_classes(cfg.head.tile_classes, device_type),
+        cudnn_benchmark=cuda and not deterministic,
+        float32_matmul_precision="high" if cuda else "highest",
+        broadcast_buffers=not cuda,
+        cublas_workspace_config=DETERMINISTIC_CUBLAS_WORKSPACE if needs_workspace else None,
+    )
+
+
+def apply_device_defaults(
+    defaults: DeviceDefaults, cfg: Config, environ: MutableMapping[str, str] = os.environ
+) -> Config:
+    """Set the process-wide switches `defaults` names and return `cfg` with its null settings resolved
+    (what the loader, the head and the saved run config then see).
+
+    On the CPU nothing process-wide is touched. Call it before the first GEMM on the device: cuBLAS
+    reads CUBLAS_WORKSPACE_CONFIG when it creates its handle.
+    """
+    if defaults.cublas_workspace_config is not None:
+        environ["CUBLAS_WORKSPACE_CONFIG"] = defaults.cublas_workspace_config
+    if defaults.device_type == "cuda":
+        torch.backends.cudnn.benchmark = defaults.cudnn_benchmark
+        torch.set_float32_matmul_precision(defaults.float32_matmul_precision)
+    data = dataclasses.replace(cfg.data, pin_memory=defaults.pin_memory)
+    head = dataclasses.replace(cfg.head, tile_classes=defaults.tile_classes)
+    return dataclasses.replace(cfg, data=data, head=head)

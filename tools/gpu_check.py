@@ -1,0 +1,268 @@
+"""The GPU check: `pytest -m cuda` and the CUDA benchmarks, one results file, under 25 minutes.
+
+Run through tools/gpu_check.sh OUT_DIR on a machine with CUDA (docs/gpu.md). Every step runs in its
+own process with its own time limit, and the whole check stops starting steps when its budget is
+spent, so one hang costs one step, never the report. `--dry-run` prints the plan (one `name<TAB>command`
+line a step) without running anything; tests/test_bench_device.py parses every printed facetrain
+command against the CLI, so the plan cannot name an option that does not exist.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import shlex
+import subprocess
+import sys
+import time
+import xml.etree.ElementTree as ET
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parents[1]
+BUDGET_S = 24 * 60
+DRY_RUN_GPUS, DRY_RUN_GIB = 1, 80.0
+
+
+@dataclass
+class Step:
+    name: str
+    argv: list[str]  # starting with "facetrain" or "pytest"
+    timeout_s: int
+    skip_reason: str = ""
+    report: str = ""  # the JSON file the step writes, relative to OUT
+    result: dict = field(default_factory=dict)
+
+    def command(self) -> list[str]:
+        tool = {"facetrain": [sys.executable, "-m", "facetrain"], "pytest": [sys.executable, "-m", "pytest"]}
+        return tool[self.argv[0]] + self.argv[1:]
+
+
+def plan(out: Path, gpus: int, gib: float) -> list[Step]:
+    """The steps, sized for one GPU of `gib` GiB; the capacity search fills 90 % of it."""
+    steps = [
+        Step(
+            "pytest -m cuda",
+            [
+                "pytest",
+                "-m",
+                "cuda",
+                "-q",
+                "-rs",
+                "-p",
+                "no:cacheprovider",
+                f"--junitxml={out / 'pytest.xml'}",
+            ],
+            420,
+        )
+    ]
+    for precision in ("fp32", "bf16"):
+        steps.append(
+            Step(
+                f"head alone {precision}, C 1M",
+                ["facetrain", "bench", "head", "--device", "cuda", "--world-sizes", "1", "--batch", "1024",
+                 "--dim", "512", "--classes", "1000000", "--heads", "sharded,tiled", "--precision", precision,
+                 "--steps", "5", "--warmup", "2", "--memory-limit-gb", f"{0.9 * gib:.0f}",
+                 "--out", str(out / f"head_{precision}"), "--overwrite"],
+                100,
+                report=f"head_{precision}/bench_head.json",
+            )
+        )  # fmt: skip
+    steps.append(
+        Step(
+            "head capacity: largest C that fits",
+            ["facetrain", "bench", "head", "--capacity", "--device", "cuda", "--world-sizes", "1",
+             "--batch", "1024", "--dim", "512", "--classes", "1000000,4000000", "--heads", "tiled_bf16,tiled",
+             "--largest", "tiled_bf16,tiled", "--memory-limit-gb", f"{0.9 * gib:.0f}",
+             "--out", str(out / "head_capacity"), "--overwrite"],
+            200,
+            report="head_capacity/bench_head_capacity.json",
+        )
+    )  # fmt: skip
+    for backbone in ("r50", "r100"):
+        for classes in (100_000, 2_000_000):
+            name = f"train_{backbone}_{classes // 1000}k"
+            steps.append(
+                Step(
+                    f"train {backbone} 112px bf16 channels_last B 256, C {classes:,} vs linear 1k",
+                    ["facetrain", "bench", "train", "--device", "cuda", "--world-size", "1", "--backbone", backbone,
+                     "--image-size", "112", "--batch", "256", "--precision", "bf16", "--channels-last",
+                     "--classes", str(classes), "--heads", "sharded,linear", "--linear-classes", "1000",
+                     "--steps", "10", "--warmup", "3", "--out", str(out / name)],
+                    100,
+                    report=f"{name}/train.json",
+                )
+            )  # fmt: skip
+    steps.append(
+        Step(
+            "loader 8 and 16 workers, folder and .rec",
+            ["facetrain", "bench", "data", "--device", "cuda", "--images", "4096", "--repeats", "2",
+             "--loader-workers", "8,16", "--loader-batch", "256", "--out", str(out / "data.json"), "--overwrite"],
+            120,
+            report="data.json",
+        )
+    )  # fmt: skip
+    steps.append(
+        Step(
+            "eval embedding throughput",
+            ["facetrain", "bench", "eval", "--device", "cuda", "--batch-size", "256", "--batches", "8",
+             "--quiet", "--out", str(out / "eval.json"), "--overwrite"],
+            60,
+            report="eval.json",
+        )
+    )  # fmt: skip
+    steps.append(
+        Step(
+            "bench pipeline, 2 stages",
+            ["facetrain", "bench", "pipeline", "--device", "cuda", "--backbone", "r50", "--image-size", "112",
+             "--batch-size", "128", "--microbatches", "4", "--split-sizes", "64,32", "--repeats", "2",
+             "--out", str(out / "pipeline"), "--overwrite"],
+            150,
+            skip_reason="" if gpus >= 2 else "needs 2 GPUs: gloo cannot send CUDA tensors point to point and "
+            "NCCL refuses two ranks on one GPU",
+            report="pipeline/bench_pipeline.json",
+        )
+    )  # fmt: skip
+    return steps
+
+
+def gpu_description() -> dict:
+    import torch
+
+    if not torch.cuda.is_available():
+        return {}
+    properties = torch.cuda.get_device_properties(0)
+    return {
+        "name": properties.name,
+        "count": torch.cuda.device_count(),
+        "memory_gib": properties.total_memory / 2**30,
+        "torch": torch.__version__,
+        "cuda": torch.version.cuda,
+    }
+
+
+def run_step(step: Step, out: Path, deadline: float) -> None:
+    left = int(deadline - time.monotonic())
+    if step.skip_reason or left < 10:
+        step.result = {
+            "status": "skipped",
+            "reason": step.skip_reason or "the check's 24-minute budget is spent",
+        }
+        return
+    limit = min(step.timeout_s, left)
+    started = time.monotonic()
+    env = {**os.environ, "PYTHONUNBUFFERED": "1"}
+    try:
+        done = subprocess.run(
+            step.command(), cwd=REPO, env=env, capture_output=True, text=True, timeout=limit, check=False
+        )
+        status, output, code = (
+            ("ok" if done.returncode == 0 else "failed"),
+            done.stdout + done.stderr,
+            done.returncode,
+        )
+    except subprocess.TimeoutExpired as expired:
+        output = (
+            (expired.stdout or b"").decode(errors="replace")
+            if isinstance(expired.stdout, bytes)
+            else (expired.stdout or "")
+        )
+        status, code = f"timed out after {limit} s", None
+    step.result = {
+        "status": status,
+        "returncode": code,
+        "seconds": round(time.monotonic() - started, 1),
+        "output_tail": output[-4000:],
+    }
+    report = out / step.report if step.report else None
+    if report is not None and report.exists():
+        step.result["report"] = json.loads(report.read_text())
+
+
+def pytest_counts(xml: Path) -> dict:
+    if not xml.exists():
+        return {}
+    suite = ET.parse(xml).getroot()
+    suite = suite if suite.tag == "testsuite" else suite.find("testsuite")
+    counts = {key: int(suite.get(key, 0)) for key in ("tests", "failures", "errors", "skipped")}
+    counts["passed"] = counts["tests"] - counts["failures"] - counts["errors"] - counts["skipped"]
+    return counts
+
+
+def markdown(results: dict) -> str:
+    gpu = results["gpu"]
+    lines = [
+        "# GPU check",
+        "",
+        f"{gpu.get('name', 'no GPU')} x{gpu.get('count', 0)}, {gpu.get('memory_gib', 0):.0f} GiB, "
+        f"torch {gpu.get('torch', '?')}, CUDA {gpu.get('cuda', '?')}; {results['date']}; "
+        f"{results['seconds']:.0f} s in all",
+        "",
+        f"pytest -m cuda: {results['pytest'] or 'no junit report'}",
+        "",
+        "| step | status | seconds |",
+        "| --- | --- | ---: |",
+    ]
+    for step in results["steps"]:
+        r = step["result"]
+        status = r["status"] + (f" ({r['reason']})" if r.get("reason") else "")
+        lines.append(f"| {step['name']} | {status} | {r.get('seconds', '')} |")
+    for step in results["steps"]:
+        if step["result"].get("output_tail"):
+            lines += [
+                "",
+                f"## {step['name']}",
+                "",
+                "```",
+                f"$ {shlex.join(step['argv'])}",
+                step["result"]["output_tail"].rstrip(),
+                "```",
+            ]
+    return "\n".join(lines) + "\n"
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument(
+        "out", type=Path, help="folder for gpu_check.json, gpu_check.md and each step's outputs"
+    )
+    parser.add_argument("--dry-run", action="store_true", help="print the steps and run nothing")
+    args = parser.parse_args()
+    out = args.out.resolve()
+    gpu = {} if args.dry_run else gpu_description()
+    if args.dry_run:
+        print(f"# dry run: planned for {DRY_RUN_GPUS} GPU of {DRY_RUN_GIB:.0f} GiB")
+        for step in plan(out, DRY_RUN_GPUS, DRY_RUN_GIB):
+            skip = f"  # skipped: {step.skip_reason}" if step.skip_reason else ""
+            print(f"{step.name}\t{shlex.join(step.argv)}{skip}")
+        return 0
+    if not gpu:
+        print(
+            "gpu_check: torch sees no CUDA device; run it on a machine with a GPU (docs/gpu.md)",
+            file=sys.stderr,
+        )
+        return 2
+    out.mkdir(parents=True, exist_ok=True)
+    started = time.monotonic()
+    deadline = started + BUDGET_S
+    steps = plan(out, gpu["count"], gpu["memory_gib"])
+    for step in steps:
+        print(f"gpu_check: {step.name}", flush=True)
+        run_step(step, out, deadline)
+        print(f"gpu_check:   {step.result['status']} {step.result.get('seconds', '')}", flush=True)
+    results = {
+        "gpu": gpu,
+        "date": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
+        "seconds": time.monotonic() - started,
+        "pytest": pytest_counts(out / "pytest.xml"),
+        "steps": [asdict(step) for step in steps],
+    }
+    (out / "gpu_check.json").write_text(json.dumps(results, indent=2) + "\n")
+    (out / "gpu_check.md").write_text(markdown(results))
+    print(f"gpu_check: wrote {out / 'gpu_check.json'} and {out / 'gpu_check.md'}")
+    return 0 if all(s.result["status"] in ("ok", "skipped") for s in steps) else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,90 @@
+"""What the accuracy tools share: running the CLI, training one seed of a row, summing rows up.
+
+tools/ablate_orl.py (ORL) and tools/ablate_lfw.py (LFW-dev folds) differ only in how they split the
+data; the run, the figures read back from `summary.json` and the mean ± std line are the same.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import statistics
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parents[1]
+SHARED_DATA = REPO.parent / "shared" / "data"
+
+
+def facetrain(*args: str) -> subprocess.CompletedProcess:
+    """The CLI in a subprocess; its output is shown only when it fails."""
+    command = [sys.executable, "-m", "facetrain", *args]
+    result = subprocess.run(command, capture_output=True, text=True, cwd=REPO, env={**os.environ})
+    if result.returncode != 0:
+        sys.exit(f"failed: {' '.join(command)}\n{result.stdout[-3000:]}{result.stderr[-3000:]}")
+    return result
+
+
+def train_and_verify(config: Path, run: Path, overrides: list[str], nproc: int) -> dict:
+    """Train `config` with `overrides` into `run`; the verification figures of its last step."""
+    started = time.perf_counter()
+    facetrain(
+        "train", "-c", str(config), *(f"--set={o}" for o in [*overrides, f"train.output_dir={run}"]),
+        "--nproc", str(nproc),
+    )  # fmt: skip
+    wall = time.perf_counter() - started
+    summary = json.loads((run / "summary.json").read_text())
+    return {
+        "steps": summary["steps"],
+        "train_s": summary.get("train_seconds"),
+        "wall_s": wall,
+        **pick_figures(summary["evaluation"]),
+        "load_1min": os.getloadavg()[0],
+    }
+
+
+def pick_figures(evaluation: dict) -> dict:
+    """The figures a row reports, from a verification report (summary.json's or `facetrain eval`'s)."""
+    return {
+        "accuracy": evaluation["accuracy"],
+        "auc": evaluation["auc"],
+        "tar_far_1e-2": evaluation.get("tar_at_far", {}).get("0.01"),
+    }
+
+
+def verify_extra(
+    run: Path, name: str, pairs: Path | None = None, folder: Path | None = None, checkpoint: bool = False
+) -> dict:
+    """`facetrain eval` on more pairs of the run's last checkpoint (or of `run` itself, a checkpoint,
+    with `checkpoint`); its JSON report."""
+    model = run if checkpoint else run / "checkpoints" / "last"
+    out = (run.parent if checkpoint else run) / f"eval_{name}"
+    source = ["--pairs", str(pairs)] if pairs else ["--folder", str(folder)]
+    facetrain("eval", str(model), *source, "--out", str(out), "--quiet")
+    return json.loads(next(out.glob("*.json")).read_text())
+
+
+def mean_std(values: list[float]) -> str:
+    """Percent, mean ± sample standard deviation."""
+    spread = statistics.stdev(values) if len(values) > 1 else 0.0
+    return f"{100 * statistics.mean(values):.1f} ± {100 * spread:.1f}"
+
+
+def summarize(name: str, rows: list[dict], metrics: list[str], over: str) -> dict:
+    """Print the row's one-line summary and return its figures (mean ± std of each metric)."""
+    figures = {k: mean_std([row[k] for row in rows if row.get(k) is not None]) for k in metrics}
+    seconds = [r["train_s"] for r in rows if r.get("train_s") is not None]
+    timing = f"training {min(seconds):.0f}-{max(seconds):.0f} s" if seconds else ""
+    print(
+        f"{name}: " + ", ".join(f"{k} {v}" for k, v in figures.items()) + f" over {over}; "
+        f"{rows[0]['steps']} steps, {timing}",
+        flush=True,
+    )
+    return figures
+
+
+def append_row(rows_file: Path, record: dict) -> None:
+    with rows_file.open("a") as handle:
+        handle.write(json.dumps(record) + "\n")
