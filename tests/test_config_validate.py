@@ -137,6 +137,7 @@ BAD_TYPES = [
     "model.activation_checkpointing",
     "model.channels_last",
     "head.fused_optimizer",
+    "head.compile_tiles",
     "train.deterministic",
     "eval.flip",
 ]

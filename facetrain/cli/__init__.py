@@ -12,6 +12,7 @@ import sys
 
 import click
 
+from facetrain.cli.short_help import lazy_short_help
 from facetrain.errors import EveryRankError, FacetrainError, PeerFailed, PeerLost
 
 # name -> "module:attribute" of the click command
@@ -47,6 +48,30 @@ class LazyGroup(click.Group):
             module_name, attribute = self.lazy_commands[name].split(":")
             return getattr(importlib.import_module(module_name), attribute)
         return super().get_command(ctx, name)
+
+    def format_commands(self, ctx: click.Context, formatter: click.HelpFormatter) -> None:
+        """List the commands with short helps read from source, so `--help` imports none of them."""
+        names = self.list_commands(ctx)
+        if not names:
+            return
+        limit = formatter.width - 6 - max(len(name) for name in names)
+        rows = []
+        for name in names:
+            listed = self._listed_help(ctx, name, limit)
+            if listed is not None and not listed[1]:
+                rows.append((name, listed[0]))
+        if rows:
+            with formatter.section("Commands"):
+                formatter.write_dl(rows)
+
+    def _listed_help(self, ctx: click.Context, name: str, limit: int) -> tuple[str, bool] | None:
+        target = self.lazy_commands.get(name)
+        if target is not None and target.split(":")[0] not in sys.modules:
+            listed = lazy_short_help(target, limit)
+            if listed is not None:
+                return listed
+        command = self.get_command(ctx, name)
+        return None if command is None else (command.get_short_help_str(limit), command.hidden)
 
     def invoke(self, ctx: click.Context):
         try:

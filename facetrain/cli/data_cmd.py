@@ -6,11 +6,9 @@ import os
 from pathlib import Path
 
 import click
-import cv2
 
+from facetrain.choices import STATS_SOURCES
 from facetrain.config import SynthConfig
-from facetrain.data.stats import STATS_SOURCES, collect_stats, format_stats
-from facetrain.data.synthetic import generate_synthetic
 
 _SYNTH_DEFAULTS = SynthConfig()
 
@@ -85,6 +83,8 @@ def synth(
       facetrain synth data/tiny --identities 20 --images-per-identity 8 --image-size 48
       facetrain synth data/synth --seed 1 --overwrite
     """
+    from facetrain.data.synthetic import generate_synthetic
+
     cfg = SynthConfig(
         identities=identities,
         images_per_identity=images_per_identity,
@@ -151,5 +151,9 @@ def stats(path: Path, source: str | None, no_decode: bool, workers: int) -> None
       facetrain data stats /data/faces_emore/train.rec --workers 8
       facetrain data stats /data/Market-1501-v15.09.15 --source market1501
     """
+    import cv2
+
+    from facetrain.data.stats import collect_stats, format_stats
+
     cv2.utils.logging.setLogLevel(cv2.utils.logging.LOG_LEVEL_SILENT)
     click.echo(format_stats(collect_stats(path, source, decode=not no_decode, workers=workers)))

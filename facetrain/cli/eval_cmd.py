@@ -6,8 +6,8 @@ from pathlib import Path
 
 import click
 
+from facetrain.choices import DEFAULT_FOLD_SEED, DEFAULT_FOLDS
 from facetrain.errors import FacetrainError
-from facetrain.eval.folds import DEFAULT_FOLD_SEED, DEFAULT_FOLDS
 
 
 @click.command()

@@ -6,7 +6,7 @@ from pathlib import Path
 
 import click
 
-from facetrain.models.iresnet import IRESNET_DEPTHS
+from facetrain.choices import IRESNET_DEPTHS
 
 
 @click.group("import")

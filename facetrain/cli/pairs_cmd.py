@@ -6,7 +6,7 @@ from pathlib import Path
 
 import click
 
-from facetrain.eval.folds import DEFAULT_FOLD_SEED, DEFAULT_FOLDS
+from facetrain.choices import DEFAULT_FOLD_SEED, DEFAULT_FOLDS
 
 
 @click.group()

@@ -16,13 +16,13 @@ import numpy as np
 import pandas as pd
 from tqdm import tqdm
 
+from facetrain.choices import STATS_SOURCES
 from facetrain.config import DataConfig
 from facetrain.data import SOURCES
 from facetrain.data.dataset import EncodedImageReader, SampleTable
 from facetrain.data.decode import BadImageError, decode_image
 from facetrain.errors import FacetrainError
 
-STATS_SOURCES = ("folder", "list", "recordio", "market1501")
 LIST_SUFFIXES = (".csv", ".tsv", ".txt")
 _CHUNK = 256
 

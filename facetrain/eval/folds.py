@@ -11,10 +11,8 @@ from __future__ import annotations
 
 import numpy as np
 
+from facetrain.choices import DEFAULT_FOLD_SEED, DEFAULT_FOLDS
 from facetrain.errors import FacetrainError
-
-DEFAULT_FOLDS = 10
-DEFAULT_FOLD_SEED = 0
 
 FOLDS_FROM_FILE = "the file's"
 FOLDS_IN_FILE_ORDER = "consecutive blocks in file order"

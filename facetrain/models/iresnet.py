@@ -21,6 +21,7 @@ from collections import OrderedDict
 import torch
 from torch import nn
 
+from facetrain.choices import IRESNET_DEPTHS
 from facetrain.models.backbone import Backbone, ConvStage
 from facetrain.models.embedding import WeightPrecisionBatchNorm1d, WeightPrecisionLinear, downsampled
 from facetrain.models.registry import BACKBONES
@@ -29,13 +30,6 @@ IRESNET_INPUT_SIZE = (112, 112)
 STAGE_WIDTHS = (64, 128, 256, 512)
 BN_EPS = 1e-5
 CONV_INIT_STD = 0.1
-IRESNET_DEPTHS = {
-    "iresnet18": (2, 2, 2, 2),
-    "iresnet34": (3, 4, 6, 3),
-    "iresnet50": (3, 4, 14, 3),
-    "iresnet100": (3, 13, 30, 3),
-    "iresnet200": (6, 26, 60, 6),
-}
 
 
 def conv3x3(in_channels: int, out_channels: int, stride: int = 1) -> nn.Conv2d:

@@ -1,0 +1,21 @@
+"""Names and defaults that command-line options offer, importable without torch, numpy or cv2.
+
+The CLI builds its options (and prints `--help`) from these without importing the code behind them,
+which would cost seconds; that code imports the same objects from here, so each list lives once.
+"""
+
+# insightface's IResNet depths by backbone name: blocks in each of the four stages
+IRESNET_DEPTHS = {
+    "iresnet18": (2, 2, 2, 2),
+    "iresnet34": (3, 4, 6, 3),
+    "iresnet50": (3, 4, 14, 3),
+    "iresnet100": (3, 13, 30, 3),
+    "iresnet200": (6, 26, 60, 6),
+}
+
+# dataset kinds `facetrain data stats --source` reads
+STATS_SOURCES = ("folder", "list", "recordio", "market1501")
+
+# cross-validation folds of a pair set without its own, and the seed that deals them
+DEFAULT_FOLDS = 10
+DEFAULT_FOLD_SEED = 0
