@@ -176,11 +176,11 @@ def test_auto_on_cuda_uses_more_than_the_cpus_half_and_the_cpu_rule_is_unchanged
     assert choose_mode("auto", untiled, 2 * untiled.total, False) == "untiled"
 
 
-def test_low_precision_logits_count_the_16_bit_gemm_output():
+def test_reduced_precision_gemm_counts_the_16_bit_copy_of_the_class_rows():
     rows, batch = 50_000, 256
     fp32 = estimate_head_memory(rows, 512, batch, "untiled")
-    autocast = estimate_head_memory(rows, 512, batch, "untiled", low_precision_logits=True)
-    assert autocast.step - fp32.step == 2 * batch * rows
+    autocast = estimate_head_memory(rows, 512, batch, "untiled", reduced_precision_gemm=True)
+    assert autocast.step - fp32.step == 2 * rows * 512
     assert autocast.persistent == fp32.persistent
 
 

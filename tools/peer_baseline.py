@@ -131,6 +131,7 @@ def main() -> None:
     parser.add_argument("--seconds", type=float, required=True, help="training wall-time budget")
     parser.add_argument("--lfw", type=Path, default=REPO / "runs" / "lfw_dev_aligned")
     parser.add_argument("--orl", type=Path, default=ORL)
+    parser.add_argument("--min-photos", type=int, default=2, help="LFW: as tools/ablate_lfw.py --min-photos")
     parser.add_argument("--image-size", type=int, default=96)
     parser.add_argument("--batch-size", type=int, default=128)
     parser.add_argument("--embedding-size", type=int, default=128)
@@ -143,7 +144,7 @@ def main() -> None:
         if not 2 <= args.fold <= 10:
             sys.exit("--fold: folds 2-10 are for development (fold 1 is held out)")
         train_list, pairs = write_fold_split(
-            args.lfw.resolve(), VIEW2_PAIRS, args.fold, 1, args.out / "splits"
+            args.lfw.resolve(), VIEW2_PAIRS, args.fold, args.min_photos, args.out / "splits"
         )
     else:
         train_list, pairs, _ = write_orl_split(args.orl.resolve(), args.out / "splits_orl")

@@ -79,13 +79,15 @@ def estimate_head_memory(
     optimizer: str = "sgd",
     weight_dtype: torch.dtype = torch.float32,
     state_dtype: torch.dtype = torch.float32,
-    low_precision_logits: bool = False,
+    reduced_precision_gemm: bool = False,
 ) -> HeadMemory:
     """The memory of a shard of `rows` classes in `mode` ("untiled" or "tiled").
 
     Without the fused optimizer the trainer's torch optimizer keeps its state in the weight's dtype.
-    `low_precision_logits`: the step runs under bf16 or fp16 autocast, whose untiled logit GEMM output
-    is a 16-bit copy besides the fp32 logits (the tiled head's logit copies already count it).
+    `reduced_precision_gemm`: the step runs under bf16 or fp16 autocast, whose untiled logit GEMM reads
+    a 16-bit copy of the class rows (on CUDA; the CPU's GEMM reads fp32 rows, so there it is a margin).
+    The logits themselves are fp32 either way (heads/logit_gemm.py); the tiled head's per-tile copies
+    are counted in its step.
     """
     weight_bytes = torch.empty((), dtype=weight_dtype).element_size()
     state_bytes = torch.empty(
@@ -95,8 +97,10 @@ def estimate_head_memory(
     state = STATE_COUNT[optimizer] * rows * dim * state_bytes
     batch = BATCH_COPIES * global_batch * dim * 4
     if mode == "untiled":
-        logit_bytes = 4 + (2 if low_precision_logits else 0)
-        return HeadMemory(weight, rows * dim * weight_bytes, state, logit_bytes * global_batch * rows + batch)
+        operand_copy = 2 * rows * dim if reduced_precision_gemm else 0
+        return HeadMemory(
+            weight, rows * dim * weight_bytes, state, 4 * global_batch * rows + operand_copy + batch
+        )
     tile = min(tile_classes, rows)
     step = 4 * (TILE_LOGIT_COPIES * global_batch * tile + TILE_WEIGHT_COPIES * tile * dim + rows) + batch
     gradient = 0 if fused else rows * dim * weight_bytes

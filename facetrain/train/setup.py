@@ -144,7 +144,7 @@ def build_head(
     weight_dtype, state_dtype = STORAGE_DTYPES[settings.weight_dtype], STORAGE_DTYPES[settings.state_dtype]
     low_precision = cfg.train.precision != "fp32"
     untiled = estimate_head_memory(
-        rows, dim, global_batch, "untiled", optimizer=cfg.optim.name, low_precision_logits=low_precision
+        rows, dim, global_batch, "untiled", optimizer=cfg.optim.name, reduced_precision_gemm=low_precision
     )
     requested = "untiled" if settings.sub_centers > 1 else settings.mode
     free = reserved = 0
@@ -179,7 +179,7 @@ def build_head(
     if dims.is_primary:
         memory = estimate_head_memory(
             rows, dim, global_batch, mode, tile_classes=tile, fused=fused, optimizer=cfg.optim.name,
-            weight_dtype=weight_dtype, state_dtype=state_dtype, low_precision_logits=low_precision,
+            weight_dtype=weight_dtype, state_dtype=state_dtype, reduced_precision_gemm=low_precision,
         )  # fmt: skip
         how = f"tiled, {tile:,} classes a tile" if mode == "tiled" else "untiled"
         updates = f"fused {cfg.optim.name}" if fused else f"torch {cfg.optim.name}"
