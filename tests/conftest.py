@@ -1,6 +1,7 @@
 from pathlib import Path
 
 import pytest
+import torch
 
 SHARED_DATA = Path(__file__).resolve().parents[1].parent / "shared" / "data"
 
@@ -11,3 +12,13 @@ def shared_data() -> Path:
     if not SHARED_DATA.is_dir():
         pytest.skip(f"real face data not found at {SHARED_DATA}")
     return SHARED_DATA
+
+
+@pytest.fixture
+def one_thread():
+    """One intra-op thread for the test: spawned ranks and small models are faster without contention,
+    and float sums do not depend on the machine's core count."""
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(threads)

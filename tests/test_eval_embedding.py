@@ -21,12 +21,7 @@ from tests.test_eval_support import ColourMean, colour_face, tiny_conv_net, writ
 IMAGE_SIZE = (20, 16)
 
 
-@pytest.fixture(autouse=True)
-def one_thread():
-    previous = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(previous)
+pytestmark = pytest.mark.usefixtures("one_thread")
 
 
 @pytest.fixture

@@ -19,12 +19,7 @@ MANIFEST = Path(__file__).parent / "data" / "insightface_iresnet_keys.json"
 SMALL = (32, 32)
 
 
-@pytest.fixture(autouse=True)
-def one_thread():
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(threads)
+pytestmark = pytest.mark.usefixtures("one_thread")
 
 
 def calibrated(backbone: nn.Module, size: tuple[int, int], seed: int = 0) -> nn.Module:

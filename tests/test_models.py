@@ -14,12 +14,7 @@ from facetrain.models.face_resnet import DEPTHS
 SMALL_SIZES = {"reid_r50": (64, 32), "dlib_resnet": (131, 131)}  # dlib_resnet: its smallest input
 
 
-@pytest.fixture(autouse=True)
-def one_thread():
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(threads)
+pytestmark = pytest.mark.usefixtures("one_thread")
 
 
 def parameter_count(module: nn.Module) -> int:

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import pytest
-import torch
 
 from facetrain.config.schema import ParallelConfig
 from facetrain.parallel.dims import init_parallel
@@ -18,13 +17,7 @@ from tests.test_pipeline import (
     tiny_backbone,
 )
 
-
-@pytest.fixture(autouse=True)
-def one_thread():
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(threads)
+pytestmark = pytest.mark.usefixtures("one_thread")
 
 
 def channels_last_worker(rank: int, world_size: int, cfg: ParallelConfig) -> dict:

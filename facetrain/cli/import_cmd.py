@@ -20,6 +20,19 @@ def import_group() -> None:
     """
 
 
+def destination_options(command):
+    """-o/--out, --overwrite and --quiet: where every import writes its checkpoint, and how."""
+    out = click.option(
+        "-o", "--out", "out_dir", type=click.Path(path_type=Path), required=True,
+        help="Checkpoint folder to write.",
+    )  # fmt: skip
+    overwrite = click.option(
+        "--overwrite", is_flag=True, help="Replace OUT if it is an earlier import or checkpoint."
+    )
+    quiet = click.option("--quiet", is_flag=True, help="No progress bar.")
+    return out(overwrite(quiet(command)))
+
+
 @import_group.command("insightface")
 @click.argument("backbone", type=click.Path(path_type=Path))
 @click.option(
@@ -29,16 +42,7 @@ def import_group() -> None:
     required=True,
     help="The IResNet the file was trained as (insightface's r18/r34/r50/r100/r200).",
 )
-@click.option(
-    "-o",
-    "--out",
-    "out_dir",
-    type=click.Path(path_type=Path),
-    required=True,
-    help="Checkpoint folder to write.",
-)
-@click.option("--overwrite", is_flag=True, help="Replace OUT if it is an earlier import or checkpoint.")
-@click.option("--quiet", is_flag=True, help="No progress bar.")
+@destination_options
 def insightface(backbone: Path, architecture: str, out_dir: Path, overwrite: bool, quiet: bool) -> None:
     """Import an insightface arcface_torch BACKBONE.pth as a facetrain checkpoint (without a head).
 
@@ -69,16 +73,7 @@ def insightface(backbone: Path, architecture: str, out_dir: Path, overwrite: boo
 
 @import_group.command("dlib")
 @click.argument("dat", required=False, type=click.Path(path_type=Path))
-@click.option(
-    "-o",
-    "--out",
-    "out_dir",
-    type=click.Path(path_type=Path),
-    required=True,
-    help="Checkpoint folder to write.",
-)
-@click.option("--overwrite", is_flag=True, help="Replace OUT if it is an earlier import or checkpoint.")
-@click.option("--quiet", is_flag=True, help="No progress bar.")
+@destination_options
 def dlib(dat: Path | None, out_dir: Path, overwrite: bool, quiet: bool) -> None:
     """Import dlib's pretrained face recognition ResNet as a facetrain checkpoint (backbone `dlib_resnet`).
 
