@@ -12,8 +12,8 @@ Per class (D = embedding size), fp32 unless noted:
 
 AdamW keeps two states instead of one. The tiled head also keeps one float per class between forward
 and backward (the inverse weight norms), and Partial FC a float per class to sample from. Under bf16 or
-fp16 autocast the untiled head's logit GEMM writes its B x C/N output in 16 bits before the fp32 copy
-the softmax reads: 2 B bytes a class more.
+fp16 autocast the untiled head's logit GEMM reads a 16-bit copy of the class rows on CUDA (2 D bytes a
+class more); its logits are fp32 either way.
 
 `head.mode: auto` is decided when the head is built, before the backbone has run: on a CPU from half
 the system's available memory (the other half left to the backbone, its activations and the data

@@ -16,14 +16,20 @@ import functools
 import torch
 
 
+def _replace_where(buffer, in_tile, column, values):
+    """buffer[i, column[i]] = values[i] for the rows whose target is in the tile, by mask (no host
+    synchronisation); returns what those entries held before."""
+    kept = buffer.gather(1, column).squeeze(1)
+    buffer.scatter_(1, column, torch.where(in_tile, values, kept)[:, None])
+    return kept
+
+
 def online_softmax_tile(logits, column_factor, in_tile, column, running_max, running_sum, target_raw):
     """One tile's share of the online softmax: `logits` (B x t raw dot products) become scale * cos,
     then exp(logit - new row max) in place with each row's target column masked out (its margin is
     applied after the last tile). Returns the new running max and sum and the raw target logits."""
     logits.mul_(column_factor)
-    target_raw = torch.where(in_tile, logits.gather(1, column).squeeze(1), target_raw)
-    kept = logits.gather(1, column).squeeze(1)
-    logits.scatter_(1, column, torch.where(in_tile, float("-inf"), kept)[:, None])
+    target_raw = torch.where(in_tile, _replace_where(logits, in_tile, column, float("-inf")), target_raw)
     new_max = torch.maximum(running_max, logits.amax(dim=1))
     # a row that has seen only its own (left out) target so far stays at -inf: shift by 0
     shift = torch.where(new_max == float("-inf"), 0.0, new_max)
@@ -37,8 +43,7 @@ def logit_grad_tile(exps, column_factor, global_max, in_tile, column, corrected_
     products): exp(logit - global max), the targets' corrected values, times scale / |w|. The row factor
     grad / (B sum_exp) is left to the B x D operands."""
     torch.addcmul(-global_max[:, None], exps, column_factor, out=exps).exp_()
-    kept = exps.gather(1, column).squeeze(1)
-    exps.scatter_(1, column, torch.where(in_tile, corrected_target, kept)[:, None])
+    _replace_where(exps, in_tile, column, corrected_target)
     return exps.mul_(column_factor)
 
 

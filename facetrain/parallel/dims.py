@@ -141,18 +141,11 @@ def _join_process_group(
     bound = {"device_id": device} if backend == "nccl" else {}
     try:
         if init_method is None and "TORCHELASTIC_RESTART_COUNT" in os.environ:
-            store = _attempt_store(rank, world_size, timeout)
-            dist.init_process_group(
-                backend=backend, store=store, rank=rank, world_size=world_size, timeout=timeout, **bound
-            )
-            return
+            rendezvous = {"store": _attempt_store(rank, world_size, timeout)}
+        else:
+            rendezvous = {"init_method": init_method or "env://"}
         dist.init_process_group(
-            backend=backend,
-            init_method=init_method or "env://",
-            rank=rank,
-            world_size=world_size,
-            timeout=timeout,
-            **bound,
+            backend=backend, rank=rank, world_size=world_size, timeout=timeout, **rendezvous, **bound
         )
     except dist.DistError as error:
         raise join_failure_error(error, rank, world_size, backend) from error
@@ -190,19 +183,19 @@ def init_parallel(
     same code runs as a plain single process. A group created earlier (a test harness, a caller that
     runs several trainings in one job) is reused.
     """
-    if dist.is_available() and dist.is_initialized():
+    joined = dist.is_available() and dist.is_initialized()
+    if joined:
         rank, world_size = dist.get_rank(), dist.get_world_size()
-        local_rank = _int_env("LOCAL_RANK", rank)
-        device = pick_device(local_rank)
     else:
         rank = _int_env("RANK", 0) if rank is None else rank
         world_size = max(1, _int_env("WORLD_SIZE", 1) if world_size is None else world_size)
-        local_rank = _int_env("LOCAL_RANK", rank)
-        if world_size > 1:  # without LOCAL_WORLD_SIZE, at least this rank's GPU must be its own
-            backend = check_backend(backend, _int_env("LOCAL_WORLD_SIZE", local_rank + 1), visible_gpus())
-        device = pick_device(local_rank)  # before joining: NCCL binds its communicator to it
-        if world_size > 1:
-            _join_process_group(backend, timeout_s, rank, world_size, init_method, device)
+    local_rank = _int_env("LOCAL_RANK", rank)
+    joining = not joined and world_size > 1
+    if joining:  # without LOCAL_WORLD_SIZE, at least this rank's GPU must be its own
+        backend = check_backend(backend, _int_env("LOCAL_WORLD_SIZE", local_rank + 1), visible_gpus())
+    device = pick_device(local_rank)  # before joining: NCCL binds its communicator to it
+    if joining:
+        _join_process_group(backend, timeout_s, rank, world_size, init_method, device)
     if pipeline_stages < 1 or world_size % pipeline_stages:
         raise EveryRankError(
             f"parallel.pipeline_stages={pipeline_stages} must divide the world size {world_size} "
