@@ -25,7 +25,6 @@ chips of `facetrain align --template dlib`):
 
 from __future__ import annotations
 
-import argparse
 import csv
 import json
 import sys
@@ -37,6 +36,7 @@ from protocol import (  # noqa: E402
     SHARED_DATA,
     append_row,
     pick_figures,
+    row_parser,
     summarize,
     train_and_verify,
     verify_extra,
@@ -105,22 +105,14 @@ def write_fold_split(root: Path, pairs_txt: Path, fold: int, min_photos: int, ou
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(
-        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
-    )
-    parser.add_argument("name", help="row name: runs go to OUT/NAME/foldK_seedS")
-    parser.add_argument("-c", "--config", type=Path, default=REPO / "configs" / "lfw_small.yaml")
-    parser.add_argument("--set", action="append", default=[], metavar="SECTION.KEY=VALUE")
-    parser.add_argument("--seeds", type=int, nargs="+", default=[0, 1])
+    parser = row_parser(__doc__, "foldK_seedS", "lfw_small.yaml", [0, 1], "ablate_lfw")
     parser.add_argument("--folds", type=int, nargs="+", default=[2, 3])
-    parser.add_argument("--nproc", type=int, default=2)
     parser.add_argument("--lfw", type=Path, default=REPO / "runs" / "lfw_dev_aligned")
     parser.add_argument("--pairs", type=Path, default=VIEW2_PAIRS, help="LFW View 2 pairs.txt")
     parser.add_argument(
         "--min-photos", type=int, default=2,
         help="train on people with at least this many photos (1: singletons too, measured worse)",
     )  # fmt: skip
-    parser.add_argument("--out", type=Path, default=REPO / "runs" / "ablate_lfw")
     parser.add_argument(
         "--zero-shot",
         type=Path,

@@ -29,9 +29,9 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from protocol import (  # noqa: E402
-    REPO,
     SHARED_DATA,
     append_row,
+    row_parser,
     summarize,
     train_and_verify,
     verify_extra,
@@ -96,18 +96,10 @@ def train_seed(args: argparse.Namespace, split: tuple[Path, Path, Path], seed: i
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(
-        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
-    )
-    parser.add_argument("name", help="row name: runs go to OUT/NAME/seedS")
-    parser.add_argument("-c", "--config", type=Path, default=REPO / "configs" / "orl_small.yaml")
-    parser.add_argument("--set", action="append", default=[], metavar="SECTION.KEY=VALUE")
-    parser.add_argument("--seeds", type=int, nargs="+", default=[0, 1, 2])
-    parser.add_argument("--nproc", type=int, default=2)
+    parser = row_parser(__doc__, "seedS", "orl_small.yaml", [0, 1, 2], "ablate_orl")
     parser.add_argument(
         "--orl", type=Path, default=ORL, help="the ORL root (s1..s40), or its copy by `facetrain align`"
     )
-    parser.add_argument("--out", type=Path, default=REPO / "runs" / "ablate_orl")
     parser.add_argument(
         "--train-folder", type=Path, help="train on this folder of identities instead of ORL s1-s30"
     )

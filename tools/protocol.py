@@ -6,6 +6,7 @@ data; the run, the figures read back from `summary.json` and the mean ± std lin
 
 from __future__ import annotations
 
+import argparse
 import json
 import os
 import statistics
@@ -16,6 +17,19 @@ from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[1]
 SHARED_DATA = REPO.parent / "shared" / "data"
+
+
+def row_parser(doc: str, runs_under: str, config: str, seeds: list[int], out: str) -> argparse.ArgumentParser:
+    """The arguments every row tool takes: the row's name, the config and its overrides, the seeds, the
+    ranks and where runs go; each tool adds its own split's."""
+    parser = argparse.ArgumentParser(description=doc, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("name", help=f"row name: runs go to OUT/NAME/{runs_under}")
+    parser.add_argument("-c", "--config", type=Path, default=REPO / "configs" / config)
+    parser.add_argument("--set", action="append", default=[], metavar="SECTION.KEY=VALUE")
+    parser.add_argument("--seeds", type=int, nargs="+", default=seeds)
+    parser.add_argument("--nproc", type=int, default=2)
+    parser.add_argument("--out", type=Path, default=REPO / "runs" / out)
+    return parser
 
 
 def facetrain(*args: str) -> subprocess.CompletedProcess:
