@@ -15,20 +15,15 @@ import torch
 
 from facetrain.heads import ShardedMarginHead
 from facetrain.heads.logit_gemm import LogitGemm
+from tools.head_precision import make_inputs
 
 CLASSES, DIM, BATCH = 3000, 128, 16
 LOSS_BOUND = 1e-3
 
 
 def near_target_problem(seed):
-    generator = torch.Generator().manual_seed(seed)
-    weight = (torch.randn(CLASSES, DIM, generator=generator) * 0.01).to(torch.bfloat16).double()
-    labels = torch.randint(0, CLASSES, (BATCH,), generator=generator)
-    target = torch.nn.functional.normalize(weight[labels], dim=1)
-    noise = torch.nn.functional.normalize(torch.randn(BATCH, DIM, generator=generator).double(), dim=1)
-    cosine = 0.5 + 0.4 * torch.rand(BATCH, 1, generator=generator).double()
-    embeddings = (cosine * target + (1 - cosine**2).sqrt() * noise) * 20.0
-    return weight, embeddings, labels
+    """Target cosines 0.5-0.9, where the old bf16 logits' rounding showed most."""
+    return make_inputs(CLASSES, BATCH, DIM, seed, lowest=0.5, spread=0.4)
 
 
 def head_loss(weight, embeddings, labels, dtype, tile_classes, autocast):

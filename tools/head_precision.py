@@ -29,14 +29,15 @@ VARIANTS = {
 }
 
 
-def make_inputs(classes: int, batch: int, dim: int, seed: int):
-    """A bf16-representable weight and embeddings whose target cosine is 0.3-0.9."""
+def make_inputs(classes: int, batch: int, dim: int, seed: int, lowest: float = 0.3, spread: float = 0.6):
+    """A bf16-representable weight and embeddings whose target cosine is uniform in
+    [lowest, lowest + spread] (0.3-0.9 by default): a trained head's regime."""
     generator = torch.Generator().manual_seed(seed)
     weight = (torch.randn(classes, dim, generator=generator) * 0.01).to(torch.bfloat16).double()
     labels = torch.randint(0, classes, (batch,), generator=generator)
     target = torch.nn.functional.normalize(weight[labels], dim=1)
     noise = torch.nn.functional.normalize(torch.randn(batch, dim, generator=generator).double(), dim=1)
-    cosine = 0.3 + 0.6 * torch.rand(batch, 1, generator=generator).double()
+    cosine = lowest + spread * torch.rand(batch, 1, generator=generator).double()
     embeddings = (cosine * target + (1 - cosine**2).sqrt() * noise) * 20.0
     return weight, embeddings, labels
 
