@@ -7,6 +7,7 @@ and the GPU check's plan parsed against the real CLI.
 
 from __future__ import annotations
 
+import argparse
 import json
 import os
 import shlex
@@ -184,7 +185,7 @@ def test_the_gpu_check_plan_parses_against_the_cli(tmp_path):
         check=True,
     )
     steps = [line.split("\t") for line in done.stdout.splitlines() if not line.startswith("#")]
-    commands = [shlex.split(command.split("  # skipped:")[0]) for _, command in steps]
+    commands = [shlex.split(command.split("  # skipped:")[0]) for _, _, command in steps]
     assert commands[0][:3] == ["pytest", "-m", "cuda"]
     benchmarks = {argv[2] for argv in commands if argv[0] == "facetrain"}
     assert benchmarks == {"head", "train", "data", "eval", "pipeline"}
@@ -192,3 +193,14 @@ def test_the_gpu_check_plan_parses_against_the_cli(tmp_path):
         if argv[0] == "facetrain":
             assert "--device" in argv and argv[argv.index("--device") + 1] == "cuda"
             parse_with_the_cli(argv[1:])
+
+
+def test_the_gpu_check_runs_in_parts_by_step_number():
+    sys.path.insert(0, str(REPO / "tools"))
+    try:
+        import gpu_check
+    finally:
+        sys.path.remove(str(REPO / "tools"))
+    assert gpu_check.step_numbers("0,2-4") == {0, 2, 3, 4}
+    with pytest.raises(argparse.ArgumentTypeError, match="step numbers"):
+        gpu_check.step_numbers("head")

@@ -98,10 +98,14 @@ def test_restored_state_follows_its_parameter_but_step_stays_on_the_cpu():
 
 @pytest.mark.cuda
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
-def test_adamw_resumed_on_cuda_keeps_step_on_the_cpu(tmp_path):
-    _, (backbone, head, optimizer) = trained_and_resumed(tmp_path, "adamw", device="cuda")
-    for param in parameters(backbone, head):
-        assert optimizer.state[param]["step"].device.type == "cpu"
-        assert optimizer.state[param]["exp_avg"].device.type == "cuda"
+def test_adamw_resumed_on_cuda_keeps_step_where_torch_puts_it(tmp_path):
+    """On a GPU the trainer's AdamW is torch's fused one, which keeps `step` on the device; the resumed
+    optimizer's `step` must be where a never-interrupted one has it, before and after the next step."""
+    trained, (backbone, head, optimizer) = trained_and_resumed(tmp_path, "adamw", device="cuda")
+    assert optimizer.defaults["fused"]
+    for saved, loaded in zip(parameters(*trained[:2]), parameters(backbone, head)):
+        own, step = trained[2].state[saved]["step"], optimizer.state[loaded]["step"]
+        assert (step.device, step.dtype, step.shape) == (own.device, own.dtype, own.shape)
+        assert optimizer.state[loaded]["exp_avg"].device.type == "cuda"
     take_step(backbone, head, optimizer, seed=10)
-    assert all(optimizer.state[param]["step"].device.type == "cpu" for param in parameters(backbone, head))
+    assert all(optimizer.state[param]["step"].device.type == "cuda" for param in parameters(backbone, head))

@@ -147,7 +147,7 @@ def run_step(step: Step, out: Path, deadline: float) -> None:
     if step.skip_reason or left < 10:
         step.result = {
             "status": "skipped",
-            "reason": step.skip_reason or "the check's 24-minute budget is spent",
+            "reason": step.skip_reason or "the check's time budget is spent",
         }
         return
     limit = min(step.timeout_s, left)
@@ -222,20 +222,43 @@ def markdown(results: dict) -> str:
     return "\n".join(lines) + "\n"
 
 
+def step_numbers(text: str) -> set[int]:
+    """'0,2-4' -> {0, 2, 3, 4}."""
+    numbers: set[int] = set()
+    for part in text.split(","):
+        first, _, last = part.partition("-")
+        try:
+            numbers.update(range(int(first), int(last or first) + 1))
+        except ValueError:
+            raise argparse.ArgumentTypeError(
+                f"--only takes step numbers such as 0,2-4, not {text!r}"
+            ) from None
+    return numbers
+
+
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument(
         "out", type=Path, help="folder for gpu_check.json, gpu_check.md and each step's outputs"
     )
     parser.add_argument("--dry-run", action="store_true", help="print the steps and run nothing")
+    parser.add_argument(
+        "--only",
+        type=step_numbers,
+        help="run these steps alone (numbers as --dry-run prints them: 0,2-4); for machines that limit "
+        "one command's time, so the check runs in parts",
+    )
+    parser.add_argument(
+        "--budget-s", type=int, default=BUDGET_S, help=f"start no step after this many seconds ({BUDGET_S})"
+    )
     args = parser.parse_args()
     out = args.out.resolve()
     gpu = {} if args.dry_run else gpu_description()
     if args.dry_run:
         print(f"# dry run: planned for {DRY_RUN_GPUS} GPU of {DRY_RUN_GIB:.0f} GiB")
-        for step in plan(out, DRY_RUN_GPUS, DRY_RUN_GIB):
+        for number, step in enumerate(plan(out, DRY_RUN_GPUS, DRY_RUN_GIB)):
             skip = f"  # skipped: {step.skip_reason}" if step.skip_reason else ""
-            print(f"{step.name}\t{shlex.join(step.argv)}{skip}")
+            print(f"{number}\t{step.name}\t{shlex.join(step.argv)}{skip}")
         return 0
     if not gpu:
         print(
@@ -245,8 +268,10 @@ def main() -> int:
         return 2
     out.mkdir(parents=True, exist_ok=True)
     started = time.monotonic()
-    deadline = started + BUDGET_S
+    deadline = started + args.budget_s
     steps = plan(out, gpu["count"], gpu["memory_gib"])
+    if args.only is not None:
+        steps = [step for number, step in enumerate(steps) if number in args.only]
     for step in steps:
         print(f"gpu_check: {step.name}", flush=True)
         run_step(step, out, deadline)

@@ -34,6 +34,7 @@ from facetrain.bench.head_report import OUTPUT_NAMES, evaluate_targets, write_ou
 from facetrain.bench.workers import WorkerError, WorkerPool
 from facetrain.errors import FacetrainError
 from facetrain.files import refuse_to_overwrite
+from facetrain.train.device_defaults import tile_classes as device_tile_classes
 
 GIB = 2**30
 # RSS of one worker after importing torch and joining gloo, before any head exists (measured ~0.53 GiB).
@@ -199,7 +200,11 @@ def run_head_benchmark(settings: HeadBenchSettings, progress: bool = True) -> di
     help="Heads to compare [sharded,tiled,dense,naive; --capacity: sharded,tiled,tiled_bf16,dense,naive]. "
     "sharded is the untiled head; tiled and tiled_bf16 the tiled head with its fused SGD.",
 )
-@click.option("--tile-classes", default=8192, show_default=True, type=click.IntRange(min=1), help="Tile T.")
+@click.option(
+    "--tile-classes",
+    type=click.IntRange(min=1),
+    help="Tile T [the trainer's default for the device: 8192 on a CPU, 65536 on CUDA].",
+)
 @click.option("--steps", type=click.IntRange(min=1), help="Timed steps [3; --capacity: 1].")
 @click.option("--warmup", type=click.IntRange(min=0), help="Untimed steps first [1; --capacity: 0].")
 @click.option(
@@ -282,6 +287,7 @@ def head_command(
     if capacity and precision != "fp32":
         raise FacetrainError("--precision belongs to the head bench without --capacity; drop one of them")
     device = resolve_device(device)
+    tile_classes = device_tile_classes(tile_classes, device)
     if capacity:
         settings = CapacitySettings(
             classes=tuple(parse_int_list(classes or "100000,300000,1000000,3000000", "--classes")),

@@ -107,8 +107,9 @@ def _train_worker(rank: int, world_size: int, kind: str, settings: dict) -> dict
             ModelConfig(backbone=settings["backbone"], embedding_size=dim), (size, size)
         ).to(memory_format=step_settings.memory_format)
         local, model, head = BENCH_TRAIN_HEADS.build(kind, backbone, dims, settings, images.shape)
-        optimizer = build_optimizer(OptimConfig(lr=0.01, grad_clip=None), local, head)
-        scaler = torch.amp.GradScaler(device.type, enabled=settings["precision"] == "fp16")
+        fp16 = settings["precision"] == "fp16"
+        optimizer = build_optimizer(OptimConfig(lr=0.01, grad_clip=None), local, head, grad_scaling=fp16)
+        scaler = torch.amp.GradScaler(device.type, enabled=fp16)
         batches = itertools.repeat((images, labels))
         times = timed_repeats(
             lambda: train_step(batches, model, head, optimizer, scaler, step_settings),

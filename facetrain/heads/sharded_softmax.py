@@ -48,6 +48,18 @@ def through_normalization(grad_unit: torch.Tensor, unit: torch.Tensor, norm: tor
     return (grad_unit - unit * radial[:, None]) / norm
 
 
+def _wide_mm(
+    a: torch.Tensor, b: torch.Tensor, compute_dtype: torch.dtype, out_dtype: torch.dtype
+) -> torch.Tensor:
+    """a @ b on `compute_dtype` operands, returned in `out_dtype`: written wide by the GEMM itself where
+    the device can (CUDA), which saves a rounded result and a pass over it (weight-sized for the weight
+    gradient), else rounded to the compute dtype and widened."""
+    gemm = LogitGemm(a.device, compute_dtype, out_dtype)
+    if gemm.native:
+        return gemm.mm(a, b)
+    return torch.mm(a.to(compute_dtype), b.to(compute_dtype)).to(out_dtype)
+
+
 def _compute_dtype(device: torch.device, dtype: torch.dtype) -> torch.dtype:
     """The dtype of the GEMMs: autocast's when it is on, else the embeddings'."""
     if torch.is_autocast_enabled(device.type):
@@ -147,9 +159,8 @@ class ShardedMarginSoftmax(torch.autograd.Function):
             # d logit / d raw dot product = scale / |w|, per column: one pass over the buffer.
             grad_raw = exps.mul_(w_inv_norm * scale).to(compute_dtype)
 
-            grad_x_unit = torch.mm(grad_raw, w.to(compute_dtype)).to(w.dtype).mul_(row_factor[:, None])
-            scaled_x = (x_unit * row_factor[:, None]).to(compute_dtype)
-            grad_w = torch.mm(grad_raw.t(), scaled_x).to(w.dtype)
+            grad_x_unit = _wide_mm(grad_raw, w, compute_dtype, w.dtype).mul_(row_factor[:, None])
+            grad_w = _wide_mm(grad_raw.t(), x_unit * row_factor[:, None], compute_dtype, w.dtype)
             # through 1/|w|: remove the component along w, per class
             along = rowwise_dot(grad_w, w).mul_(w_inv_norm.square())
             grad_w.addcmul_(w, along[:, None], value=-1.0)

@@ -101,7 +101,7 @@ def build_training_run(cfg: Config, dims: ParallelDims, resume: str | None) -> T
     loader, sampler = build_train_loader(
         dataset, cfg.data, cfg.train.batch_size, dims.dp_rank, dims.dp, cfg.train.seed
     )
-    optimizer = build_optimizer(cfg.optim, local, head)
+    optimizer = build_optimizer(cfg.optim, local, head, grad_scaling=cfg.train.precision == "fp16")
     scaler = torch.amp.GradScaler(dims.device.type, enabled=cfg.train.precision == "fp16")
     torch.manual_seed(cfg.train.seed + 7919 * (dims.rank + 1))  # per-rank streams: dropout, Partial FC
 
