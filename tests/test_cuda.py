@@ -34,7 +34,10 @@ TILE = 5
 def cuda_head_step(weight, embeddings, labels, precision, tile=None, rows=slice(None)):
     """One forward + backward of this rank's shard on the current GPU; results back on the CPU."""
     device = torch.device("cuda", torch.cuda.current_device())
-    head = ShardedMarginHead(weight.shape[0], weight.shape[1], margin="arcface", tile_classes=tile).to(device)
+    # "sum": each rank's embedding gradient is its share, comparable row for row with the reference
+    head = ShardedMarginHead(
+        weight.shape[0], weight.shape[1], margin="arcface", tile_classes=tile, gradient_reduction="sum"
+    ).to(device)
     head.weight.data.copy_(weight[head.class_start : head.class_stop])
     x = embeddings[rows].to(device).requires_grad_()
     dtype = AUTOCAST[precision]

@@ -45,7 +45,10 @@ def local_rows(world_size: int, rank: int, batch: int) -> slice:
 
 
 def sharded_step(rank, world_size, margin, weight, embeddings, labels, rows=None):
-    head = ShardedMarginHead(weight.shape[0], weight.shape[1], margin=margin).to(weight.dtype)
+    # "sum": each rank's embeddings get their share of the gradient, which is what the reference's
+    # rows hold (the default, "mean", multiplies it by the world size for DDP: tests/test_head_ddp.py)
+    head = ShardedMarginHead(weight.shape[0], weight.shape[1], margin=margin, gradient_reduction="sum")
+    head = head.to(weight.dtype)
     head.weight.data.copy_(weight[head.class_start : head.class_stop])
     rows = rows or local_rows(world_size, rank, embeddings.shape[0])
     x = embeddings[rows].clone().requires_grad_()

@@ -42,7 +42,8 @@ def sharded_worker(rank, world_size):
     weight, embeddings, labels = make_problem()
     results = {}
     for margin in MARGINS:
-        head = ShardedMarginHead(CLASSES, DIM, margin=margin, sub_centers=CENTRES).double()
+        head = ShardedMarginHead(CLASSES, DIM, margin=margin, sub_centers=CENTRES, gradient_reduction="sum")
+        head = head.double()
         head.weight.data.copy_(weight[head.class_start * CENTRES : head.class_stop * CENTRES])
         rows = local_rows(world_size, rank, BATCH)
         x = embeddings[rows].clone().requires_grad_()

@@ -37,7 +37,10 @@ OPTIMIZERS = {
 
 
 def tiled_step(rank, world_size, margin, tile, weight, embeddings, labels):
-    head = ShardedMarginHead(weight.shape[0], weight.shape[1], margin=margin, tile_classes=tile).double()
+    head = ShardedMarginHead(
+        weight.shape[0], weight.shape[1], margin=margin, tile_classes=tile, gradient_reduction="sum"
+    )
+    head = head.double()
     head.weight.data.copy_(weight[head.class_start : head.class_stop])
     rows = local_rows(world_size, rank, embeddings.shape[0])
     x = embeddings[rows].clone().requires_grad_()
@@ -90,7 +93,10 @@ def training_batches(steps, batch=10, num_classes=NUM_CLASSES):
 def fused_worker(rank, world_size, name, tile):
     fused_class, _, settings = OPTIMIZERS[name]
     weight, _, _ = make_problem("spread", torch.float64)
-    head = ShardedMarginHead(NUM_CLASSES, EMBEDDING, margin="arcface", tile_classes=tile).double()
+    head = ShardedMarginHead(
+        NUM_CLASSES, EMBEDDING, margin="arcface", tile_classes=tile, gradient_reduction="sum"
+    )
+    head = head.double()
     head.weight.data.copy_(weight[head.class_start : head.class_stop])
     head.fuse_optimizer(fused_class(head.class_count, EMBEDDING, **settings).double())
     grads = []

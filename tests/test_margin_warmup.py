@@ -43,7 +43,7 @@ def warming_problem():
 
 def sharded_warming_step(rank, world_size, name):
     weight, embeddings, labels = warming_problem()
-    head = ShardedMarginHead(11, 6, margin=name, scale=30.0).double()
+    head = ShardedMarginHead(11, 6, margin=name, scale=30.0, gradient_reduction="sum").double()
     head.weight.data.copy_(weight[head.class_start : head.class_stop])
     head.margin = margin_at_step(head.margin, 40, 100)  # what the trainer does before each step
     rows = slice(rank * 4, rank * 4 + 4) if world_size == 2 else slice(None)

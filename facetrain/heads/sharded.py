@@ -19,6 +19,9 @@ from facetrain.heads.tile_kernel import tile_ops
 from facetrain.heads.tiled_softmax import TiledMarginSoftmax
 from facetrain.parallel import comm
 
+# How the caller combines the backbone's gradients over the head's ranks (see the class docstring).
+GRADIENT_REDUCTIONS = ("mean", "sum")
+
 
 class ShardedMarginHead(MarginHead):
     """ArcFace / CosFace / SphereFace / combined / plain normalised softmax over sharded classes.
@@ -27,10 +30,17 @@ class ShardedMarginHead(MarginHead):
     that fraction of its classes per step (Partial FC), always including every class that is a target in
     the global batch.
 
+    The loss is the mean over the global batch, the same on every rank. `gradient_reduction` says how
+    the backbone's gradients are combined over the ranks: "mean" (the default) for
+    `DistributedDataParallel` and FSDP's `fully_shard` as they come, which average; "sum" for a
+    wrapper that adds the ranks' gradients. Either way the backbone ends up with exactly the
+    single-process gradient of the global batch.
+
     The first step checks every rank's inputs (shapes, widths, label range) together, so a bad input
-    fails on all ranks at once instead of hanging one of them, and learns how many rows each rank
-    passes. Later steps skip the check and its host synchronisation, and expect the same row counts;
-    `check_every_step=True` re-checks (and allows row counts that change from step to step).
+    fails on all ranks at once instead of hanging one of them, and learns the largest row count of any
+    rank. Later steps skip the check and its host synchronisation: a rank may pass fewer rows (a last
+    batch, uneven data), never more; `check_every_step=True` re-checks every step and lets row counts
+    grow as well.
 
     Two modes compute the same loss and gradients (docs/head.md): untiled (`tile_classes=None`, the
     fastest: one B x C/N logit buffer) and tiled (at most B x `tile_classes` logits at a time). A tiled
@@ -57,6 +67,7 @@ class ShardedMarginHead(MarginHead):
         dtype: torch.dtype = torch.float32,
         sub_centers: int = 1,
         compile_tiles: bool = False,
+        gradient_reduction: str = "mean",
         **margin_params: float,
     ):
         if not 0.0 < sample_rate <= 1.0:
@@ -85,7 +96,16 @@ class ShardedMarginHead(MarginHead):
         self.check_every_step = check_every_step
         self.tile_classes = tile_classes
         self.tile_ops = tile_ops(compile_tiles)
-        self._row_counts: list[int] | None = None
+        if gradient_reduction not in GRADIENT_REDUCTIONS:
+            raise FacetrainError(
+                f"head gradient_reduction must be one of {', '.join(GRADIENT_REDUCTIONS)}, got "
+                f"{gradient_reduction!r}"
+            )
+        self.gradient_reduction = gradient_reduction
+        # "mean": each rank's embeddings get N x their share of the gradient, so that DDP's or FSDP's
+        # average over the N ranks is the single-process gradient; "sum": the share itself.
+        self._embedding_grad_scale = float(world_size) if gradient_reduction == "mean" else 1.0
+        self._capacity: int | None = None
 
     def fuse_optimizer(self, optimizer: FusedOptimizer) -> None:
         """Let `optimizer` update the weight tile by tile inside the backward; the weight gets no .grad."""
@@ -142,17 +162,22 @@ class ShardedMarginHead(MarginHead):
         )
 
     def forward(self, embeddings: torch.Tensor, labels: torch.Tensor) -> HeadOutput:
-        if self._row_counts is None or self.check_every_step:
-            self._row_counts = self._check_inputs(embeddings, labels)
-        elif embeddings.shape[0] != self._row_counts[self.rank]:
+        if self._capacity is None or self.check_every_step:
+            self._capacity = max(self._check_inputs(embeddings, labels))
+        elif embeddings.shape[0] > self._capacity:
             raise FacetrainError(
-                f"rank {self.rank}: the head was first given {self._row_counts[self.rank]} rows, now "
-                f"{embeddings.shape[0]}; build it with check_every_step=True for batches that change size"
+                f"rank {self.rank}: {embeddings.shape[0]} rows, more than any rank's {self._capacity} at the "
+                "first step; batches may shrink without notice, but to let them grow build the head with "
+                "check_every_step=True"
             )
-        counts = self._row_counts
         labels = labels.to(device=embeddings.device, dtype=torch.int64)
-        global_labels = comm.all_gather_rows(labels, counts, self.group)
-        global_embeddings = comm.all_gather_rows(embeddings, counts, self.group)
+        # Each rank's rows padded to the capacity: padding rows have label -1 and no weight in the loss,
+        # so no step needs the other ranks' row counts (no host synchronisation).
+        global_labels = comm.all_gather_padded(labels, self._capacity, self.group, pad_value=-1)
+        global_embeddings = comm.all_gather_padded(
+            embeddings, self._capacity, self.group, grad_scale=self._embedding_grad_scale
+        )
+        valid = global_labels >= 0
         owned = (global_labels >= self.class_start) & (global_labels < self.class_stop)
         local_labels = torch.where(owned, global_labels - self.class_start, -1)
         kept, target_column = None, local_labels
@@ -161,15 +186,15 @@ class ShardedMarginHead(MarginHead):
         if self.tile_classes is None:
             weight = self.weight if kept is None else self.per_class(self.weight)[kept]
             loss, hits = ShardedMarginSoftmax.apply(
-                global_embeddings, weight.view(-1, self.embedding_size), target_column, self.margin,
+                global_embeddings, weight.view(-1, self.embedding_size), target_column, valid, self.margin,
                 self.scale, self.group, self.sub_centers,
             )  # fmt: skip
         else:
             loss, hits = TiledMarginSoftmax.apply(
-                global_embeddings, self.weight, kept, target_column, self.margin, self.scale, self.group,
-                self.tile_classes, self.fused_optimizer, self.tile_ops,
+                global_embeddings, self.weight, kept, target_column, valid, self.margin, self.scale,
+                self.group, self.tile_classes, self.fused_optimizer, self.tile_ops,
             )  # fmt: skip
-        return HeadOutput(loss, hits / sum(counts))
+        return HeadOutput(loss, hits / valid.sum())
 
     def _check_inputs(self, embeddings: torch.Tensor, labels: torch.Tensor) -> list[int]:
         """Every rank's row count, after every rank has checked every rank's inputs (all fail together)."""

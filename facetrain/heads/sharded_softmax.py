@@ -60,6 +60,21 @@ def _wide_mm(
     return torch.mm(a.to(compute_dtype), b.to(compute_dtype)).to(out_dtype)
 
 
+def mean_over_valid_rows(
+    row_loss: torch.Tensor, valid: torch.Tensor, sum_exp: torch.Tensor
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """The loss, the mean of `row_loss` over the valid rows (padding rows of a short batch are not),
+    and what the backward needs: [sum_exp, n_valid x sum_exp on valid rows and inf on padding, so
+    that grad / it is the row factor, 0 on padding].
+
+    With every row valid the loss is bit for bit `row_loss.mean()` and the factor grad / (B sum_exp).
+    """
+    n_valid = valid.sum().to(row_loss.dtype)
+    loss = torch.where(valid, row_loss, 0.0).sum() / n_valid
+    denominator = torch.where(valid, n_valid * sum_exp, float("inf"))
+    return loss, torch.stack([sum_exp, denominator])
+
+
 def _compute_dtype(device: torch.device, dtype: torch.dtype) -> torch.dtype:
     """The dtype of the GEMMs: autocast's when it is on, else the embeddings'."""
     if torch.is_autocast_enabled(device.type):
@@ -77,7 +92,9 @@ class ShardedMarginSoftmax(torch.autograd.Function):
     """
 
     @staticmethod
-    def forward(ctx, embeddings, weight, target_column, margin: Margin, scale: float, group, sub_centers=1):
+    def forward(
+        ctx, embeddings, weight, target_column, valid, margin: Margin, scale: float, group, sub_centers=1
+    ):
         compute_dtype = _compute_dtype(embeddings.device, embeddings.dtype)
         # statistics in fp32 (fp64 only when the caller works in fp64, as exactness tests do)
         stat_dtype = torch.float64 if embeddings.dtype == torch.float64 else torch.float32
@@ -125,10 +142,10 @@ class ShardedMarginSoftmax(torch.autograd.Function):
             comm.all_reduce_(stats, "sum", group)
             sum_exp, target_logit, hits = stats
 
-            loss = (sum_exp.log() + row_max - target_logit).mean()
+            loss, row_stats = mean_over_valid_rows(sum_exp.log() + row_max - target_logit, valid, sum_exp)
 
         ctx.save_for_backward(
-            exps, sum_exp, x_unit, x_norm, w, w_inv_norm, has_target, columns, margin_slope, nearest_centre
+            exps, row_stats, x_unit, x_norm, w, w_inv_norm, has_target, columns, margin_slope, nearest_centre
         )
         ctx.scale, ctx.group, ctx.compute_dtype = scale, group, compute_dtype
         ctx.embedding_dtype, ctx.weight_dtype = embeddings.dtype, weight.dtype
@@ -139,7 +156,7 @@ class ShardedMarginSoftmax(torch.autograd.Function):
     @staticmethod
     @torch.autograd.function.once_differentiable
     def backward(ctx, grad_loss, _grad_hits):
-        exps, sum_exp, x_unit, x_norm, w, w_inv_norm, has_target, columns, margin_slope, nearest_centre = (
+        exps, row_stats, x_unit, x_norm, w, w_inv_norm, has_target, columns, margin_slope, nearest_centre = (
             ctx.saved_tensors
         )
         scale, compute_dtype = ctx.scale, ctx.compute_dtype
@@ -148,7 +165,8 @@ class ShardedMarginSoftmax(torch.autograd.Function):
             # d loss / d logit = (softmax - onehot) * grad / B. The row factor grad / (B * sum_exp)
             # is applied to the (B x D) GEMM operands below instead of the (B x c) buffer, so the
             # targets are corrected in unscaled units: softmax - 1 = (exp - sum_exp) / sum_exp.
-            row_factor = grad_loss.to(sum_exp.dtype) / (batch * sum_exp)
+            sum_exp, denominator = row_stats.unbind(0)
+            row_factor = grad_loss.to(denominator.dtype) / denominator
             at_target = exps.gather(1, columns).squeeze(1)
             corrected = torch.where(has_target, (at_target - sum_exp) * margin_slope, at_target)
             exps.scatter_(1, columns, corrected[:, None])
@@ -166,4 +184,4 @@ class ShardedMarginSoftmax(torch.autograd.Function):
             grad_w.addcmul_(w, along[:, None], value=-1.0)
 
             grad_x = through_normalization(grad_x_unit, x_unit, x_norm)
-        return grad_x.to(ctx.embedding_dtype), grad_w.to(ctx.weight_dtype), None, None, None, None, None
+        return grad_x.to(ctx.embedding_dtype), grad_w.to(ctx.weight_dtype), None, None, None, None, None, None

@@ -20,7 +20,7 @@ from facetrain.heads.class_rows import class_tiles
 from facetrain.heads.fused_optim import FusedOptimizer
 from facetrain.heads.logit_gemm import LogitGemm
 from facetrain.heads.margins import Margin
-from facetrain.heads.sharded_softmax import _EPS, _compute_dtype, through_normalization
+from facetrain.heads.sharded_softmax import _EPS, _compute_dtype, mean_over_valid_rows, through_normalization
 from facetrain.heads.tile_kernel import EAGER_TILE_OPS, TileOps
 from facetrain.parallel import comm
 
@@ -90,6 +90,7 @@ class TiledMarginSoftmax(torch.autograd.Function):
         weight: torch.Tensor,
         index: torch.Tensor | None,
         target_column: torch.Tensor,
+        valid: torch.Tensor,
         margin: Margin,
         scale: float,
         group,
@@ -148,11 +149,11 @@ class TiledMarginSoftmax(torch.autograd.Function):
             )
             comm.all_reduce_(stats, "sum", group)
             sum_exp, target_logit, hits = stats
-            loss = (sum_exp.log() + global_max - target_logit).mean()
+            loss, row_stats = mean_over_valid_rows(sum_exp.log() + global_max - target_logit, valid, sum_exp)
 
         ctx.save_for_backward(
             x_unit, x_norm, weight, index, inv_norms, target_column, target_logit_local,
-            margin_slope, sum_exp, global_max,
+            margin_slope, row_stats, global_max,
         )  # fmt: skip
         ctx.scale, ctx.tile_classes, ctx.optimizer, ctx.tile_ops = scale, tile_classes, optimizer, tile_ops
         ctx.compute_dtype, ctx.embedding_dtype = compute_dtype, embeddings.dtype
@@ -165,7 +166,7 @@ class TiledMarginSoftmax(torch.autograd.Function):
     def backward(ctx, grad_loss, _grad_hits):
         (
             x_unit, x_norm, weight, index, inv_norms, target_column, target_logit_local,
-            margin_slope, sum_exp, global_max,
+            margin_slope, row_stats, global_max,
         ) = ctx.saved_tensors  # fmt: skip
         scale, optimizer = ctx.scale, ctx.optimizer
         wants_x, wants_weight = ctx.needs_input_grad[0], ctx.needs_input_grad[1]
@@ -176,7 +177,8 @@ class TiledMarginSoftmax(torch.autograd.Function):
             x_logit_op = x_unit.to(gemm.operand_dtype)
             # d loss / d logit = (softmax - onehot) grad / B; the row factor grad / (B sum_exp) goes
             # into the B x D operands, so targets are corrected in unscaled units: (exp - sum_exp)
-            row_factor = grad_loss.to(stat_dtype) / (batch * sum_exp)
+            sum_exp, denominator = row_stats.unbind(0)
+            row_factor = grad_loss.to(stat_dtype) / denominator
             at_target = (target_logit_local - global_max).exp()
             corrected_target = (at_target - sum_exp) * margin_slope
             scaled_x = (x_unit * row_factor[:, None]).to(ctx.compute_dtype)
@@ -219,4 +221,4 @@ class TiledMarginSoftmax(torch.autograd.Function):
             if wants_x:
                 grad_x_unit.mul_(row_factor[:, None])
                 grad_x = through_normalization(grad_x_unit, x_unit, x_norm).to(ctx.embedding_dtype)
-        return grad_x, grad_weight, None, None, None, None, None, None, None, None
+        return grad_x, grad_weight, None, None, None, None, None, None, None, None, None

@@ -91,10 +91,10 @@ def all_gather_rows(
     return _AllGatherRows.apply(tensor, counts, group)
 
 
-def _pad_rows(tensor: torch.Tensor, rows: int) -> torch.Tensor:
+def _pad_rows(tensor: torch.Tensor, rows: int, pad_value: float = 0) -> torch.Tensor:
     if tensor.shape[0] == rows:
         return tensor.contiguous()
-    padded = tensor.new_zeros((rows, *tensor.shape[1:]))
+    padded = tensor.new_full((rows, *tensor.shape[1:]), pad_value)
     padded[: tensor.shape[0]] = tensor
     return padded
 
@@ -114,18 +114,69 @@ class _AllGatherRows(torch.autograd.Function):
 
     @staticmethod
     def backward(ctx, grad: torch.Tensor):
-        counts, group = ctx.counts, ctx.group
-        rows, me = max(counts), rank(group)
-        pieces = torch.split(grad.contiguous(), counts)
-        stacked = torch.cat([_pad_rows(p, rows) for p in pieces])
-        if dist.get_backend(group) == "nccl":
-            mine = stacked.new_empty((rows, *stacked.shape[1:]))
-            with naming("reduce_scatter"):
-                getattr(dist, REDUCE_SCATTER)(mine, stacked, group=group)
-        else:  # gloo has no reduce-scatter: all-reduce, then keep this rank's rows
-            all_reduce_(stacked, "sum", group)
-            mine = stacked[me * rows : (me + 1) * rows]
-        return mine[: counts[me]], None, None
+        counts, rows = ctx.counts, max(ctx.counts)
+        stacked = torch.cat([_pad_rows(p, rows) for p in torch.split(grad.contiguous(), counts)])
+        return _reduce_scatter_rows(stacked, rows, ctx.group)[: counts[rank(ctx.group)]], None, None
+
+
+def all_gather_padded(
+    tensor: torch.Tensor,
+    capacity: int,
+    group: ProcessGroup | None = None,
+    pad_value: float = 0,
+    grad_scale: float = 1.0,
+) -> torch.Tensor:
+    """Every rank's rows, each rank's padded with `pad_value` to `capacity` rows: (N x capacity, ...).
+
+    The shape depends only on `capacity`, which every rank knows, so ranks whose row counts change from
+    step to step need no exchange of counts: padding rows are told apart by their value (labels padded
+    with -1). The backward sums the gradient over ranks, hands each rank the gradient of its own rows
+    (a reduce-scatter) and multiplies it by `grad_scale`.
+    """
+    if tensor.shape[0] > capacity:
+        raise ValueError(f"{tensor.shape[0]} rows do not fit a capacity of {capacity}")
+    if not is_active(group):
+        padded = _pad_rows(tensor, capacity, pad_value)
+        return padded if grad_scale == 1.0 else _ScaleGradient.apply(padded, grad_scale)
+    return _AllGatherPadded.apply(tensor, capacity, group, pad_value, grad_scale)
+
+
+class _ScaleGradient(torch.autograd.Function):
+    @staticmethod
+    def forward(ctx, tensor: torch.Tensor, factor: float):
+        ctx.factor = factor
+        return tensor.view_as(tensor)
+
+    @staticmethod
+    def backward(ctx, grad: torch.Tensor):
+        return grad * ctx.factor, None
+
+
+class _AllGatherPadded(torch.autograd.Function):
+    @staticmethod
+    def forward(ctx, tensor: torch.Tensor, capacity: int, group, pad_value: float, grad_scale: float):
+        ctx.rows, ctx.capacity, ctx.group, ctx.grad_scale = tensor.shape[0], capacity, group, grad_scale
+        return all_gather_equal(_pad_rows(tensor, capacity, pad_value), group)
+
+    @staticmethod
+    def backward(ctx, grad: torch.Tensor):
+        mine = _reduce_scatter_rows(grad.contiguous(), ctx.capacity, ctx.group)[: ctx.rows]
+        if ctx.grad_scale != 1.0:
+            mine = mine * ctx.grad_scale
+        return mine, None, None, None, None
+
+
+def _reduce_scatter_rows(stacked: torch.Tensor, rows: int, group) -> torch.Tensor:
+    """The sum over ranks of `stacked` (N x rows, ...), this rank's block of `rows` rows."""
+    if dist.get_backend(group) == "nccl":
+        mine = stacked.new_empty((rows, *stacked.shape[1:]))
+        with naming("reduce_scatter"):
+            getattr(dist, REDUCE_SCATTER)(mine, stacked, group=group)
+        return mine
+    # gloo has no reduce-scatter: all-reduce, then keep this rank's rows
+    all_reduce_(stacked, "sum", group)
+    me = rank(group)
+    return stacked[me * rows : (me + 1) * rows]
 
 
 def barrier(group: ProcessGroup | None = None) -> None:

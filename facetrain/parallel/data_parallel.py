@@ -1,9 +1,9 @@
-"""DDP for the backbone (or one pipeline stage of it), with gradients summed or averaged over replicas.
+"""DDP for the backbone (or one pipeline stage of it), with gradients averaged or summed over replicas.
 
-The sharded head's loss is the mean over the *global* batch and is identical on every rank, so the
-gradient a rank's backbone receives is already its share of the full gradient: the shares must be
-added ("sum"). DDP's default averaging ("mean") is right only when each rank's loss is the mean over
-its own batch, as with a replicated classifier.
+The sharded head follows DDP's convention (`ShardedMarginHead(gradient_reduction="mean")`, its
+default): each rank's embeddings receive N times their share of the gradient of the global-batch loss,
+so DDP's plain average is the single-process gradient. "sum" (a communication hook that adds the
+replicas' gradients) pairs with a head built with gradient_reduction="sum".
 """
 
 from __future__ import annotations
@@ -34,7 +34,7 @@ def wrap_data_parallel(
     module: nn.Module,
     device: torch.device,
     group=None,
-    gradient_reduction: str = "sum",
+    gradient_reduction: str = "mean",
     broadcast_buffers: bool = True,
 ) -> nn.Module:
     """DDP-wrap `module` over `group` when it has more than one rank; else return it as is.

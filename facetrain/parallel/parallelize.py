@@ -32,7 +32,7 @@ def parallelize_backbone(
     dims: ParallelDims,
     cfg: ParallelConfig,
     batch_shape: Sequence[int],
-    gradient_reduction: str = "sum",
+    gradient_reduction: str = "mean",
     broadcast_buffers: bool = True,
 ) -> ParallelBackbone:
     """Spread `backbone` over the ranks as `dims` lays them out; `batch_shape` is one rank's batch.

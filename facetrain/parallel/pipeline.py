@@ -91,12 +91,12 @@ class PipelineRuntime:
         cfg: ParallelConfig,
         dims: ParallelDims,
         batch_shape: Sequence[int],
-        gradient_reduction: str = "sum",
+        gradient_reduction: str = "mean",
         broadcast_buffers: bool = True,
     ):
-        """`gradient_reduction` combines the replicas' stage gradients (see `wrap_data_parallel`): "sum"
-        when the loss is already the mean over all replicas' batches, as the sharded head's is.
-        `broadcast_buffers` is DDP's, as there."""
+        """`gradient_reduction` combines the replicas' stage gradients (see `wrap_data_parallel`): "mean"
+        with a head of the same convention (the sharded head's default). `broadcast_buffers` is DDP's,
+        as there."""
         if not dims.pp_enabled:
             raise FacetrainError("a pipeline needs parallel.pipeline_stages >= 2 and a process group")
         self.dims = dims
