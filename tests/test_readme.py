@@ -78,3 +78,4 @@ def test_the_readme_laptop_commands_run_exactly_as_printed(tmp_path):
     for step in (100, 200, 300):
         assert f"step {step}: verification " in console
     assert "warning" not in console.lower()  # no DataLoader-worker or pin_memory warnings on a CPU
+    assert "\r" not in console  # progress in a log is plain lines, not redrawn bars
