@@ -11,7 +11,7 @@ import yaml
 from click.testing import CliRunner
 
 from facetrain.cli import main
-from facetrain.config import Config, load_config, validate
+from facetrain.config import Config, apply_override, load_config, validate
 from facetrain.config.checks import Registered, RegisteredSuffix, field_checks
 from facetrain.errors import FacetrainError
 
@@ -161,18 +161,46 @@ def one_error_line(result) -> str:
     return lines[0]
 
 
+def written_into(config: Path, overrides: list[str]) -> Path:
+    """`config` with the overrides written into the file itself."""
+    raw = yaml.safe_load(config.read_text())
+    for override in overrides:
+        apply_override(raw, override)
+    config.write_text(yaml.safe_dump(raw))
+    return config
+
+
+@pytest.mark.parametrize("given", ["file", "--set"])
 @pytest.mark.parametrize("overrides, key, shown", BAD_VALUES, ids=lambda v: str(v))
-def test_each_bad_value_is_one_line_naming_file_key_and_value(base_config, overrides, key, shown):
-    args = [arg for override in overrides for arg in ("--set", override)]
-    line = one_error_line(run_config("-c", str(base_config), *args))
-    assert line.startswith(f"error: config {base_config}: {key} = {shown}: "), line
+def test_each_bad_value_is_one_line_naming_where_it_was_given_key_and_value(
+    base_config, overrides, key, shown, given
+):
+    """A value from the YAML names the file; one from --set names --set, where the user typed it."""
+    if given == "file":
+        line = one_error_line(run_config("-c", str(written_into(base_config, overrides))))
+        assert line.startswith(f"error: config {base_config}: {key} = {shown}: "), line
+    else:
+        args = [arg for override in overrides for arg in ("--set", override)]
+        line = one_error_line(run_config("-c", str(base_config), *args))
+        assert line.startswith(f"error: --set: {key} = {shown}: "), line
     assert "Traceback" not in line
 
 
 @pytest.mark.parametrize("key", BAD_TYPES)
 def test_a_wrong_type_is_one_line(base_config, key):
     line = one_error_line(run_config("-c", str(base_config), "--set", f"{key}=maybe"))
+    assert line == f"error: --set: {key} must be true or false, got 'maybe'"
+    line = one_error_line(run_config("-c", str(written_into(base_config, [f"{key}=maybe"]))))
     assert line == f"error: config {base_config}: {key} must be true or false, got 'maybe'"
+
+
+def test_a_value_set_under_a_section_or_in_a_list_names_set(base_config):
+    line = one_error_line(run_config("-c", str(base_config), "--set", "train={steps: many}"))
+    assert line == "error: --set: train.steps must be an integer, got 'many'"
+    line = one_error_line(run_config("-c", str(base_config), "--set", "data.image_size=[112, x]"))
+    assert line == "error: --set: data.image_size[1] must be an integer, got 'x'"
+    line = one_error_line(run_config("-c", str(base_config), "--set", "train.bogus=1"))
+    assert line.startswith("error: --set: unknown key train.bogus; valid keys here: ")
 
 
 def test_every_field_declares_its_checks():
@@ -231,11 +259,82 @@ def test_bad_values_cover_every_checked_field():
     assert sorted(set(every) - named) == []
 
 
-@pytest.mark.parametrize("path", sorted((REPO / "configs").glob("*.yaml")), ids=lambda p: p.name)
-def test_shipped_configs_validate(path):
-    result = run_config("-c", str(path))
+SHIPPED = sorted((REPO / "configs").glob("*.yaml"))
+
+
+def stand_ins(config: Path, tmp: Path) -> dict[str, Path]:
+    """A stand-in of the right kind (file or folder) in `tmp` for each path the config reads."""
+    cfg = load_config(config)
+    files = {"eval.pairs": cfg.eval.pairs}
+    folders = {"eval.images": cfg.eval.images, "model.init": cfg.model.init}
+    if cfg.data.source != "synthetic":
+        (files if cfg.data.source in ("list", "recordio") else folders)["data.path"] = cfg.data.path
+    made = {}
+    for key, named in [*files.items(), *folders.items()]:
+        if named is None:
+            continue
+        made[key] = tmp / key / Path(named).name
+        made[key].parent.mkdir(parents=True)
+        made[key].write_text("") if key in files else made[key].mkdir()
+    return made
+
+
+@pytest.mark.parametrize("path", SHIPPED, ids=lambda p: p.name)
+def test_shipped_configs_validate_once_their_paths_exist(path, tmp_path):
+    overrides = [f"{key}={made}" for key, made in stand_ins(path, tmp_path).items()]
+    result = run_config("-c", str(path), *[arg for override in overrides for arg in ("--set", override)])
     assert result.exit_code == 0, result.output
     assert yaml.safe_load(result.output)["train"]["output_dir"]
+
+
+@pytest.mark.parametrize("path", SHIPPED, ids=lambda p: p.name)
+def test_each_path_a_shipped_config_reads_is_checked_and_named(path, tmp_path):
+    """Each missing path is one line naming its key, before anything runs; the run's own output folder
+    and the synthetic set a run generates are not looked for."""
+    made = stand_ins(path, tmp_path)
+    for missing in made:
+        overrides = [f"{key}={stand_in}" for key, stand_in in made.items() if key != missing]
+        overrides.append(f"{missing}={tmp_path / 'absent' / made[missing].name}")
+        args = [arg for override in overrides for arg in ("--set", override)]
+        line = one_error_line(run_config("-c", str(path), *args))
+        assert line.startswith(f"error: --set: {missing} = '{tmp_path / 'absent'}"), line
+        assert "does not exist" in line
+
+
+@pytest.mark.parametrize("path", SHIPPED, ids=lambda p: p.name)
+def test_shipped_configs_name_only_paths_a_user_provides(path):
+    """No path of this repository's development setup (../shared), which a user's clone lacks."""
+    assert "../" not in path.read_text()
+
+
+def test_a_missing_path_in_the_file_names_the_file_and_what_to_set(tmp_path):
+    config = tmp_path / "lfw.yaml"
+    config.write_text(yaml.safe_dump({"eval": {"pairs": "/data/lfw/pairs.txt"}}))
+    line = one_error_line(run_config("-c", str(config)))
+    assert line == (
+        f"error: config {config}: eval.pairs = '/data/lfw/pairs.txt': does not exist; set eval.pairs=null "
+        "or give the file"
+    )
+    folder = tmp_path / "faces"
+    folder.write_text("not a folder")
+    line = one_error_line(
+        run_config("-c", str(config), "--set", f"data.path={folder}", "--set", "data.source=folder")
+    )
+    assert line == (
+        f"error: --set: data.path = '{folder}': is not a folder; data.source 'folder' reads a folder of "
+        "root/<identity>/<image>"
+    )
+
+
+def test_pairs_inside_the_synthetic_set_a_run_generates_are_not_looked_for(tmp_path):
+    overrides = [
+        f"data.path={tmp_path / 'synth'}",
+        f"eval.pairs={tmp_path / 'synth' / 'heldout' / 'pairs.txt'}",
+    ]
+    validate(load_config(overrides=overrides))
+    (tmp_path / "synth" / "train").mkdir(parents=True)  # the set exists, without its pairs
+    with pytest.raises(FacetrainError, match=r"^--set: eval.pairs = .*: does not exist"):
+        validate(load_config(overrides=overrides), given={"eval.pairs": "--set"})
 
 
 def test_world_size_rule_runs_when_the_world_size_is_known(base_config):
@@ -243,8 +342,7 @@ def test_world_size_rule_runs_when_the_world_size_is_known(base_config):
     assert run_config(*args, "--set", "train.batch_size=12").exit_code == 0
     line = one_error_line(run_config(*args, "--set", "train.batch_size=12", "--world-size", "4"))
     assert line == (
-        f"error: config {base_config}: parallel.pipeline_stages = 3: must divide the world size 4 "
-        "(world = stages x replicas)"
+        "error: --set: parallel.pipeline_stages = 3: must divide the world size 4 (world = stages x replicas)"
     )
     assert run_config(*args, "--set", "train.batch_size=12", "--world-size", "6").exit_code == 0
 
@@ -264,7 +362,7 @@ def test_an_output_dir_that_is_a_file_or_under_one_is_refused(base_config, tmp_p
     blocker = tmp_path / "notes.txt"
     blocker.write_text("mine")
     line = one_error_line(run_config("-c", str(base_config), "--set", f"train.output_dir={blocker}"))
-    assert line == f"error: config {base_config}: train.output_dir = '{blocker}': is a file; choose a folder"
+    assert line == f"error: --set: train.output_dir = '{blocker}': is a file; choose a folder"
     line = one_error_line(run_config("-c", str(base_config), "--set", f"train.output_dir={blocker}/run"))
     assert f"lies under {blocker}, which is a file" in line
     assert blocker.read_text() == "mine"
@@ -278,8 +376,11 @@ def test_home_is_expanded_in_every_path_and_saved_expanded(base_config, tmp_path
         "eval.pairs": "~/lfw/pairs.txt",
         "eval.images": "~/lfw/images",
     }
+    (tmp_path / "home" / "faces").mkdir(parents=True)
+    (tmp_path / "home" / "lfw" / "images").mkdir(parents=True)
+    (tmp_path / "home" / "lfw" / "pairs.txt").write_text("1\t1\n")
     args = [arg for key, value in paths.items() for arg in ("--set", f"{key}={value}")]
-    result = run_config("-c", str(base_config), *args)
+    result = run_config("-c", str(base_config), "--set", "data.source=folder", *args)
     assert result.exit_code == 0, result.output
     printed = yaml.safe_load(result.output)
     for key, value in paths.items():

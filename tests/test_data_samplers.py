@@ -10,7 +10,7 @@ import pytest
 from facetrain.config import DataConfig
 from facetrain.data import build_train_dataset, build_train_loader
 from facetrain.data.samplers import IdentitySampler, ResumableDistributedSampler
-from facetrain.errors import FacetrainError
+from facetrain.errors import EveryRankError, FacetrainError
 from tests.distributed import run_distributed
 from tests.test_data_sources import random_rgb, write_image
 
@@ -131,6 +131,21 @@ def test_identity_sampler_errors_are_one_line():
         IdentitySampler(labels, 5, 2, 0, 1)
     with pytest.raises(FacetrainError, match="needs 4 identities per global batch"):
         IdentitySampler(labels, 4, 2, 0, 2)
+
+
+def test_a_set_with_no_full_batch_per_rank_names_the_numbers_and_what_to_set():
+    cfg = DataConfig(num_workers=0)
+    dataset = list(range(100))  # the distributed sampler needs only the length
+    with pytest.raises(EveryRankError) as caught:
+        build_train_loader(dataset, cfg, batch_size=64, rank=0, world_size=2, seed=0)
+    assert str(caught.value) == (
+        "the training set gives no full batch per rank: 100 images over 2 ranks is 50 a rank, fewer than "
+        "train.batch_size 64; set train.batch_size=50 or less, or train on at most 1 rank, or add images"
+    )
+    with pytest.raises(EveryRankError, match=r"is 0 a rank, fewer than train.batch_size 64; add images$"):
+        build_train_loader(dataset[:1], cfg, batch_size=64, rank=0, world_size=2, seed=0)
+    loader, _ = build_train_loader(dataset, cfg, batch_size=50, rank=1, world_size=2, seed=0)
+    assert len(loader) == 1
 
 
 def _loader_labels(rank: int, world_size: int, root: str, consumed: int) -> list[list[int]]:

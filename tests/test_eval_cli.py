@@ -149,18 +149,24 @@ def test_eval_folder_makes_balanced_pairs_and_keeps_them(model_dir: Path, tmp_pa
     assert "over 4 folds (stratified)" in output and "baseline" in output and "50.00%" in output
     assert sorted(path.name for path in (tmp_path / "r").iterdir()) == [
         "heldout.json",
+        "heldout.pairs.csv",
         "heldout_folds.csv",
-        "heldout_pairs.csv",
         "heldout_roc.png",
     ]
     figures = json.loads((tmp_path / "r" / "heldout.json").read_text())
-    kept = load_pairs(tmp_path / "r" / "heldout_pairs.csv")
+    kept = load_pairs(tmp_path / "r" / "heldout.pairs.csv")
     assert kept.num_pairs == 72 and kept.num_matched == 36 and len(set(kept.folds.tolist())) == 4
     loaded = load_model(model_dir)
     expected = verify(kept, loaded.module, loaded.image_size, progress=False)
     assert figures["accuracy"] == pytest.approx(expected.accuracy)
     assert figures["threshold"] == pytest.approx(expected.metrics.operating_point.threshold)
     assert figures["baseline_accuracy"] == 0.5 and figures["folds_source"] == "stratified"
+    code, output = run(
+        model_dir, "--pairs", tmp_path / "r" / "heldout.pairs.csv", "--out", tmp_path / "r", "--quiet"
+    )
+    assert code == 0, output  # scoring the kept pairs again replaces the folder's report, no near-twin
+    assert len(list((tmp_path / "r").iterdir())) == 4
+    assert json.loads((tmp_path / "r" / "heldout.json").read_text())["accuracy"] == figures["accuracy"]
 
 
 @pytest.mark.parametrize(

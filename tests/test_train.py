@@ -82,6 +82,28 @@ def test_user_errors_are_one_line(tmp_path, args, message):
     assert len(lines) == 1 and lines[0].startswith("error: ") and message in lines[0]
 
 
+def test_a_missing_pairs_file_stops_train_before_any_rank_starts(tmp_path):
+    """Named by its key, before torch is imported or the data scanned: no run directory appears."""
+    config = tiny_config(tmp_path, "run", eval={"pairs": "/data/lfw/pairs.txt"})
+    result = run_cli("train", "-c", str(config), "--nproc", "2")
+    assert result.returncode == 2
+    assert result.stderr.strip().splitlines() == [
+        f"error: config {config}: eval.pairs = '/data/lfw/pairs.txt': does not exist; set eval.pairs=null "
+        "or give the file"
+    ]
+    assert not (tmp_path / "run").exists() and not (tmp_path / "synth").exists()
+
+
+def test_a_set_too_small_for_a_batch_per_rank_gives_the_numbers(tmp_path):
+    config = tiny_config(tmp_path, "run", train={"batch_size": 64})
+    result = run_cli("train", "-c", str(config), "--nproc", "2")
+    assert result.returncode == 2
+    assert result.stderr.strip().splitlines()[-1] == (
+        "error: the training set gives no full batch per rank: 96 images over 2 ranks is 48 a rank, fewer "
+        "than train.batch_size 64; set train.batch_size=48 or less, or train on at most 1 rank, or add images"
+    )
+
+
 def test_more_ranks_than_classes_is_one_line(tmp_path):
     from facetrain.config import SynthConfig
     from facetrain.data.synthetic import generate_synthetic

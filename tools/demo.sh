@@ -4,7 +4,8 @@
 # Generates the dataset (once), trains a small backbone with the class-sharded margin head over two
 # ranks, evaluates it on held-out identities (a table and a ROC plot), exports it (safetensors,
 # TorchScript and ONNX checked against PyTorch), compares two held-out pairs of images, and prints
-# where everything went. About 5 minutes on 2 cores.
+# where everything went. Measured on 2 cores: 3 min 17 s from a fresh clone on a quiet machine
+# (docs/benchmarks.md), 9-13 minutes with other work beside it.
 #
 # Re-running is safe: each run trains into a fresh directory named after the time it started, since
 # the trainer refuses to train over an earlier run's checkpoints and a second demo should show the
@@ -31,6 +32,7 @@ read -r -a TRAIN_ARGS <<< "${DEMO_TRAIN_ARGS:-}"
 
 step() { printf '\n== %s\n' "$*"; }
 started=$SECONDS
+echo "make demo: about 3-4 minutes on 2 quiet cores, 9-13 with other work beside it"
 
 step "1/5 synthetic dataset in $DATA"
 if [[ -f "$PAIRS" ]]; then

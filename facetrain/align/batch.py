@@ -6,10 +6,10 @@ from collections.abc import Sequence
 from pathlib import Path
 
 import numpy as np
-from tqdm import tqdm
 
 from facetrain.align.aligner import FaceAligner
 from facetrain.data.decode import decode_image
+from facetrain.progress import ProgressBar
 
 
 def align_images(
@@ -17,7 +17,7 @@ def align_images(
 ) -> tuple[list[Path], list[np.ndarray], list[Path]]:
     """The paths with a face and their aligned crops (same order), and the paths without a face."""
     kept, crops, faceless = [], [], []
-    for path in tqdm(paths, desc="align", unit="img", disable=not progress or len(paths) < 2):
+    for path in ProgressBar(paths, desc="align", unit="img", disable=not progress or len(paths) < 2):
         aligned = aligner.align(decode_image(path))
         if aligned is None:
             faceless.append(path)

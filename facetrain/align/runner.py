@@ -17,7 +17,6 @@ from typing import NamedTuple
 
 import cv2
 import numpy as np
-from tqdm import tqdm
 
 from facetrain.align.aligner import DEFAULT_DETECTOR, DEFAULT_SIZE, DEFAULT_TEMPLATE, FaceAligner
 from facetrain.align.report import (
@@ -35,6 +34,7 @@ from facetrain.align.transform import center_crop
 from facetrain.data.decode import IMAGE_EXTENSIONS, BadImageError, decode_image
 from facetrain.errors import FacetrainError
 from facetrain.files import atomic_target, refuse_to_overwrite
+from facetrain.progress import ProgressBar
 from facetrain.registry import Registry
 
 KEPT_EXTENSIONS = (".jpg", ".jpeg", ".png", ".bmp", ".webp")
@@ -159,7 +159,7 @@ def align_folder(
     worker = _Worker(size, detector, fallback, template)
     outcomes: list[ImageOutcome] = []
     not_aligned = 0
-    with tqdm(total=len(tasks), desc="align", unit="img", disable=not progress) as bar:
+    with ProgressBar(total=len(tasks), desc="align", unit="img", disable=not progress) as bar:
         for outcome in _outcomes(worker, tasks, workers):
             outcomes.append(outcome)
             bar.update(1)

@@ -22,7 +22,6 @@ import click
 import cv2
 import numpy as np
 import torch
-from tqdm import tqdm
 
 from facetrain.bench.common import device_option, gpu_info, machine_info, parse_int_list, resolve_device
 from facetrain.bench.data_loader import loader_images_per_second
@@ -34,6 +33,7 @@ from facetrain.data.recordio import scan_recordio, write_recordio
 from facetrain.data.synthetic_faces import draw_identity_traits, render_face
 from facetrain.data.transforms import build_train_transform
 from facetrain.files import refuse_to_overwrite, write_atomic
+from facetrain.progress import ProgressBar
 
 TARGET_IMAGES_PER_S = 1500.0
 IMAGE_SIZE = 112
@@ -112,7 +112,7 @@ def run_data_benchmark(
         rows = []
         with (
             single_core(),
-            tqdm(total=len(tables) * len(STAGES), desc="bench data", disable=not progress) as bar,
+            ProgressBar(total=len(tables) * len(STAGES), desc="bench data", disable=not progress) as bar,
         ):
             for source, table in tables.items():
                 row: dict = {"source": source}

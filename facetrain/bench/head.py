@@ -15,7 +15,6 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 
 import click
-from tqdm import tqdm
 
 from facetrain.bench.common import (
     device_option,
@@ -34,6 +33,7 @@ from facetrain.bench.head_report import OUTPUT_NAMES, evaluate_targets, write_ou
 from facetrain.bench.workers import WorkerError, WorkerPool
 from facetrain.errors import FacetrainError
 from facetrain.files import refuse_to_overwrite
+from facetrain.progress import ProgressBar
 from facetrain.train.device_defaults import tile_classes as device_tile_classes
 
 GIB = 2**30
@@ -138,7 +138,7 @@ def run_head_benchmark(settings: HeadBenchSettings, progress: bool = True) -> di
     cases = settings.cases()
     pools: dict[int, WorkerPool] = {}
     try:
-        for case in tqdm(cases, desc="bench head", unit="config", disable=not progress):
+        for case in ProgressBar(cases, desc="bench head", unit="config", disable=not progress):
             estimate = estimated_total_bytes(case, settings.device)
             row = {
                 **asdict(case),
@@ -161,7 +161,7 @@ def run_head_benchmark(settings: HeadBenchSettings, progress: bool = True) -> di
                 )
             except WorkerError as error:
                 pools.pop(case.world_size)
-                tqdm.write(f"{case.head} C={case.num_classes} N={case.world_size} failed: {error}")
+                ProgressBar.write(f"{case.head} C={case.num_classes} N={case.world_size} failed: {error}")
                 rows.append({**row, "status": "failed", "error": str(error)})
                 continue
             rows.append({**row, **summarize(case, ranks)})

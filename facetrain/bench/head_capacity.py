@@ -19,13 +19,12 @@ import math
 import os
 from dataclasses import asdict, dataclass
 
-from tqdm import tqdm
-
 from facetrain.bench.common import machine_info
 from facetrain.bench.head_capacity_report import evaluate_capacity_targets
 from facetrain.bench.head_cases import BENCH_HEADS, HeadCase, measure_case
 from facetrain.bench.workers import WorkerError, WorkerPool
 from facetrain.errors import FacetrainError
+from facetrain.progress import ProgressBar
 
 GIB = 2**30
 # RSS of one worker after importing torch and joining gloo, before any head exists (measured ~0.53 GiB).
@@ -106,7 +105,7 @@ class _Runner:
             )  # fmt: skip
         except WorkerError as error:
             self.pool = None
-            tqdm.write(f"{case.head} C={case.num_classes:,} failed: {error}")
+            ProgressBar.write(f"{case.head} C={case.num_classes:,} failed: {error}")
             return {**row, "status": "failed", "error": str(error)}
         peak = max(rank["peak_memory_bytes"] for rank in ranks)
         return {
@@ -161,7 +160,7 @@ def run_capacity_benchmark(settings: CapacitySettings, progress: bool = True) ->
     cases = [settings.case(head, c) for head in settings.heads for c in sorted(settings.classes)]
     rows: list[dict] = []
     try:
-        for case in tqdm(cases, desc="bench head --capacity", unit="config", disable=not progress):
+        for case in ProgressBar(cases, desc="bench head --capacity", unit="config", disable=not progress):
             rows.append(runner.measure(case))
         for head in settings.largest:
             rows.extend(find_largest(runner, rows, head))

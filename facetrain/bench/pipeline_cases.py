@@ -15,7 +15,6 @@ import statistics
 from dataclasses import asdict, dataclass
 
 import torch
-from tqdm import tqdm
 
 from facetrain.bench.common import gpu_info, machine_info, mean_of_max_over_ranks, timed_repeats
 from facetrain.bench.workers import WorkerPool
@@ -32,6 +31,7 @@ from facetrain.parallel.pipeline_split import (
     measure_unit_costs,
     pipeline_units,
 )
+from facetrain.progress import ProgressBar
 from facetrain.train.optim import build_optimizer
 from facetrain.train.step import StepSettings, train_step
 
@@ -202,7 +202,9 @@ def run_pipeline_benchmark(settings: PipelineBenchSettings, progress: bool = Tru
     pipelined: dict[int, list[float]] = {count: [] for count in settings.microbatch_counts()}
     threads_before = torch.get_num_threads()
     with WorkerPool(settings.stages, threads_per_rank=1, device=settings.device) as pool:
-        for _ in tqdm(range(settings.repeats), desc="bench pipeline", unit="repeat", disable=not progress):
+        for _ in ProgressBar(
+            range(settings.repeats), desc="bench pipeline", unit="repeat", disable=not progress
+        ):
             for threads in single:
                 single[threads].append(single_device_step_s(settings, threads))
             per_rank = pool.run(pipeline_worker, settings, split_points)

@@ -17,8 +17,9 @@ import yaml
 def config(config_path: str | None, overrides: tuple[str, ...], world_size: int | None) -> None:
     """Print the fully resolved config (defaults + file + overrides), or the one error it has.
 
-    Every value is checked as `facetrain train` checks it: an error is one line naming the key, the
-    file, the bad value and what is allowed, and the exit status is 2.
+    Every value is checked as `facetrain train` checks it, and every file or folder the config reads
+    must exist: an error is one line naming the key, where it was given (the file or --set), the bad
+    value and what is allowed, and the exit status is 2.
 
     \b
     Examples:
@@ -26,8 +27,8 @@ def config(config_path: str | None, overrides: tuple[str, ...], world_size: int 
       facetrain config -c configs/demo.yaml --set head.margin=cosface
       facetrain config -c configs/ms1mv3_r100.yaml --world-size 8
     """
-    from facetrain.config import config_source, load_config, to_dict, validate
+    from facetrain.config import config_source, load_config, override_origins, to_dict, validate
 
     cfg = load_config(config_path, overrides)
-    validate(cfg, world_size=world_size, source=config_source(config_path))
+    validate(cfg, world_size=world_size, source=config_source(config_path), given=override_origins(overrides))
     click.echo(yaml.safe_dump(to_dict(cfg), sort_keys=False), nl=False)

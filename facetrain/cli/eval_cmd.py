@@ -90,7 +90,8 @@ def eval_command(
     accuracy) with its FAR and TAR, ROC AUC, EER, TAR at FAR 1e-1/1e-2/1e-3 and XNorm, and writes
     NAME.json, NAME_folds.csv and NAME_roc.png to --out, NAME being the pairs file's stem.
     --folder makes balanced pairs from a folder of identities (as `facetrain pairs make` does),
-    names the report after the folder and keeps the pairs as NAME_pairs.csv.
+    names the report after the folder and keeps the pairs as NAME.pairs.csv (--pairs NAME.pairs.csv
+    later scores them into the same NAME report files).
     Re-id prints CMC rank-1/5/10 and mAP (Market-1501 protocol) and writes market1501.json.
     Running the same evaluation again replaces its own report files in --out.
 
@@ -135,7 +136,7 @@ def eval_command(
 
     if market_root is None:
         from facetrain.eval.pair_making import folder_pair_set, write_pairs_csv
-        from facetrain.eval.verify_pairs import load_pairs, verify
+        from facetrain.eval.verify_pairs import KEPT_PAIRS_SUFFIX, load_pairs, verify
 
         if folder_root is not None:
             pairs = folder_pair_set(
@@ -155,7 +156,8 @@ def eval_command(
         click.echo(verification_table(result))
         written = write_verification_report(result, out_dir, extra)
         if folder_root is not None:
-            written.append(write_pairs_csv(pairs, out_dir / f"{result.name}_pairs.csv", overwrite=True))
+            kept = out_dir / f"{result.name}{KEPT_PAIRS_SUFFIX}.csv"
+            written.append(write_pairs_csv(pairs, kept, overwrite=True))
     else:
         from facetrain.eval.retrieval import evaluate_market1501
 

@@ -155,7 +155,7 @@ def embed(
     """Write L2-normalized embeddings of images, and of every image under folders.
 
     Rows follow the order of PATHS, folders expanded in sorted order. Tables (.parquet, .csv) have a
-    `path` column then e0, e1, ...; a .npy gets the paths in a .paths.txt beside it. With --align,
+    `path` column then e0, e1, ...; -o X.npy gets the paths in X.paths.txt beside it. With --align,
     raw photos are aligned to the model's input first (as `facetrain align` does); photos without
     a face are left out and named on stderr.
 

@@ -55,14 +55,17 @@ def train(
       torchrun --nnodes 2 --nproc-per-node 8 --rdzv-backend c10d --rdzv-endpoint HOST:29500 \\
           -m facetrain train -c configs/glint360k_r100.yaml
     """
-    from facetrain.config import config_source, load_config, validate
+    from facetrain.config import config_source, load_config, override_origins, validate
 
     config = load_config(config_path, overrides)
+    given = override_origins(overrides)
     if init is not None:
         config.model.init = os.path.expanduser(init)
+        given["model.init"] = "--init"
     launching = nproc > 1 and "WORLD_SIZE" not in os.environ
-    # a bad config fails here, once, before any rank starts
-    validate(config, world_size=nproc if launching else None, source=config_source(config_path))
+    # a bad config, or a path it names that is not there, fails here, once, before any rank starts
+    source = config_source(config_path)
+    validate(config, world_size=nproc if launching else None, source=source, given=given)
     resume_command = _resume_command(config_path, overrides, nproc if launching else 1)
     if launching:
         from facetrain.parallel.launch import launch_local

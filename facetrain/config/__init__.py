@@ -5,8 +5,10 @@ from facetrain.config.loader import (
     config_source,
     from_dict,
     load_config,
+    override_origins,
     save_config,
     to_dict,
+    where_given,
 )
 from facetrain.config.schema import (
     AugmentConfig,
@@ -37,8 +39,10 @@ __all__ = [
     "config_source",
     "from_dict",
     "load_config",
+    "override_origins",
     "save_config",
     "to_dict",
     "validate",
     "validate_section",
+    "where_given",
 ]

@@ -7,6 +7,7 @@ import os
 import re
 import types
 import typing
+from collections.abc import Mapping
 from pathlib import Path
 from typing import Any, TypeVar, Union
 
@@ -20,6 +21,7 @@ from facetrain.files import atomic_write_text
 T = TypeVar("T")
 
 _EXPONENT_NUMBER = re.compile(r"[-+]?(\d+\.?\d*|\.\d+)[eE][-+]?\d+")
+_LIST_INDEX = re.compile(r"\[\d+\]")
 
 
 def load_config(path: str | Path | None = None, overrides: list[str] | tuple[str, ...] = ()) -> Config:
@@ -44,12 +46,28 @@ def load_config(path: str | Path | None = None, overrides: list[str] | tuple[str
             raise FacetrainError(f"config {path}: the top level must be a mapping of sections")
     for override in overrides:
         apply_override(raw, override)
-    return from_dict(Config, raw, source=source)
+    return from_dict(Config, raw, source=source, given=override_origins(overrides))
 
 
 def config_source(path: str | Path | None) -> str:
     """How messages name where a config came from."""
     return "defaults" if path is None else str(path)
+
+
+def override_origins(overrides: list[str] | tuple[str, ...]) -> dict[str, str]:
+    """The keys that `--set` gave, each mapped to "--set", for `where_given`."""
+    return {override.partition("=")[0].strip(): "--set" for override in overrides}
+
+
+def where_given(key: str, source: str, given: Mapping[str, str] | None) -> str:
+    """How a message names where `key`'s value came from: the option that set it or a section above it
+    (`given`, e.g. {"train.steps": "--set"}), else the config file, so the user looks where they typed it."""
+    parts = _LIST_INDEX.sub("", key).split(".")
+    for end in range(len(parts), 0, -1):
+        option = (given or {}).get(".".join(parts[:end]))
+        if option:
+            return option
+    return f"config {source}" if source else "config"
 
 
 def apply_override(raw: dict[str, Any], override: str) -> None:
@@ -69,66 +87,71 @@ def apply_override(raw: dict[str, Any], override: str) -> None:
         raise FacetrainError(f"--set {override!r}: the value is not valid YAML") from None
 
 
-def from_dict(cls: type[T], raw: Any, source: str = "config", prefix: str = "") -> T:
-    """Build dataclass `cls` from a mapping, checking every key and type."""
-    where = prefix.rstrip(".") or "the top level"
+def from_dict(
+    cls: type[T], raw: Any, source: str = "config", prefix: str = "", given: Mapping[str, str] | None = None
+) -> T:
+    """Build dataclass `cls` from a mapping, checking every key and type; `given`: see `where_given`."""
+    section = prefix.rstrip(".")
     if not isinstance(raw, dict):
-        raise FacetrainError(f"config {source}: {where} must be a mapping")
+        where = where_given(section, source, given)
+        raise FacetrainError(f"{where}: {section or 'the top level'} must be a mapping")
     hints = typing.get_type_hints(cls)
     fields = {f.name: f for f in dataclasses.fields(cls)}
     unknown = sorted(str(key) for key in raw if key not in fields)
     if unknown:
+        key = f"{prefix}{unknown[0]}"
         raise FacetrainError(
-            f"config {source}: unknown key {prefix}{unknown[0]}; valid keys here: {', '.join(sorted(fields))}"
+            f"{where_given(key, source, given)}: unknown key {key}; valid keys here: {', '.join(sorted(fields))}"
         )
-    values = {name: _convert(hints[name], raw[name], source, f"{prefix}{name}") for name in raw}
+    values = {name: _convert(hints[name], raw[name], source, f"{prefix}{name}", given) for name in raw}
     for name, value in values.items():
         if is_path_field(fields[name]) and isinstance(value, str):
             values[name] = os.path.expanduser(value)
     return cls(**values)
 
 
-def _convert(hint: Any, value: Any, source: str, key: str) -> Any:
+def _convert(hint: Any, value: Any, source: str, key: str, given: Mapping[str, str] | None) -> Any:
     if dataclasses.is_dataclass(hint):
-        return from_dict(hint, value, source, key + ".")
+        return from_dict(hint, value, source, key + ".", given)
     origin = typing.get_origin(hint)
     args = typing.get_args(hint)
+    where = where_given(key, source, given)
     if origin in (Union, types.UnionType):
         if value is None and type(None) in args:
             return None
         options = [a for a in args if a is not type(None)]
-        return _convert(options[0], value, source, key)
+        return _convert(options[0], value, source, key, given)
     if origin is list:
         if not isinstance(value, list | tuple):
-            _type_error(source, key, "a list", value)
-        return [_convert(args[0], v, source, f"{key}[{i}]") for i, v in enumerate(value)]
+            _type_error(where, key, "a list", value)
+        return [_convert(args[0], v, source, f"{key}[{i}]", given) for i, v in enumerate(value)]
     if origin is dict:
         if not isinstance(value, dict):
-            _type_error(source, key, "a mapping", value)
-        return {str(k): _convert(args[1], v, source, f"{key}.{k}") for k, v in value.items()}
+            _type_error(where, key, "a mapping", value)
+        return {str(k): _convert(args[1], v, source, f"{key}.{k}", given) for k, v in value.items()}
     if hint is bool:
         if not isinstance(value, bool):
-            _type_error(source, key, "true or false", value)
+            _type_error(where, key, "true or false", value)
         return value
     if hint is int:
         if isinstance(value, bool) or not isinstance(value, int):
-            _type_error(source, key, "an integer", value)
+            _type_error(where, key, "an integer", value)
         return value
     if hint is float:
         if isinstance(value, str) and _EXPONENT_NUMBER.fullmatch(value.strip()):
             return float(value)  # YAML 1.1 reads 5e-3 (no dot) as a string
         if isinstance(value, bool) or not isinstance(value, int | float):
-            _type_error(source, key, "a number", value)
+            _type_error(where, key, "a number", value)
         return float(value)
     if hint is str:
         if not isinstance(value, str):
-            _type_error(source, key, "a string", value)
+            _type_error(where, key, "a string", value)
         return value
     raise TypeError(f"unsupported config type {hint} for {key}")
 
 
-def _type_error(source: str, key: str, expected: str, value: Any) -> None:
-    raise FacetrainError(f"config {source}: {key} must be {expected}, got {value!r}")
+def _type_error(where: str, key: str, expected: str, value: Any) -> None:
+    raise FacetrainError(f"{where}: {key} must be {expected}, got {value!r}")
 
 
 def to_dict(config: Any) -> dict[str, Any]:

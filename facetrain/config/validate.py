@@ -9,11 +9,13 @@ value and what is allowed, so a user fixes it without reading a traceback.
 from __future__ import annotations
 
 import dataclasses
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Mapping
 from pathlib import Path
 from typing import Any
 
 from facetrain.config.checks import field_checks
+from facetrain.config.loader import where_given
+from facetrain.config.path_rules import missing_path
 from facetrain.config.schema import Config
 from facetrain.errors import FacetrainError
 
@@ -33,13 +35,18 @@ Rule = Callable[[Context], Problem | None]
 
 
 def validate(
-    cfg: Config, world_size: int | None = None, source: str = "", device_type: str | None = None
+    cfg: Config,
+    world_size: int | None = None,
+    source: str = "",
+    device_type: str | None = None,
+    given: Mapping[str, str] | None = None,
 ) -> None:
     """Raise one FacetrainError for the first value the config does not allow.
 
-    `source` names the config file in the message; `world_size` and `device_type` ("cpu", "cuda")
-    enable the rules that need them: pipeline stages must divide the world size, fp16 and nccl need
-    CUDA.
+    `source` names the config file in the message, `given` the option that set a key instead
+    (`override_origins`: "--set"), so a user looks where the bad value was typed; `world_size` and
+    `device_type` ("cpu", "cuda") enable the rules that need them: pipeline stages must divide the
+    world size, fp16 and nccl need CUDA.
     """
     problem = next(field_problems(cfg), None)
     if problem is None:
@@ -47,8 +54,7 @@ def validate(
         problem = next((found for rule in RULES if (found := rule(context)) is not None), None)
     if problem is not None:
         key, value, allowed = problem
-        where = f"config {source}" if source else "config"
-        raise FacetrainError(f"{where}: {key} = {show(value)}: {allowed}")
+        raise FacetrainError(f"{where_given(key, source, given)}: {key} = {show(value)}: {allowed}")
 
 
 def validate_section(section: Any, prefix: str) -> None:
@@ -229,11 +235,8 @@ def _pipeline_settings(s: Context) -> Problem | None:
     return None
 
 
-def _init_exists(s: Context) -> Problem | None:
-    init = s.cfg.model.init
-    if init is not None and not Path(init).exists():
-        return "model.init", init, "does not exist; pass a checkpoint, a run or an export directory"
-    return None
+def _named_paths_exist(s: Context) -> Problem | None:
+    return missing_path(s.cfg)
 
 
 def _head_only_steps_without_pipeline(s: Context) -> Problem | None:
@@ -275,7 +278,7 @@ RULES: list[Rule] = [
     _synthetic_pairs_fit,
     _pipeline_settings,
     _head_only_steps_without_pipeline,
-    _init_exists,
+    _named_paths_exist,
     _stages_divide_world,
     _cuda_only_settings,
     _output_dir_is_a_folder,

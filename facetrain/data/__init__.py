@@ -16,7 +16,7 @@ from facetrain.data.market1501 import scan_market1501_train
 from facetrain.data.recordio import scan_recordio
 from facetrain.data.samplers import IdentitySampler, ResumableDistributedSampler
 from facetrain.data.transforms import build_train_transform
-from facetrain.errors import FacetrainError
+from facetrain.errors import EveryRankError, FacetrainError
 from facetrain.registry import Registry
 
 SOURCES: Registry[SampleTable] = Registry("data source")
@@ -73,7 +73,26 @@ def build_train_dataset(cfg: DataConfig) -> FaceDataset:
 
 
 def _distributed(dataset, cfg: DataConfig, batch_size: int, rank: int, world_size: int, seed: int):
+    if len(dataset) // world_size < batch_size:
+        raise EveryRankError(no_full_batch(len(dataset), world_size, batch_size))
     return ResumableDistributedSampler(len(dataset), rank, world_size, seed=seed)
+
+
+def no_full_batch(images: int, ranks: int, batch_size: int) -> str:
+    """Why a training set of `images` split over `ranks` cannot fill one batch a rank, and the fixes."""
+    per_rank = images // ranks
+    fixes = [f"set train.batch_size={per_rank} or less"] if per_rank else []
+    if ranks > 1 and images >= batch_size:
+        fixes.append(f"train on at most {_ranks(images // batch_size)}")
+    fixes.append("add images")
+    return (
+        f"the training set gives no full batch per rank: {images} images over {_ranks(ranks)} is "
+        f"{per_rank} a rank, fewer than train.batch_size {batch_size}; " + ", or ".join(fixes)
+    )
+
+
+def _ranks(count: int) -> str:
+    return f"{count} rank{'s' if count > 1 else ''}"
 
 
 def _identity(dataset, cfg: DataConfig, batch_size: int, rank: int, world_size: int, seed: int):

@@ -21,12 +21,12 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
-from tqdm import tqdm
 
 from facetrain.data.dataset import SampleTable
 from facetrain.data.decode import BadImageError
 from facetrain.data.folder import scan_image_folder
 from facetrain.errors import FacetrainError
+from facetrain.progress import ProgressBar
 
 MAGIC = 0xCED7230A
 _MAGIC_BYTES = struct.pack("<I", MAGIC)
@@ -252,7 +252,7 @@ def write_recordio(
         writer.write(
             0, pack_image_record([first_identity_record, first_identity_record + len(table.class_names)], b"")
         )
-        for index in tqdm(range(count), desc="writing records", unit="img", disable=not progress):
+        for index in ProgressBar(range(count), desc="writing records", unit="img", disable=not progress):
             key = index + 1
             writer.write(key, pack_image_record(float(table.labels[index]), table.reader.read(index), key))
         starts = np.searchsorted(table.labels, np.arange(len(table.class_names) + 1)) + 1
@@ -346,7 +346,7 @@ def scan_recordio(rec_path: str | Path, progress: bool = True) -> SampleTable:
         labels = np.asarray(
             [
                 records.read_header(key).class_label
-                for key in tqdm(
+                for key in ProgressBar(
                     keys, desc="reading labels", unit="rec", disable=not progress or len(keys) < 10000
                 )
             ],

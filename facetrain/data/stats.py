@@ -14,7 +14,6 @@ from pathlib import Path
 
 import numpy as np
 import pandas as pd
-from tqdm import tqdm
 
 from facetrain.choices import STATS_SOURCES
 from facetrain.config import DataConfig
@@ -22,6 +21,7 @@ from facetrain.data import SOURCES
 from facetrain.data.dataset import EncodedImageReader, SampleTable
 from facetrain.data.decode import BadImageError, decode_image
 from facetrain.errors import FacetrainError
+from facetrain.progress import ProgressBar
 
 LIST_SUFFIXES = (".csv", ".tsv", ".txt")
 _CHUNK = 256
@@ -97,7 +97,7 @@ def _chunks(count: int) -> Iterator[tuple[int, int]]:
 def find_corrupt_images(reader: EncodedImageReader, workers: int = 1, progress: bool = True) -> list[str]:
     """Names of the images that cannot be read or decoded, in dataset order."""
     count = len(reader)
-    bar = tqdm(total=count, desc="decoding", unit="img", disable=not progress)
+    bar = ProgressBar(total=count, desc="decoding", unit="img", disable=not progress)
     corrupt: list[str] = []
     with bar:
         if workers <= 1 or count <= _CHUNK:

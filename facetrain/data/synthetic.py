@@ -15,11 +15,11 @@ from pathlib import Path
 
 import cv2
 import numpy as np
-from tqdm import tqdm
 
 from facetrain.config import SynthConfig
 from facetrain.data.synthetic_faces import draw_identity_traits, render_face
 from facetrain.errors import FacetrainError
+from facetrain.progress import ProgressBar
 
 HELDOUT_SEED_OFFSET = 1_000_003
 
@@ -83,7 +83,7 @@ def _render_all(jobs: list[tuple[Path, str, int, int, int]], progress: bool) -> 
     them itself.
     """
     workers = 1 if multiprocessing.current_process().daemon else min(len(jobs), os.cpu_count() or 1)
-    bar = tqdm(total=len(jobs), desc="synth", unit="identity", disable=not progress)
+    bar = ProgressBar(total=len(jobs), desc="synth", unit="identity", disable=not progress)
     with bar:
         if workers <= 1:
             for job in jobs:

@@ -16,10 +16,10 @@ import numpy as np
 import torch
 from torch import nn
 from torch.utils.data import DataLoader, Dataset
-from tqdm import tqdm
 
 from facetrain.data.decode import decode_image
 from facetrain.data.transforms import Transform, build_eval_transform
+from facetrain.progress import ProgressBar
 
 ImageInput = np.ndarray | str | Path | bytes
 
@@ -80,7 +80,9 @@ def compute_embeddings(
     try:
         with (
             torch.no_grad(),
-            tqdm(total=len(images), desc=f"embedding {label}", unit="img", disable=not progress) as bar,
+            ProgressBar(
+                total=len(images), desc=f"embedding {label}", unit="img", disable=not progress
+            ) as bar,
         ):
             for batch in loader:
                 batch = batch.to(device)

@@ -27,6 +27,9 @@ THRESHOLD_RULE = "balanced: best mean of true-accept and true-reject rates on al
 __all__ = ["PairSet", "VerificationResult", "embed_images", "load_pairs", "pair_scores", "verify"]
 
 
+KEPT_PAIRS_SUFFIX = ".pairs"
+
+
 @dataclass(frozen=True)
 class VerificationResult:
     """Metrics of one pair set plus what shaped them (flip test, folds, skipped pairs, XNorm)."""
@@ -41,8 +44,10 @@ class VerificationResult:
 
     @property
     def name(self) -> str:
-        """The pairs file's stem, which names the report files (lfw_pairs.json, ...)."""
-        return Path(self.pairs_file).stem
+        """The pairs file's stem, which names the report files (lfw_pairs.json, ...). The pairs that
+        `eval --folder NAME` keeps, NAME.pairs.csv, name them NAME as that evaluation did: scoring them
+        again replaces its report instead of writing a near-twin beside it."""
+        return Path(self.pairs_file).stem.removesuffix(KEPT_PAIRS_SUFFIX)
 
     @property
     def accuracy(self) -> float:

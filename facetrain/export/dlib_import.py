@@ -18,7 +18,6 @@ from pathlib import Path
 import numpy as np
 import torch
 from torch import nn
-from tqdm import tqdm
 
 from facetrain.align.dlib_models import model_file
 from facetrain.config import Config
@@ -32,6 +31,7 @@ from facetrain.export.insightface_import import (
 )
 from facetrain.models import Backbone, build_backbone
 from facetrain.models.dlib_resnet import DLIB_PIXEL_SCALE, dlib_layer_sequence
+from facetrain.progress import ProgressBar
 
 ARCHITECTURE = "dlib_resnet"
 DLIB_MODEL_FILE = "dlib_face_recognition_resnet_model_v1.dat"
@@ -50,7 +50,7 @@ def import_dlib(
     source = default_dlib_model() if source is None else Path(source)
     out_dir = Path(out_dir)
     check_destination(out_dir, overwrite)
-    with tqdm(total=3, desc="import", unit="step", disable=not progress) as bar:
+    with ProgressBar(total=3, desc="import", unit="step", disable=not progress) as bar:
         bar.set_postfix_str("read")
         network = read_dlib_network(source)
         bar.update()

@@ -8,7 +8,6 @@ from pathlib import Path
 from typing import Any
 
 import torch
-from tqdm import tqdm
 
 from facetrain.checkpoints import load_full_head, resolve_checkpoint
 from facetrain.errors import FacetrainError
@@ -17,6 +16,7 @@ from facetrain.export.formats import DEFAULT_FORMATS, export_format
 from facetrain.export.loading import LoadedModel, load_model
 from facetrain.export.safetensors_format import HEAD_NAME, write_head
 from facetrain.files import atomic_target, refuse_to_overwrite
+from facetrain.progress import ProgressBar
 
 CLASSES_NAME = "classes.json"
 
@@ -74,7 +74,7 @@ def export_loaded(
     if verification_report is not None:
         card = with_verification_report(card, Path(verification_report))
     written = []
-    with tqdm(list(writers.items()), desc="export", unit="file", disable=not progress) as bar:
+    with ProgressBar(list(writers.items()), desc="export", unit="file", disable=not progress) as bar:
         for name, writer in bar:
             bar.set_postfix_str(name)
             card["files"][name] = writer(loaded.module, out_dir, card)

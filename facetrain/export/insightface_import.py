@@ -27,7 +27,6 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import torch
-from tqdm import tqdm
 
 from facetrain.config import Config, ModelConfig, save_config
 from facetrain.errors import FacetrainError
@@ -36,6 +35,7 @@ from facetrain.models import Backbone, build_backbone
 from facetrain.models.iresnet import IRESNET_DEPTHS, IRESNET_INPUT_SIZE
 from facetrain.models.state_match import first_state_mismatch
 from facetrain.parallel.checkpoint_io import save_tensors
+from facetrain.progress import ProgressBar
 
 SOURCE_FORMAT = "insightface arcface_torch backbone.pth"
 # Where insightface and common training scripts keep the backbone's state dict inside a larger file:
@@ -63,7 +63,7 @@ def import_insightface(
             f"--arch {architecture}: insightface backbones import as one of {', '.join(IRESNET_DEPTHS)}"
         )
     check_destination(out_dir, overwrite)
-    with tqdm(total=3, desc="import", unit="step", disable=not progress) as bar:
+    with ProgressBar(total=3, desc="import", unit="step", disable=not progress) as bar:
         bar.set_postfix_str("read")
         state = read_backbone_state(source)
         bar.update()

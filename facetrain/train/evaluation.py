@@ -15,13 +15,13 @@ from pathlib import Path
 
 import torch
 from torch import nn
-from tqdm import tqdm
 
 from facetrain.config import Config
 from facetrain.data.decode import BadImageError
 from facetrain.errors import FacetrainError
 from facetrain.parallel import comm
 from facetrain.parallel.dims import ParallelDims
+from facetrain.progress import ProgressBar
 
 
 class TrainingVerifier:
@@ -55,7 +55,7 @@ class TrainingVerifier:
                 if isinstance(error, BadImageError):
                     reason = f"{error}; fix the image or drop its pairs from eval.pairs"
                 self.failure = f"verification at step {step} failed: {reason}"
-                tqdm.write(f"warning: {self.failure}; training goes on without verification")
+                ProgressBar.write(f"warning: {self.failure}; training goes on without verification")
                 outcome[1] = 1
             finally:
                 backbone.train(was_training)

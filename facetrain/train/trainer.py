@@ -19,7 +19,6 @@ from collections.abc import Iterator
 
 import torch
 from torch.distributed.elastic.multiprocessing.errors import record
-from tqdm import tqdm
 
 from facetrain.config import Config
 from facetrain.config.validate import validate
@@ -28,6 +27,7 @@ from facetrain.heads.margins import margin_at_step
 from facetrain.parallel import comm
 from facetrain.parallel.dims import destroy_parallel, init_parallel, is_initialized
 from facetrain.parallel.failures import collective_failure_error, is_collective_failure
+from facetrain.progress import ProgressBar as tqdm  # plain lines when not on a terminal
 from facetrain.train.checkpoint import TrainState, load_ema_weights, save_checkpoint
 from facetrain.train.curves import write_run_curves
 from facetrain.train.ema import WeightEma

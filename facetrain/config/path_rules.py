@@ -1,0 +1,76 @@
+"""Every file or folder a config reads must exist when the config is loaded.
+
+A path that is missing would otherwise be found only once the ranks have started, imported torch and
+scanned the data, a minute later on a laptop. The folders a run creates (`train.output_dir`, the
+synthetic set that `facetrain train` generates on first use) are not looked for.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+from facetrain.config.schema import Config
+
+# what data.path must be for each source that reads it; a source not named here (recordio, whose path
+# is the .rec file or its folder) only needs the path to exist
+_DATA_PATH_KINDS = {"folder": "folder", "market1501": "folder", "list": "file"}
+
+_WHAT_DATA_PATH_IS = {
+    "folder": "a folder of root/<identity>/<image>",
+    "market1501": "the Market-1501 root folder",
+    "list": "a CSV/TSV list of path,label",
+    "recordio": "insightface's train.rec (its .idx beside it) or their folder",
+}
+
+
+def missing_path(cfg: Config) -> tuple[str, Any, str] | None:
+    """(key, value, what to do) for the first path the config reads that is not there, else None."""
+    data = cfg.data
+    if data.source != "synthetic":
+        problem = _data_path_problem(data.source, Path(data.path))
+        if problem is not None:
+            return "data.path", data.path, problem
+    if cfg.eval.pairs is not None and not _made_by_the_run(cfg, cfg.eval.pairs):
+        if not Path(cfg.eval.pairs).is_file():
+            return (
+                "eval.pairs",
+                cfg.eval.pairs,
+                _absent(cfg.eval.pairs, "file", "set eval.pairs=null or give the file"),
+            )
+    if cfg.eval.images is not None and not _made_by_the_run(cfg, cfg.eval.images):
+        if not Path(cfg.eval.images).is_dir():
+            return (
+                "eval.images",
+                cfg.eval.images,
+                _absent(
+                    cfg.eval.images,
+                    "folder",
+                    "set eval.images=null (the pairs file's folder) or give the folder",
+                ),
+            )
+    if cfg.model.init is not None and not Path(cfg.model.init).exists():
+        return "model.init", cfg.model.init, "does not exist; pass a checkpoint, a run or an export directory"
+    return None
+
+
+def _data_path_problem(source: str, path: Path) -> str | None:
+    kind = _DATA_PATH_KINDS.get(source)
+    what = _WHAT_DATA_PATH_IS.get(source, "the training data")
+    if not path.exists():
+        return f"does not exist; give {what}: --set data.path=PATH"
+    if (kind == "folder" and not path.is_dir()) or (kind == "file" and not path.is_file()):
+        return f"is not a {kind}; data.source {source!r} reads {what}"
+    return None
+
+
+def _absent(path: str, kind: str, fix: str) -> str:
+    return f"{f'is not a {kind}' if Path(path).exists() else 'does not exist'}; {fix}"
+
+
+def _made_by_the_run(cfg: Config, path: str) -> bool:
+    """A path inside the synthetic set that the trainer will generate before it reads it."""
+    data = cfg.data
+    if data.source != "synthetic" or (Path(data.path) / "train").is_dir():
+        return False
+    return Path(path).resolve().is_relative_to(Path(data.path).resolve())

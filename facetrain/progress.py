@@ -1,0 +1,62 @@
+"""Progress bars that suit where the output goes: tqdm's bar on a terminal, plain lines in a log.
+
+A bar redraws itself in place with carriage returns; a log file or a pipe keeps every redraw, so a
+training log becomes one line of thousands of bars. Written anywhere but a terminal, the same bar
+prints its state as one plain line every `LINE_EVERY_S` seconds, and once more when it ends.
+"""
+
+from __future__ import annotations
+
+import sys
+import time
+
+from tqdm import tqdm
+
+LINE_EVERY_S = 30.0
+# the bar's words without its drawing: "train:  33% 100/300 [00:40<01:20, 2.50step/s, loss=1.2]"
+PLAIN_FORMAT = "{desc}: {percentage:3.0f}% {n_fmt}/{total_fmt} [{elapsed}<{remaining}, {rate_fmt}{postfix}]"
+
+
+def is_terminal(stream) -> bool:
+    isatty = getattr(stream, "isatty", None)
+    try:
+        return bool(isatty and isatty())
+    except ValueError:  # a closed stream
+        return False
+
+
+class ProgressBar(tqdm):
+    """tqdm on a terminal; elsewhere one line every LINE_EVERY_S seconds and a last one at the end."""
+
+    def __init__(self, *args, **kwargs):
+        self.plain_lines = not is_terminal(kwargs.get("file") or sys.stderr)
+        self._last_line_at = time.monotonic()  # no line at the start: the first comes after the interval
+        self._closing = False
+        if self.plain_lines:
+            kwargs.setdefault("mininterval", LINE_EVERY_S)
+            kwargs.setdefault("bar_format", PLAIN_FORMAT)
+        super().__init__(*args, **kwargs)
+
+    def display(self, msg=None, pos=None):
+        if not self.plain_lines:
+            return super().display(msg, pos)
+        if msg == "":  # clearing a bar: a plain line is never taken back
+            return True
+        now = time.monotonic()
+        if not self._closing and now - self._last_line_at < LINE_EVERY_S:
+            return True  # a redraw after another message (tqdm.write) repeats no line
+        self._last_line_at = now
+        # tqdm's close() ends the last line itself
+        self.fp.write(self.__str__() if msg is None else msg)
+        if not self._closing:
+            self.fp.write("\n")
+        self.fp.flush()
+        return True
+
+    def clear(self, nolock=False):
+        if not self.plain_lines:
+            super().clear(nolock)
+
+    def close(self):
+        self._closing = True
+        super().close()
