@@ -49,8 +49,8 @@ def test_small_updates_are_not_lost(momentum):
     weight; stochastic rounding moves it by the expected amount, with a bf16 momentum too."""
     torch.manual_seed(2)
     rows, dim, steps, lr, grad = 64, 64, 1000, 1e-3, 0.1
-    weight = torch.ones(rows, dim, dtype=torch.bfloat16)
-    optimizer = FusedSGD(rows, dim, lr=lr, momentum=momentum, state_dtype=torch.bfloat16)
+    weight = torch.nn.Parameter(torch.ones(rows, dim, dtype=torch.bfloat16), requires_grad=False)
+    optimizer = FusedSGD([weight], lr=lr, momentum=momentum, state_dtype=torch.bfloat16)
     tile = ClassRows(0, rows)
     for _ in range(steps):
         optimizer.update(weight, tile, tile.read(weight, torch.float32), torch.full((rows, dim), grad),
@@ -73,7 +73,7 @@ def test_bf16_head_trains_like_fp32_on_a_toy_problem():
         torch.manual_seed(4)
         head = ShardedMarginHead(classes, dim, margin="cosface", scale=16.0, tile_classes=16, dtype=dtype)
         head.reset_parameters(seed=0)
-        head.fuse_optimizer(FusedSGD(classes, dim, lr=0.05, momentum=0.9, state_dtype=dtype))
+        head.fuse_optimizer(FusedSGD([head.weight], lr=0.05, momentum=0.9, state_dtype=dtype))
         data = torch.Generator().manual_seed(5)
         losses, accuracies = [], []
         for _ in range(40):

@@ -47,7 +47,7 @@ def step(weight, embeddings, labels, tile_classes=None, compile_tiles=False, sam
     with torch.no_grad():
         head.weight.copy_(weight)
     if fused:
-        head.fuse_optimizer(FusedSGD(CLASSES, DIM, lr=0.1, weight_decay=5e-4, state_dtype=weight.dtype))
+        head.fuse_optimizer(FusedSGD([head.weight], lr=0.1, weight_decay=5e-4, state_dtype=weight.dtype))
     x = embeddings.clone().requires_grad_()
     output = head(x, labels)
     output.loss.backward()

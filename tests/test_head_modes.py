@@ -28,13 +28,13 @@ def build(mode: str, seed: int, state_dtype=torch.float32):
     head = ShardedMarginHead(NUM_CLASSES, DIM, margin="cosface", tile_classes=4 if mode == "tiled" else None)
     head.reset_parameters(seed=seed)
     if mode == "tiled":
-        head.fuse_optimizer(build_fused_optimizer(cfg.optim, head.class_count, DIM, state_dtype))
+        head.fuse_optimizer(build_fused_optimizer(cfg.optim, head, state_dtype))
     return backbone, head, build_optimizer(cfg.optim, backbone, head)
 
 
 def momentum_of(head, optimizer) -> torch.Tensor:
     if head.fused_optimizer is not None:
-        return head.fused_optimizer.momentum_buffer.float()
+        return head.fused_optimizer.state[head.weight]["momentum_buffer"].float()
     return optimizer.state[head.weight]["momentum_buffer"]
 
 

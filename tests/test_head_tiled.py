@@ -98,7 +98,7 @@ def fused_worker(rank, world_size, name, tile):
     )
     head = head.double()
     head.weight.data.copy_(weight[head.class_start : head.class_stop])
-    head.fuse_optimizer(fused_class(head.class_count, EMBEDDING, **settings).double())
+    head.fuse_optimizer(fused_class([head.weight], **settings))
     grads = []
     for embeddings, labels in training_batches(STEPS):
         rows = local_rows(world_size, rank, embeddings.shape[0])
@@ -164,7 +164,7 @@ def partial_fc_worker(rank, world_size):
     for head in heads:
         head.weight.data.copy_(weight[head.class_start : head.class_stop])
     tiled, reference = heads
-    tiled.fuse_optimizer(FusedSGD(tiled.class_count, EMBEDDING, lr, decay, momentum=momentum).double())
+    tiled.fuse_optimizer(FusedSGD([tiled.weight], lr, decay, momentum=momentum))
     recorder = KeptRows(reference)
     buffer = torch.zeros_like(reference.weight)
     before = []
@@ -180,7 +180,7 @@ def partial_fc_worker(rank, world_size):
             buffer[kept] = momentum * buffer[kept] + direction
             reference.weight[kept] -= lr * buffer[kept]
         reference.weight.grad = None
-    momentum_buffer = tiled.fused_optimizer.momentum_buffer
+    momentum_buffer = tiled.fused_optimizer.state[tiled.weight]["momentum_buffer"]
     return tiled.weight.detach(), reference.weight.detach(), recorder.kept, before, buffer, momentum_buffer
 
 
@@ -203,12 +203,12 @@ def test_partial_fc_updates_only_sampled_rows_lazily(world_size):
 
 def test_frozen_tiled_head_is_not_updated():
     head = ShardedMarginHead(30, 8, tile_classes=4)
-    head.fuse_optimizer(FusedSGD(30, 8, lr=0.1))
+    head.fuse_optimizer(FusedSGD([head.weight], lr=0.1))
     head.weight.requires_grad_(False)
     start = head.weight.detach().clone()
     x = torch.randn(6, 8, requires_grad=True)
     head(x, torch.randint(0, 30, (6,))).loss.backward()
-    assert torch.equal(head.weight, start) and x.grad is not None and head.fused_optimizer.steps == 0
+    assert torch.equal(head.weight, start) and x.grad is not None and not head.fused_optimizer.state
 
 
 def test_a_step_holds_tiles_not_the_class_count():
@@ -220,7 +220,7 @@ def test_a_step_holds_tiles_not_the_class_count():
     floor = 2 * classes * dim * 4  # weight + momentum, fp32
     with PeakRss() as tiled_peak:
         head = ShardedMarginHead(classes, dim, tile_classes=tile)
-        head.fuse_optimizer(FusedSGD(classes, dim, lr=0.1, momentum=0.9))
+        head.fuse_optimizer(FusedSGD([head.weight], lr=0.1, momentum=0.9))
         head(x, labels).loss.backward()
         del head
     with PeakRss() as untiled_peak:
@@ -251,13 +251,16 @@ def test_memory_model_and_auto_mode():
 def test_bad_settings_are_one_line_errors():
     with pytest.raises(FacetrainError, match=r"tile_classes must be >= 1, got 0 \(head.tile_classes\)"):
         ShardedMarginHead(10, 8, tile_classes=0)
+    untiled = ShardedMarginHead(10, 8)
     with pytest.raises(FacetrainError, match="needs the tiled head"):
-        ShardedMarginHead(10, 8).fuse_optimizer(FusedSGD(10, 8, lr=0.1))
-    with pytest.raises(FacetrainError, match=r"momentum_buffer is \(9, 8\)"):
-        ShardedMarginHead(10, 8, tile_classes=4).fuse_optimizer(FusedSGD(9, 8, lr=0.1))
-    sgd = FusedSGD(10, 8, lr=0.1)
+        untiled.fuse_optimizer(FusedSGD([untiled.weight], lr=0.1))
+    with pytest.raises(FacetrainError, match=r"another tensor than this head's weight"):
+        ShardedMarginHead(10, 8, tile_classes=4).fuse_optimizer(FusedSGD([untiled.weight], lr=0.1))
+    with pytest.raises(FacetrainError, match="updates one weight, the tiled head's, not 2"):
+        FusedSGD([untiled.weight, torch.nn.Parameter(torch.ones(2))], lr=0.1)
+    sgd = FusedSGD([untiled.weight], lr=0.1)
     with pytest.raises(FacetrainError, match="exp_avg, exp_avg_sq, which optim.name=sgd does not keep"):
-        sgd.load_state_tensors(FusedAdamW(10, 8, lr=0.1).state_tensors())
+        sgd.load_state_tensors(FusedAdamW([untiled.weight], lr=0.1).state_tensors())
 
 
 def test_autocast_keeps_tiled_statistics_in_fp32():

@@ -130,7 +130,7 @@ class TiledBench(BenchHead):
         head = ShardedMarginHead(
             case.num_classes, case.dim, tile_classes=case.tile_classes, dtype=self.storage
         )
-        head.fuse_optimizer(FusedSGD(head.class_count, case.dim, state_dtype=self.storage, **SGD_SETTINGS))
+        head.fuse_optimizer(FusedSGD([head.weight], state_dtype=self.storage, **SGD_SETTINGS))
         return head
 
     def optimizer(self, head: nn.Module) -> torch.optim.Optimizer | None:

@@ -45,7 +45,7 @@ class MarginHead(nn.Module):
         self.margin = build_margin(margin, **margin_params)
         self.scale = float(scale)
         self.weight = nn.Parameter(torch.empty(weight_rows, embedding_size, dtype=dtype))
-        self.fused_optimizer: nn.Module | None = None
+        self.fused_optimizer = None  # a FusedOptimizer, set by fuse_optimizer
         nn.init.normal_(self.weight, std=0.01)
 
     def forward(self, embeddings: torch.Tensor, labels: torch.Tensor) -> HeadOutput:

@@ -17,41 +17,77 @@ from __future__ import annotations
 import math
 
 import torch
-from torch import nn
 
 from facetrain.errors import FacetrainError
 from facetrain.heads.class_rows import ClassRows
 from facetrain.registry import Registry
 
 
-class FusedOptimizer(nn.Module):
-    """Per-class state of one shard (`rows` x `dim`) and the update of one tile of it.
+class FusedOptimizer(torch.optim.Optimizer):
+    """A `torch.optim.Optimizer` over the tiled head's weight whose update runs inside the head's backward.
 
-    `lr` is set by the trainer before every step (the schedule's value for the head's group).
+    Build it over the weight and hand it to the head, then use it as any optimizer:
+
+        head_optimizer = FusedSGD([head.weight], lr=0.1, momentum=0.9, weight_decay=5e-4)
+        head.fuse_optimizer(head_optimizer)
+        scheduler = torch.optim.lr_scheduler.LambdaLR(head_optimizer, schedule)
+
+    `step()` does nothing (the backward already applied the update, with the learning rate and weight
+    decay of the parameter group at that time), so LR schedulers, `zero_grad`, `state_dict` /
+    `load_state_dict` and torch.distributed.checkpoint's optimizer state dicts work unchanged. The state
+    lives in `state[weight]` under torch's names, in `state_dtype` (float32 by default, the weight's
+    dtype for float64 weights; bf16 halves it for bf16 weights), created at the first update on the
+    weight's device.
     """
 
     state_names: tuple[str, ...] = ()
 
-    def __init__(
-        self, rows: int, dim: int, lr: float, weight_decay: float, state_dtype: torch.dtype = torch.float32
-    ):
-        super().__init__()
-        self.lr = float(lr)
-        self.weight_decay = float(weight_decay)
-        self.steps = 0
-        for name in self.active_state_names():
-            self.register_buffer(name, torch.zeros(rows, dim, dtype=state_dtype), persistent=False)
-
-    def active_state_names(self) -> tuple[str, ...]:
-        return self.state_names
+    def __init__(self, params, lr: float, weight_decay: float = 0.0, state_dtype: torch.dtype | None = None,
+                 **hyperparameters: float):  # fmt: skip
+        super().__init__(params, {"lr": float(lr), "weight_decay": float(weight_decay), **hyperparameters})
+        weights = [param for group in self.param_groups for param in group["params"]]
+        if len(weights) != 1:
+            raise FacetrainError(
+                f"a fused head optimizer updates one weight, the tiled head's, not {len(weights)}: "
+                "FusedSGD([head.weight], lr=...)"
+            )
+        self.weight = weights[0]
+        default = torch.float64 if self.weight.dtype == torch.float64 else torch.float32
+        self.state_dtype = state_dtype or default
 
     @property
     def name(self) -> str:
         raise NotImplementedError
 
+    @property
+    def group(self) -> dict:
+        return self.param_groups[0]
+
+    def active_state_names(self) -> tuple[str, ...]:
+        return self.state_names
+
+    def step(self, closure=None):
+        """Nothing to do: the backward updated the weight. Calls `closure` if given, as torch's do."""
+        if closure is not None:
+            with torch.enable_grad():
+                return closure()
+        return None
+
+    def per_class_state(self, name: str) -> torch.Tensor:
+        """The weight-shaped state `name`, zeros until written, on the weight's device."""
+        state = self.state[self.weight]
+        value = state.get(name)
+        if value is None or value.device != self.weight.device:
+            value = (
+                torch.zeros(self.weight.shape, dtype=self.state_dtype, device=self.weight.device)
+                if value is None
+                else value.to(self.weight.device)
+            )
+            state[name] = value
+        return value
+
     def begin_step(self) -> None:
         """Called once per step, before the first tile's update."""
-        self.steps += 1
 
     def update(
         self,
@@ -72,7 +108,10 @@ class FusedOptimizer(nn.Module):
 
     def state_tensors(self) -> dict[str, torch.Tensor]:
         """Checkpoint entries: per-class tensors (rows x dim) and scalars, under torch.optim's names."""
-        return {name: getattr(self, name) for name in self.active_state_names()}
+        values = {name: self.per_class_state(name) for name in self.active_state_names()}
+        if "step" in self.state[self.weight]:
+            values["step"] = self.state[self.weight]["step"]
+        return values
 
     def load_state_tensors(self, values: dict[str, torch.Tensor]) -> None:
         """Restore what `state_tensors` gave (possibly resharded); state the checkpoint lacks stays 0."""
@@ -85,7 +124,20 @@ class FusedOptimizer(nn.Module):
         with torch.no_grad():
             for name in self.active_state_names():
                 if name in values:
-                    getattr(self, name).copy_(values[name])
+                    self.per_class_state(name).copy_(values[name])
+        if "step" in values:
+            self.state[self.weight]["step"] = torch.tensor(float(values["step"]))
+
+    def load_state_dict(self, state_dict: dict) -> None:
+        """torch's, except that per-class state keeps `state_dtype` (torch would cast it to the weight's
+        dtype: bf16 for a bf16 head, rounding an fp32 momentum)."""
+        # the weight's key: its index, or its name in torch.distributed.checkpoint's state dicts
+        key = state_dict["param_groups"][0]["params"][0]
+        saved = dict(state_dict["state"].get(key, {}))
+        super().load_state_dict(state_dict)
+        for name in self.active_state_names():
+            self.state[self.weight].pop(name, None)  # made again below, in state_dtype
+        self.load_state_tensors(saved)
 
     def state_bytes(self) -> int:
         return sum(t.numel() * t.element_size() for t in self.state_tensors().values() if t.dim())
@@ -104,33 +156,27 @@ class FusedSGD(FusedOptimizer):
 
     state_names = ("momentum_buffer",)
 
-    def __init__(
-        self,
-        rows: int,
-        dim: int,
-        lr: float,
-        weight_decay: float = 0.0,
-        state_dtype: torch.dtype = torch.float32,
-        momentum: float = 0.9,
-    ):
-        self.momentum = float(momentum)
-        super().__init__(rows, dim, lr, weight_decay, state_dtype)
+    def __init__(self, params, lr: float, weight_decay: float = 0.0, state_dtype: torch.dtype | None = None,
+                 momentum: float = 0.9):  # fmt: skip
+        super().__init__(params, lr, weight_decay, state_dtype, momentum=float(momentum))
 
     @property
     def name(self) -> str:
         return "sgd"
 
     def active_state_names(self) -> tuple[str, ...]:
-        return self.state_names if self.momentum else ()
+        return self.state_names if self.group["momentum"] else ()
 
     def update(self, weight, rows, current, raw_grad, radial) -> None:
+        group = self.group
         # d_p = (raw_grad - radial w) + wd w in one pass
-        step_direction = raw_grad.addcmul_(current, (self.weight_decay - radial)[:, None])
-        if self.momentum:
-            buffer = rows.read(self.momentum_buffer, current.dtype)
-            step_direction = torch.add(step_direction, buffer, alpha=self.momentum, out=buffer)
-            rows.write(self.momentum_buffer, buffer)
-        current.add_(step_direction, alpha=-self.lr)
+        step_direction = raw_grad.addcmul_(current, (group["weight_decay"] - radial)[:, None])
+        if group["momentum"]:
+            state = self.per_class_state("momentum_buffer")
+            buffer = rows.read(state, current.dtype)
+            step_direction = torch.add(step_direction, buffer, alpha=group["momentum"], out=buffer)
+            rows.write(state, buffer)
+        current.add_(step_direction, alpha=-group["lr"])
         rows.write(weight, current)
 
 
@@ -141,44 +187,35 @@ class FusedAdamW(FusedOptimizer):
 
     state_names = ("exp_avg", "exp_avg_sq")
 
-    def __init__(
-        self,
-        rows: int,
-        dim: int,
-        lr: float,
-        weight_decay: float = 0.0,
-        state_dtype: torch.dtype = torch.float32,
-        betas: tuple[float, float] = (0.9, 0.999),
-        eps: float = 1e-8,
-    ):
-        self.betas = (float(betas[0]), float(betas[1]))
-        self.eps = float(eps)
-        super().__init__(rows, dim, lr, weight_decay, state_dtype)
+    def __init__(self, params, lr: float, weight_decay: float = 0.0, state_dtype: torch.dtype | None = None,
+                 betas: tuple[float, float] = (0.9, 0.999), eps: float = 1e-8):  # fmt: skip
+        super().__init__(params, lr, weight_decay, state_dtype, betas=(float(betas[0]), float(betas[1])),
+                         eps=float(eps))  # fmt: skip
 
     @property
     def name(self) -> str:
         return "adamw"
 
+    def begin_step(self) -> None:
+        """Counts the step for the bias correction, in `state["step"]`, a CPU float32 scalar as torch
+        keeps it."""
+        state = self.state[self.weight]
+        state["step"] = state.get("step", torch.tensor(0.0)) + 1
+
     def update(self, weight, rows, current, raw_grad, radial) -> None:
-        beta1, beta2 = self.betas
+        group = self.group
+        (beta1, beta2), lr, steps = group["betas"], group["lr"], int(self.state[self.weight]["step"])
         grad = raw_grad.addcmul_(current, radial[:, None], value=-1.0)
-        if self.weight_decay:
-            current.mul_(1 - self.lr * self.weight_decay)
-        exp_avg = rows.read(self.exp_avg, current.dtype).lerp_(grad, 1 - beta1)
-        exp_avg_sq = rows.read(self.exp_avg_sq, current.dtype)
+        if group["weight_decay"]:
+            current.mul_(1 - lr * group["weight_decay"])
+        exp_avg_state, exp_avg_sq_state = self.per_class_state("exp_avg"), self.per_class_state("exp_avg_sq")
+        exp_avg = rows.read(exp_avg_state, current.dtype).lerp_(grad, 1 - beta1)
+        exp_avg_sq = rows.read(exp_avg_sq_state, current.dtype)
         exp_avg_sq.mul_(beta2).addcmul_(grad, grad, value=1 - beta2)
-        step_size = self.lr / (1 - beta1**self.steps)
+        step_size = lr / (1 - beta1**steps)
         denominator = grad  # reuse the tile's buffer: the gradient is no longer needed
-        torch.sqrt(exp_avg_sq, out=denominator).div_(math.sqrt(1 - beta2**self.steps)).add_(self.eps)
+        torch.sqrt(exp_avg_sq, out=denominator).div_(math.sqrt(1 - beta2**steps)).add_(group["eps"])
         current.addcdiv_(exp_avg, denominator, value=-step_size)
-        rows.write(self.exp_avg, exp_avg)
-        rows.write(self.exp_avg_sq, exp_avg_sq)
+        rows.write(exp_avg_state, exp_avg)
+        rows.write(exp_avg_sq_state, exp_avg_sq)
         rows.write(weight, current)
-
-    def state_tensors(self) -> dict[str, torch.Tensor]:
-        return {**super().state_tensors(), "step": torch.tensor(float(self.steps))}
-
-    def load_state_tensors(self, values: dict[str, torch.Tensor]) -> None:
-        super().load_state_tensors(values)
-        if "step" in values:
-            self.steps = int(values["step"])

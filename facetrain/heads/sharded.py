@@ -108,15 +108,15 @@ class ShardedMarginHead(MarginHead):
         self._capacity: int | None = None
 
     def fuse_optimizer(self, optimizer: FusedOptimizer) -> None:
-        """Let `optimizer` update the weight tile by tile inside the backward; the weight gets no .grad."""
+        """Let `optimizer` (a FusedSGD / FusedAdamW over this head's weight) update the weight tile by
+        tile inside the backward; the weight then gets no .grad and `optimizer.step()` has nothing to do."""
         if self.tile_classes is None:
             raise FacetrainError("the fused head optimizer needs the tiled head (head.mode=tiled)")
-        for name, state in optimizer.state_tensors().items():
-            if state.dim() and state.shape != self.weight.shape:
-                raise FacetrainError(
-                    f"the fused optimizer's {name} is {tuple(state.shape)}, the head's shard "
-                    f"{tuple(self.weight.shape)}"
-                )
+        if optimizer.weight is not self.weight:
+            raise FacetrainError(
+                "the fused optimizer was built over another tensor than this head's weight: "
+                "FusedSGD([head.weight], lr=...)"
+            )
         self.fused_optimizer = optimizer
 
     @property

@@ -74,13 +74,12 @@ def head_weight_decay(cfg: OptimConfig) -> float:
     return cfg.weight_decay if cfg.head_weight_decay is None else cfg.head_weight_decay
 
 
-def build_fused_optimizer(cfg: OptimConfig, rows: int, dim: int, state_dtype: torch.dtype) -> FusedOptimizer:
-    """The tiled head's own optimizer for a shard of `rows` classes, with optim's settings for the head."""
+def build_fused_optimizer(cfg: OptimConfig, head: nn.Module, state_dtype: torch.dtype) -> FusedOptimizer:
+    """The tiled head's own optimizer over its weight, with optim's settings for the head."""
     settings = {"sgd": {"momentum": cfg.momentum}, "adamw": {"betas": tuple(cfg.betas)}}[cfg.name]
     return FUSED_OPTIMIZERS.build(
         cfg.name,
-        rows,
-        dim,
+        [head.weight],
         lr=cfg.lr,
         weight_decay=head_weight_decay(cfg),
         state_dtype=state_dtype,

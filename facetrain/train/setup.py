@@ -174,7 +174,7 @@ def build_head(
     )
     head.reset_parameters(seed=cfg.train.seed)
     if fused:
-        head.fuse_optimizer(build_fused_optimizer(cfg.optim, head.class_count, dim, state_dtype))
+        head.fuse_optimizer(build_fused_optimizer(cfg.optim, head, state_dtype))
     head = head.to(dims.device)
     if dims.is_primary:
         memory = estimate_head_memory(

@@ -74,7 +74,7 @@ def train_step(
     """
     fused = getattr(head, "fused_optimizer", None)
     if fused is not None:  # the tiled head updates itself inside the backward, at the schedule's rate
-        fused.lr = head_learning_rate(optimizer)
+        fused.param_groups[0]["lr"] = head_learning_rate(optimizer)
     loss_sum = torch.zeros((), device=settings.device)
     accuracy_sum = torch.zeros((), device=settings.device)
     for micro_step in range(settings.accumulation):
