@@ -108,7 +108,7 @@ def build_training_run(cfg: Config, dims: ParallelDims, resume: str | None) -> T
 
     state = TrainState()
     if checkpoint is not None:
-        state = load_checkpoint(checkpoint, dims, local, head, optimizer, scaler)
+        state = load_checkpoint(checkpoint, dims, local, head, optimizer, scaler, cfg.optim.name)
         if dims.is_primary:
             tqdm.write(f"resumed from {checkpoint} at step {state.step}")
     scheduler = build_lr_scheduler(optimizer, cfg.optim, cfg.train.steps, start_step=state.step)
