@@ -55,6 +55,7 @@ def test_a_second_run_into_a_busy_run_directory_is_refused_naming_the_holder(tmp
             "resume": run_cli("train", "-c", str(other), "--resume", "auto"),
             "launcher": run_cli("train", "-c", str(other), "--nproc", "2"),
             "eval": run_cli("eval", str(run), "--folder", str(tmp_path / "synth" / "heldout"), "--quiet"),
+            "export": run_cli("export", str(run), "-o", str(run / "export"), "--quiet"),
         }
         for name, result in refusals.items():
             assert result.returncode == 2, (name, result.stderr)
@@ -70,7 +71,8 @@ def test_a_second_run_into_a_busy_run_directory_is_refused_naming_the_holder(tmp
             .stderr.rstrip()
             .endswith("; wait for it to finish, or pass --out to write the report elsewhere")
         )
-        assert not (run / "eval").exists() and not (run / "checkpoints").exists()
+        assert not (run / "eval").exists() and not (run / "export").exists()
+        assert not (run / "checkpoints").exists()
         with (run / "metrics.csv").open() as handle:
             steps = [int(row["step"]) for row in csv.DictReader(handle)]
         assert steps == list(range(1, len(steps) + 1)), "only the first run's rows, in order"
