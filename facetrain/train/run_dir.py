@@ -87,7 +87,8 @@ def check_run_dir(run_dir: Path) -> None:
 
 def claim_run_dir(run_dir: Path) -> None:
     """Rank 0, before anything else is written: refuse a folder that is not a run, create and mark
-    the run directory, and take its lock until `facetrain.run_lock.release` (the trainer's end) or this process's."""
+    the run directory, and take its lock until `facetrain.run_lock.release` (at the trainer's end) or
+    this process's end, whichever comes first."""
     check_run_dir(run_dir)
     try:
         run_dir.mkdir(parents=True, exist_ok=True)
