@@ -368,6 +368,21 @@ def test_an_output_dir_that_is_a_file_or_under_one_is_refused(base_config, tmp_p
     assert blocker.read_text() == "mine"
 
 
+def test_an_output_dir_in_the_training_data_is_refused(base_config, tmp_path):
+    data = tmp_path / "faces"
+    (data / "alice").mkdir(parents=True)
+    for output_dir, where in ((data, "is data.path"), (data / "run", "lies in data.path")):
+        overrides = ["--set", f"data.path={data}", "--set", f"train.output_dir={output_dir}"]
+        line = one_error_line(run_config("-c", str(base_config), *overrides))
+        assert line == (
+            f"error: config {base_config}: train.output_dir = '{output_dir}': {where} ({data}), and the "
+            "run's files would become part of the dataset; choose a folder outside the data"
+        )
+    assert sorted(p.name for p in data.iterdir()) == ["alice"]
+    beside = ["--set", f"data.path={data}", "--set", f"train.output_dir={tmp_path / 'faces_run'}"]
+    assert run_config("-c", str(base_config), *beside).exit_code == 0
+
+
 def test_home_is_expanded_in_every_path_and_saved_expanded(base_config, tmp_path, monkeypatch):
     monkeypatch.setenv("HOME", str(tmp_path / "home"))
     paths = {

@@ -252,7 +252,7 @@ def test_output_is_replaced_only_when_asked_and_only_if_it_is_a_checkpoint(train
     user_dir = tmp_path / "mine"
     user_dir.mkdir()
     (user_dir / "notes.txt").write_text("keep me")
-    with pytest.raises(FacetrainError, match="is not a facetrain checkpoint directory"):
+    with pytest.raises(FacetrainError, match="is not an earlier import"):
         import_insightface(source, ARCH, user_dir, overwrite=True, progress=False)
     assert (user_dir / "notes.txt").read_text() == "keep me"
 

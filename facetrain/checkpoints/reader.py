@@ -43,13 +43,48 @@ def holds_checkpoints(run_dir: Path) -> bool:
 
 def find_damage(checkpoint: Path) -> str | None:
     """Why a finished checkpoint cannot be resumed from (a file missing, cut short or unreadable), or None."""
-    readers = {"meta.json": json.loads, "classes.json": json.loads, "config.yaml": yaml.safe_load}
-    for name, parse in readers.items():
+    for name in _READERS:
         try:
-            parse((checkpoint / name).read_text())
-        except (OSError, ValueError, yaml.YAMLError):
-            return f"{checkpoint / name} is missing or unreadable"
+            _parsed(checkpoint / name)
+        except _Unreadable as error:
+            return str(error)
     return find_data_damage(checkpoint)
+
+
+class _Unreadable(Exception):
+    pass
+
+
+_READERS = {
+    "meta.json": (json.loads, dict),
+    "classes.json": (json.loads, list),
+    "config.yaml": (yaml.safe_load, dict),
+}
+
+
+def _parsed(path: Path):
+    """The parsed contents of one of a checkpoint's small files; _Unreadable says why not."""
+    parse, kind = _READERS[path.name]
+    try:
+        value = parse(path.read_text())
+    except OSError as error:
+        raise _Unreadable(f"{path} is missing or unreadable ({error.strerror or error})") from None
+    except (UnicodeDecodeError, ValueError, yaml.YAMLError) as error:
+        reason = str(error).strip().splitlines()[0] if str(error).strip() else type(error).__name__
+        raise _Unreadable(
+            f"{path} is missing or unreadable (not valid {path.suffix[1:]}: {reason})"
+        ) from None
+    if not isinstance(value, kind):
+        raise _Unreadable(f"{path} is missing or unreadable (not a {kind.__name__} of facetrain's)")
+    return value
+
+
+def damaged_checkpoint_error(checkpoint: Path, damage: str) -> FacetrainError:
+    """One line for a checkpoint that cannot be read, offering the newest whole one before it."""
+    earlier = [p for p in complete_checkpoints(checkpoint.parent.parent) if p.name < checkpoint.name]
+    whole = [p for p in reversed(earlier) if find_damage(p) is None]
+    offer = f"use the one before it, {whole[0]}" if whole else "use another checkpoint"
+    return FacetrainError(f"checkpoint {checkpoint} is damaged: {damage}; {offer}")
 
 
 def _pointer_target(pointer: Path) -> Path:
@@ -121,12 +156,21 @@ def latest_checkpoint(run_dir: Path) -> Path | None:
 
 
 def read_meta(checkpoint: Path) -> dict:
-    return json.loads((checkpoint / "meta.json").read_text())
+    return _read(checkpoint, "meta.json")
 
 
 def read_config(checkpoint: Path) -> Config:
     path = checkpoint / "config.yaml"
-    return from_dict(Config, yaml.safe_load(path.read_text()), source=str(path))
+    return from_dict(Config, _read(checkpoint, "config.yaml"), source=str(path))
+
+
+def _read(checkpoint: Path, name: str):
+    """A checkpoint's small file, read as `find_damage` reads it: a damaged one is one line, the same
+    whether training resumes from it, `--init` starts from it or `export` reads it."""
+    try:
+        return _parsed(checkpoint / name)
+    except _Unreadable as error:
+        raise damaged_checkpoint_error(checkpoint, str(error)) from None
 
 
 def range_key(prefix: str, start: int, count: int) -> str:

@@ -59,7 +59,9 @@ _SYNTH_DEFAULTS = SynthConfig()
     help="Side of the square images in pixels.",
 )
 @click.option("--seed", type=int, default=_SYNTH_DEFAULTS.seed, show_default=True)
-@click.option("--overwrite", is_flag=True, help="Replace OUT if it already holds files.")
+@click.option(
+    "--overwrite", is_flag=True, help="Replace the synthetic set in OUT (anything else there is refused)."
+)
 def synth(
     out: Path,
     identities: int,

@@ -105,13 +105,7 @@ def eval_command(
     """
     import torch
 
-    from facetrain.eval.report import (
-        retrieval_table,
-        verification_table,
-        write_retrieval_report,
-        write_verification_report,
-    )
-    from facetrain.export.loading import load_model
+    from facetrain.train.run_dir import writing_into_run
 
     if [pairs_path, folder_root, market_root].count(None) != 2:
         raise click.UsageError(
@@ -133,7 +127,39 @@ def eval_command(
         "num_workers": workers,
     }
     extra = {"model": str(model)}
+    with writing_into_run(
+        out_dir, "facetrain eval", "wait for it to finish, or pass --out to write the report elsewhere"
+    ):
+        written = _evaluate(
+            model, out_dir, options, extra, pairs_path, images_root, skip_missing, folder_root, seed,
+            num_folds, market_root,
+        )  # fmt: skip
+    click.echo("wrote " + ", ".join(str(path) for path in written))
 
+
+def _evaluate(
+    model: Path,
+    out_dir: Path,
+    options: dict,
+    extra: dict,
+    pairs_path: Path | None,
+    images_root: Path | None,
+    skip_missing: bool,
+    folder_root: Path | None,
+    seed: int | None,
+    num_folds: int | None,
+    market_root: Path | None,
+) -> list[Path]:
+    """Run the evaluation MODEL was asked for, print its table and write its report to `out_dir`."""
+    from facetrain.eval.report import (
+        retrieval_table,
+        verification_table,
+        write_retrieval_report,
+        write_verification_report,
+    )
+    from facetrain.export.loading import load_model
+
+    device = options["device"]
     if market_root is None:
         from facetrain.eval.pair_making import folder_pair_set, write_pairs_csv
         from facetrain.eval.verify_pairs import KEPT_PAIRS_SUFFIX, load_pairs, verify
@@ -165,4 +191,4 @@ def eval_command(
         result = evaluate_market1501(loaded.module, market_root, loaded.image_size, **options)
         click.echo(retrieval_table(result))
         written = write_retrieval_report(result, out_dir, extra)
-    click.echo("wrote " + ", ".join(str(path) for path in written))
+    return written

@@ -103,10 +103,12 @@ def export(
       facetrain export runs/demo -o exported --evaluation runs/demo/eval/lfw_pairs.json
     """
     from facetrain.export.exporter import export_model
+    from facetrain.train.run_dir import writing_into_run
 
-    result = export_model(
-        checkpoint, out_dir, _parse_formats(formats), with_head, overwrite, not quiet, verification_report
-    )
+    with writing_into_run(out_dir, "facetrain export", "wait for it to finish, or choose another -o"):
+        result = export_model(
+            checkpoint, out_dir, _parse_formats(formats), with_head, overwrite, not quiet, verification_report
+        )
     click.echo(
         f"exported {result.card['architecture']} ({result.card['embedding_size']}-d) to {result.out_dir}"
     )

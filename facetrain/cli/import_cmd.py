@@ -27,7 +27,9 @@ def destination_options(command):
         help="Checkpoint folder to write.",
     )  # fmt: skip
     overwrite = click.option(
-        "--overwrite", is_flag=True, help="Replace OUT if it is an earlier import or checkpoint."
+        "--overwrite",
+        is_flag=True,
+        help="Replace OUT if it is an earlier import (never a training checkpoint).",
     )
     quiet = click.option("--quiet", is_flag=True, help="No progress bar.")
     return out(overwrite(quiet(command)))

@@ -69,8 +69,9 @@ def train(
     resume_command = _resume_command(config_path, overrides, nproc if launching else 1)
     if launching:
         from facetrain.parallel.launch import launch_local
-        from facetrain.train.run_dir import check_run_dir, find_checkpoint_to_resume
+        from facetrain.train.run_dir import check_run_dir, check_run_dir_free, find_checkpoint_to_resume
 
+        check_run_dir_free(Path(config.train.output_dir))
         find_checkpoint_to_resume(Path(config.train.output_dir), resume)
         check_run_dir(Path(config.train.output_dir))
         backend = config.parallel.backend  # more nccl ranks than GPUs are refused before any starts

@@ -9,6 +9,7 @@ value and what is allowed, so a user fixes it without reading a traceback.
 from __future__ import annotations
 
 import dataclasses
+import os
 from collections.abc import Callable, Iterator, Mapping
 from pathlib import Path
 from typing import Any
@@ -189,6 +190,22 @@ def _output_dir_is_a_folder(s: Context) -> Problem | None:
     return None
 
 
+def _output_dir_outside_the_data(s: Context) -> Problem | None:
+    """A run directory in the training data would become part of it: its `checkpoints/` an identity
+    folder without images, its files entries of the dataset."""
+    output_dir, data = Path(s.cfg.train.output_dir), Path(s.cfg.data.path)
+    inside, container = Path(os.path.realpath(output_dir)), Path(os.path.realpath(data))
+    if inside.is_relative_to(container):
+        where = "is data.path" if inside == container else "lies in data.path"
+        return (
+            "train.output_dir",
+            str(output_dir),
+            f"{where} ({data}), and the run's files would become part of the dataset; choose a folder "
+            "outside the data",
+        )
+    return None
+
+
 def _pipeline_settings(s: Context) -> Problem | None:
     """A pipelined backbone supports fp32 only, replaces gradient accumulation by micro-batches, and does
     not verify during training (the whole backbone lives on no single rank)."""
@@ -282,4 +299,5 @@ RULES: list[Rule] = [
     _stages_divide_world,
     _cuda_only_settings,
     _output_dir_is_a_folder,
+    _output_dir_outside_the_data,
 ]

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import multiprocessing
 import os
+import re
 import shutil
 from concurrent.futures import ProcessPoolExecutor
 from pathlib import Path
@@ -22,6 +23,8 @@ from facetrain.errors import FacetrainError
 from facetrain.progress import ProgressBar
 
 HELDOUT_SEED_OFFSET = 1_000_003
+IDENTITY_NAME = re.compile(r"id\d{5,}")
+IMAGE_NAME = re.compile(r"id\d{5,}_\d{4,}\.png")
 
 
 def identity_name(index: int) -> str:
@@ -102,12 +105,15 @@ def generate_synthetic(
 
     The set is written beside `out_dir` and moved into place when complete, so an interrupted run
     leaves no half-written dataset behind and an existing one is only removed once its replacement is
-    ready.
+    ready. Only a set facetrain wrote is ever removed (`foreign_entry`): a folder holding anything else
+    is refused, `overwrite` or not, naming the first file that is not facetrain's.
     """
     out_dir = Path(out_dir)
     replacing = out_dir.exists() and (not out_dir.is_dir() or any(out_dir.iterdir()))
     if replacing and not overwrite:
         raise FacetrainError(f"{out_dir} already exists; pass --overwrite to replace it")
+    if replacing:
+        _check_only_synthetic(out_dir, "--overwrite replaces only a synthetic set facetrain wrote")
     if cfg.identities < 1 or cfg.images_per_identity < 1 or cfg.image_size < 8:
         raise FacetrainError(
             "data.synth needs at least 1 identity with at least 1 image, and image_size >= 8; "
@@ -119,8 +125,10 @@ def generate_synthetic(
         check_pairs_settings(
             cfg.heldout_identities, cfg.heldout_images_per_identity, cfg.pairs_folds, cfg.pairs_per_fold
         )
-    tmp = out_dir.with_name(out_dir.name + ".tmp")
-    shutil.rmtree(tmp, ignore_errors=True)
+    tmp = out_dir.with_name(f".{out_dir.name}.synth-tmp")
+    if tmp.exists():  # left by an interrupted run: removed only when it is one
+        _check_only_synthetic(tmp, "it is in the way of the set being written")
+        shutil.rmtree(tmp)
     train_names = [identity_name(i) for i in range(cfg.identities)]
     heldout_names = [identity_name(cfg.identities + i) for i in range(cfg.heldout_identities)]
     jobs = [
@@ -152,7 +160,7 @@ def generate_synthetic(
         shutil.rmtree(tmp, ignore_errors=True)
         raise
     if replacing:
-        _remove(out_dir)
+        shutil.rmtree(out_dir)
     elif out_dir.is_dir():
         out_dir.rmdir()
     out_dir.parent.mkdir(parents=True, exist_ok=True)
@@ -160,8 +168,35 @@ def generate_synthetic(
     return out_dir
 
 
-def _remove(path: Path) -> None:
-    if path.is_dir() and not path.is_symlink():
-        shutil.rmtree(path)
-    else:
-        path.unlink()
+def _check_only_synthetic(folder: Path, why: str) -> None:
+    foreign = foreign_entry(folder)
+    if foreign is not None:
+        raise FacetrainError(
+            f"{foreign} was not written by facetrain synth, and {why}: move it out of {folder}, "
+            "or choose another folder"
+        )
+
+
+def foreign_entry(folder: Path) -> Path | None:
+    """The first path under `folder` that is not part of the layout `generate_synthetic` writes
+    (`folder` itself when it is not a plain folder), or None when everything there is facetrain's."""
+    if folder.is_symlink() or not folder.is_dir():
+        return folder
+    for part in sorted(folder.iterdir()):
+        if part.name not in ("train", "heldout") or part.is_symlink() or not part.is_dir():
+            return part
+        for identity in sorted(part.iterdir()):
+            if part.name == "heldout" and identity.name == "pairs.txt" and _is_plain_file(identity):
+                continue
+            if not IDENTITY_NAME.fullmatch(identity.name) or identity.is_symlink() or not identity.is_dir():
+                return identity
+            for image in sorted(identity.iterdir()):
+                if not (image.name.startswith(f"{identity.name}_") and IMAGE_NAME.fullmatch(image.name)):
+                    return image
+                if not _is_plain_file(image):
+                    return image
+    return None
+
+
+def _is_plain_file(path: Path) -> bool:
+    return path.is_file() and not path.is_symlink()

@@ -28,6 +28,7 @@ from pathlib import Path
 
 import torch
 
+from facetrain.checkpoints import holds_checkpoints
 from facetrain.config import Config, ModelConfig, save_config
 from facetrain.errors import FacetrainError
 from facetrain.files import refuse_to_overwrite
@@ -153,19 +154,34 @@ def write_backbone_checkpoint(backbone: Backbone, config: Config, out_dir: Path,
 
 
 def check_destination(out_dir: Path, overwrite: bool) -> None:
-    """Refuse to replace anything but an earlier checkpoint, so `--overwrite` never deletes user files."""
+    """Refuse to replace anything but an earlier import, so `--overwrite` never deletes user files nor
+    a training checkpoint (a run's `last` may name it, and resuming falls back only over damaged ones).
+    Nor is an import written into a run's checkpoints folder, where it would pass for one of its steps.
+    """
+    if out_dir.parent.name == "checkpoints" and holds_checkpoints(out_dir.parent.parent):
+        raise FacetrainError(
+            f"-o {out_dir} lies in the checkpoints folder of the training run {out_dir.parent.parent}, "
+            "where an import would pass for one of its checkpoints; choose another -o"
+        )
     if not overwrite:
         refuse_to_overwrite([out_dir])
         return
-    if out_dir.exists() and not (_is_checkpoint(out_dir) or _is_empty_directory(out_dir)):
+    if out_dir.exists() and not (_is_import(out_dir) or _is_empty_directory(out_dir)):
         raise FacetrainError(
-            f"-o {out_dir} exists and is not a facetrain checkpoint directory; "
-            "--overwrite only replaces an earlier import or checkpoint, so choose another -o"
+            f"-o {out_dir} exists and is not an earlier import; "
+            "--overwrite only replaces an earlier import, so choose another -o"
         )
 
 
-def _is_checkpoint(path: Path) -> bool:
-    return path.is_dir() and (path / "meta.json").is_file() and (path / ".metadata").is_file()
+def _is_import(path: Path) -> bool:
+    """A checkpoint `facetrain import` wrote (its meta.json says where it came from)."""
+    if not (path.is_dir() and (path / ".metadata").is_file()):
+        return False
+    try:
+        meta = json.loads((path / "meta.json").read_text())
+    except (OSError, ValueError):
+        return False
+    return isinstance(meta, dict) and "imported_from" in meta
 
 
 def _is_empty_directory(path: Path) -> bool:

@@ -17,6 +17,7 @@ from pathlib import Path
 
 import torch
 from torch import nn
+from tqdm import tqdm
 
 from facetrain.checkpoints import (
     is_checkpoint,
@@ -232,14 +233,26 @@ def load_checkpoint(
     head: ShardedMarginHead | None,
     optimizer: torch.optim.Optimizer,
     scaler: torch.amp.GradScaler | None,
+    optimizer_name: str | None = None,
 ) -> TrainState:
     """Restore everything into already-built objects; the head is resharded by class range.
 
     `backbone` may be one pipeline stage (its parameter names are a subset of the whole backbone's),
-    and `head` None on a stage without one.
+    and `head` None on a stage without one. A run resumed with another `optimizer_name` (optim.name)
+    than the checkpoint's starts that optimizer's state fresh, with a warning: one optimizer's state
+    (SGD's momentum) means nothing to another (AdamW's moments), and the weights, step and schedule
+    are what a run continues from.
     """
     checkpoint = resolve_checkpoint(path)
     meta = read_meta(checkpoint)
+    trained_with = None if optimizer_name is None else read_config(checkpoint).optim.name
+    keep_state = trained_with == optimizer_name
+    if not keep_state and dims.is_primary:
+        tqdm.write(
+            f"warning: checkpoint {checkpoint} was trained with optim.name={trained_with}, this run uses "
+            f"{optimizer_name}: {trained_with}'s state cannot seed {optimizer_name}'s, so {optimizer_name} "
+            f"starts with fresh state; the weights, step {meta['step']} and the schedule carry on"
+        )
     if head is not None and (meta["num_classes"], meta["embedding_size"]) != (
         head.num_classes,
         head.embedding_size,
@@ -255,10 +268,10 @@ def load_checkpoint(
     named = dict(backbone.named_parameters())
     backbone_keys = [k for k in index if k.startswith("optim/backbone/") and _param_name(k) in named]
     restored: dict[nn.Parameter, dict[str, torch.Tensor]] = {}
-    for key, value in load_tensors(checkpoint, backbone_keys, index).items():
+    for key, value in load_tensors(checkpoint, backbone_keys if keep_state else [], index).items():
         restored.setdefault(named[_param_name(key)], {})[key.rsplit("/", 1)[1]] = value
     if head is not None:
-        head_state = _load_head(checkpoint, index, head)
+        head_state = _load_head(checkpoint, index, head, keep_state)
         if head_state:
             restored[head.weight] = head_state
     restore_optimizer_state(optimizer, restored)
@@ -325,9 +338,11 @@ def _param_name(optimizer_key: str) -> str:
     return optimizer_key[len("optim/backbone/") :].rsplit("/", 1)[0]
 
 
-def _load_head(checkpoint: Path, index: dict, head: ShardedMarginHead) -> dict[str, torch.Tensor]:
-    """Restore the head's weight (and the fused optimizer's state); returns the state the torch
-    optimizer holds for the weight when the head is not fused."""
+def _load_head(
+    checkpoint: Path, index: dict, head: ShardedMarginHead, with_state: bool = True
+) -> dict[str, torch.Tensor]:
+    """Restore the head's weight (and, `with_state`, the fused optimizer's state); returns the state
+    the torch optimizer holds for the weight when the head is not fused."""
     weight = read_class_rows(checkpoint, index, "head/weight", head.class_start, head.class_count)
     if weight.numel() != head.weight.numel():
         raise FacetrainError(
@@ -336,6 +351,8 @@ def _load_head(checkpoint: Path, index: dict, head: ShardedMarginHead) -> dict[s
         )
     with torch.no_grad():
         head.weight.copy_(weight.view_as(head.weight))
+    if not with_state:
+        return {}
     # The same entries whichever mode wrote them, so a run may switch between the untiled head (state in
     # the torch optimizer, in the weight's dtype) and the tiled one (state in its fused optimizer).
     values = {}

@@ -1,15 +1,24 @@
-"""What a run directory may hold before training writes into it, and what a run resumes from.
+"""What a run directory may hold before training writes into it, who may write there, and what a run
+resumes from.
 
 Training never writes over what it did not make: a directory with checkpoints is continued only with
-`--resume`, and a `config.yaml` there that facetrain did not write (a user's own config, say) is never
-replaced. facetrain marks its resolved config with a first line of its own, `RUN_CONFIG_HEADER`, and
-replaces only a file that starts with it.
+`--resume`, a `config.yaml` there that facetrain did not write (a user's own config, say) is never
+replaced, and a folder that holds anything but a facetrain run is refused outright. A run is marked
+by `RUN_MARKER`, written when facetrain creates the directory; runs from before the marker are known
+by facetrain's own files (its config header, checkpoints, metrics log). facetrain marks its resolved
+config with a first line of its own, `RUN_CONFIG_HEADER`, and replaces only a file that starts with it.
+
+Whatever writes into a run directory holds its lock (`facetrain.run_lock`) meanwhile: rank 0 of a
+training run for the run's whole life, an eval report or an export while it writes.
 """
 
 from __future__ import annotations
 
 import json
 import os
+import time
+from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 
 import yaml
@@ -24,26 +33,118 @@ from facetrain.checkpoints import (
 from facetrain.config import Config, to_dict
 from facetrain.errors import EveryRankError, FacetrainError
 from facetrain.files import atomic_write_text
+from facetrain.run_lock import LOCK_NAME, acquire, holds, release
+from facetrain.train.metrics_log import COLUMNS as METRICS_COLUMNS
 
 RUN_CONFIG = "config.yaml"
 RUN_CONFIG_HEADER = "# facetrain train: this run's resolved config, rewritten at each start; edit a copy\n"
+RUN_MARKER = ".facetrain-run"
+BUSY_ADVICE = "wait for it to finish or stop it, or choose another train.output_dir"
+
+
+def is_run_dir(path: Path) -> bool:
+    """Whether `path` is a facetrain run directory: marked, or holding facetrain's own run files."""
+    if not path.is_dir():
+        return False
+    if (path / RUN_MARKER).is_file() or (path / LOCK_NAME).is_file() or holds_checkpoints(path):
+        return True
+    return _first_line(path / RUN_CONFIG) == RUN_CONFIG_HEADER or _first_line(path / "metrics.csv") == (
+        ",".join(METRICS_COLUMNS) + "\n"
+    )
+
+
+def _first_line(path: Path) -> str | None:
+    try:
+        with path.open() as handle:
+            return handle.readline()
+    except (OSError, UnicodeDecodeError):
+        return None
 
 
 def check_run_dir(run_dir: Path) -> None:
-    """Refuse a run directory whose `config.yaml` is someone else's file."""
+    """Refuse a run directory whose `config.yaml` is someone else's file, and a folder that is
+    neither empty nor a facetrain run."""
     path = run_dir / RUN_CONFIG
-    if not path.is_file():
-        return
+    if path.is_file():
+        try:
+            with path.open() as handle:
+                first_line = handle.readline()
+        except OSError as error:
+            raise EveryRankError(f"cannot read {path}: {error.strerror}") from None
+        if first_line != RUN_CONFIG_HEADER:
+            raise EveryRankError(
+                f"{path} was not written by facetrain and training would replace it; move it out of "
+                "train.output_dir, or choose another train.output_dir"
+            )
+    if run_dir.is_dir() and not is_run_dir(run_dir):
+        entries = sorted(run_dir.iterdir())
+        if entries:
+            raise EveryRankError(
+                f"train.output_dir {run_dir} is not a facetrain run and holds files of its own (first: "
+                f"{entries[0]}); training would write among them: choose a new or empty folder"
+            )
+
+
+def claim_run_dir(run_dir: Path) -> None:
+    """Rank 0, before anything else is written: refuse a folder that is not a run, create and mark
+    the run directory, and take its lock until `facetrain.run_lock.release` (at the trainer's end) or
+    this process's end, whichever comes first."""
+    check_run_dir(run_dir)
     try:
-        with path.open() as handle:
-            first_line = handle.readline()
+        run_dir.mkdir(parents=True, exist_ok=True)
+        acquire(run_dir, "facetrain train", BUSY_ADVICE)
+        marker = run_dir / RUN_MARKER
+        if not marker.exists():
+            created = {"created_by": "facetrain train", "created": time.strftime("%Y-%m-%dT%H:%M:%S%z")}
+            atomic_write_text(marker, json.dumps(created) + "\n")
     except OSError as error:
-        raise EveryRankError(f"cannot read {path}: {error.strerror}") from None
-    if first_line != RUN_CONFIG_HEADER:
-        raise EveryRankError(
-            f"{path} was not written by facetrain and training would replace it; move it out of "
-            "train.output_dir, or choose another train.output_dir"
-        )
+        release(run_dir)
+        raise _unwritable(run_dir, error) from None
+
+
+def check_run_dir_free(run_dir: Path) -> None:
+    """Before a launcher starts its ranks: refuse at once when another process holds the run."""
+    if is_run_dir(run_dir):
+        try:
+            acquire(run_dir, "facetrain train", BUSY_ADVICE)
+        except OSError as error:
+            raise _unwritable(run_dir, error) from None
+        release(run_dir)
+
+
+@contextmanager
+def writing_into_run(path: Path, command: str, advice: str) -> Iterator[None]:
+    """Hold the lock of the run directory `path` lies in, if any, while writing there.
+
+    Where the lock file cannot be created (a read-only run), nobody can write there either: the write
+    itself then fails with its own message.
+    """
+    run = enclosing_run(path)
+    locked = False
+    if run is not None and not holds(run):
+        try:
+            acquire(run, command, advice)
+            locked = True
+        except OSError:
+            pass
+    try:
+        yield
+    finally:
+        if locked:
+            release(run)
+
+
+def enclosing_run(path: Path) -> Path | None:
+    """The facetrain run directory `path` is, or lies in; None when it lies in none."""
+    path = Path(os.path.abspath(path))
+    return next((candidate for candidate in (path, *path.parents) if is_run_dir(candidate)), None)
+
+
+def _unwritable(run_dir: Path, error: OSError) -> FacetrainError:
+    return FacetrainError(
+        f"cannot write to train.output_dir {run_dir}: {error.strerror} ({error.filename}); "
+        "choose a writable folder with free space"
+    )
 
 
 def write_run_config(cfg: Config, run_dir: Path) -> None:
@@ -54,10 +155,7 @@ def write_run_config(cfg: Config, run_dir: Path) -> None:
             run_dir / RUN_CONFIG, RUN_CONFIG_HEADER + yaml.safe_dump(to_dict(cfg), sort_keys=False)
         )
     except OSError as error:
-        raise FacetrainError(
-            f"cannot write to train.output_dir {run_dir}: {error.strerror} ({error.filename}); "
-            "choose a writable folder with free space"
-        ) from None
+        raise _unwritable(run_dir, error) from None
 
 
 def restarted_by_elastic_agent(run_dir: Path) -> bool:

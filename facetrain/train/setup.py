@@ -36,7 +36,7 @@ from facetrain.train.checkpoint import TrainState, load_checkpoint
 from facetrain.train.device_defaults import apply_device_defaults, resolve_device_defaults, tile_classes
 from facetrain.train.init_weights import load_initial_backbone
 from facetrain.train.optim import build_fused_optimizer, build_lr_scheduler, build_optimizer
-from facetrain.train.run_dir import check_run_dir, find_checkpoint_to_resume, write_run_config
+from facetrain.train.run_dir import check_run_dir, claim_run_dir, find_checkpoint_to_resume, write_run_config
 from facetrain.train.step import StepSettings
 
 
@@ -67,6 +67,7 @@ class TrainingRun:
 
 def build_training_run(cfg: Config, dims: ParallelDims, resume: str | None) -> TrainingRun:
     run_dir = Path(cfg.train.output_dir)
+    comm.primary_first(lambda: claim_run_dir(run_dir), also_others=False, group=dims.control_group)
     checkpoint, notes = find_checkpoint_to_resume(run_dir, resume)
     check_run_dir(run_dir)
     device_defaults = resolve_device_defaults(dims.device.type, cfg)
@@ -107,7 +108,7 @@ def build_training_run(cfg: Config, dims: ParallelDims, resume: str | None) -> T
 
     state = TrainState()
     if checkpoint is not None:
-        state = load_checkpoint(checkpoint, dims, local, head, optimizer, scaler)
+        state = load_checkpoint(checkpoint, dims, local, head, optimizer, scaler, cfg.optim.name)
         if dims.is_primary:
             tqdm.write(f"resumed from {checkpoint} at step {state.step}")
     scheduler = build_lr_scheduler(optimizer, cfg.optim, cfg.train.steps, start_step=state.step)

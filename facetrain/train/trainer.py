@@ -20,6 +20,7 @@ from collections.abc import Iterator
 import torch
 from torch.distributed.elastic.multiprocessing.errors import record
 
+from facetrain import run_lock
 from facetrain.config import Config
 from facetrain.config.validate import validate
 from facetrain.errors import EveryRankError, FacetrainError, PeerFailed
@@ -64,6 +65,7 @@ def train(cfg: Config, resume: str | None = None) -> dict:
             raise collective_failure_error(error, dims.rank, dims.world_size, step) from error
         raise
     finally:
+        run_lock.release(cfg.train.output_dir)
         if owns_group:
             destroy_parallel()
 
