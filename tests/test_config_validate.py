@@ -375,7 +375,7 @@ def test_an_output_dir_in_the_training_data_is_refused(base_config, tmp_path):
         overrides = ["--set", f"data.path={data}", "--set", f"train.output_dir={output_dir}"]
         line = one_error_line(run_config("-c", str(base_config), *overrides))
         assert line == (
-            f"error: config {base_config}: train.output_dir = '{output_dir}': {where} ({data}), and the "
+            f"error: --set: train.output_dir = '{output_dir}': {where} ({data}), and the "
             "run's files would become part of the dataset; choose a folder outside the data"
         )
     assert sorted(p.name for p in data.iterdir()) == ["alice"]
