@@ -19,3 +19,9 @@ STATS_SOURCES = ("folder", "list", "recordio", "market1501")
 # cross-validation folds of a pair set without its own, and the seed that deals them
 DEFAULT_FOLDS = 10
 DEFAULT_FOLD_SEED = 0
+
+# where `facetrain bench` commands run
+DEVICE_CHOICES = ("auto", "cpu", "cuda")
+
+# train.precision and `facetrain bench train --precision`: the autocast dtypes by name (train/step.py)
+PRECISIONS = ("bf16", "fp16", "fp32")

@@ -30,9 +30,9 @@ from facetrain.bench.common import (
     timed_repeats,
 )
 from facetrain.bench.pipeline_cases import PipelineBenchSettings
-from facetrain.bench.train import train_command
 from facetrain.bench.workers import WorkerPool, collective_backend
 from facetrain.cli import main
+from facetrain.cli.bench_train import train_command
 from facetrain.errors import FacetrainError
 from tests.train_helpers import REPO
 

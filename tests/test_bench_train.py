@@ -6,7 +6,7 @@ import json
 
 from click.testing import CliRunner
 
-from facetrain.bench.train import train_command
+from facetrain.cli.bench_train import train_command
 
 
 def test_bench_train_writes_both_heads_and_targets(tmp_path):

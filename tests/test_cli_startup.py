@@ -12,19 +12,12 @@ import subprocess
 import sys
 
 import click
-import pytest
 
 HEAVY = ("torch", "torchvision", "cv2", "numpy", "pandas", "matplotlib", "onnx", "dlib", "sklearn")
 
 # Benchmarks whose click commands are defined beside the torch code they time (facetrain/bench/*.py):
 # their own --help imports torch until the option definitions move to a light module.
-HEAVY_HELP = {
-    ("bench", "head"),
-    ("bench", "data"),
-    ("bench", "train"),
-    ("bench", "eval"),
-    ("bench", "pipeline"),
-}
+HEAVY_HELP: set[tuple[str, ...]] = set()  # every command's --help is light now
 
 WALK = """
 import json, sys
@@ -81,18 +74,6 @@ def test_help_of_every_command_imports_nothing_heavy():
     for path, outcome in report.items():
         assert outcome["exit_code"] == 0 and outcome["usage"], f"facetrain {path} --help failed"
         assert outcome["heavy"] == [], f"facetrain {path} --help imported {outcome['heavy']}"
-
-
-@pytest.mark.slow
-@pytest.mark.parametrize("path", sorted(HEAVY_HELP), ids=" ".join)
-@pytest.mark.xfail(strict=True, reason="defined in facetrain/bench/ beside torch code; drop from HEAVY_HELP")
-def test_help_of_benchmarks_imports_nothing_heavy(path):
-    script = (
-        "import sys\nfrom click.testing import CliRunner\nfrom facetrain.cli import main\n"
-        f"assert CliRunner().invoke(main, [*{list(path)!r}, '--help']).exit_code == 0\n"
-        f"print([m for m in {HEAVY!r} if m in sys.modules])"
-    )
-    assert _run(script).strip() == "[]"
 
 
 def _lazy_groups(group: click.Group, ctx: click.Context | None = None):

@@ -337,7 +337,8 @@ def test_bench_pipeline_writes_json_and_plots_and_keeps_earlier_results(tmp_path
 
     from click.testing import CliRunner
 
-    from facetrain.bench.pipeline import OUTPUT_NAMES, pipeline_command
+    from facetrain.bench.pipeline_report import OUTPUT_NAMES
+    from facetrain.cli.bench_pipeline import pipeline_command
 
     args = [
         "--backbone", "small", "--image-size", "16", "--batch-size", "8", "--embedding-size", "8",

@@ -16,18 +16,15 @@ from collections.abc import Callable, Iterable
 from pathlib import Path
 from typing import Any
 
-import click
 import torch
 
+from facetrain.choices import DEVICE_CHOICES
 from facetrain.errors import FacetrainError
 from facetrain.files import write_atomic
 
 PROC_STATUS = Path("/proc/self/status")
 PROC_STATM = Path("/proc/self/statm")
 PROC_CLEAR_REFS = Path("/proc/self/clear_refs")
-
-
-DEVICE_CHOICES = ("auto", "cpu", "cuda")
 
 
 def resolve_device(name: str, cuda_available: Callable[[], bool] = torch.cuda.is_available) -> str:
@@ -42,13 +39,6 @@ def resolve_device(name: str, cuda_available: Callable[[], bool] = torch.cuda.is
     if name not in DEVICE_CHOICES:
         raise FacetrainError(f"--device must be one of {', '.join(DEVICE_CHOICES)}, got {name!r}")
     return name
-
-
-def device_option(help_text: str = "Where the benchmark runs; auto: cuda when torch sees a GPU, else cpu."):
-    """The `--device` option every `facetrain bench` command shares."""
-    return click.option(
-        "--device", type=click.Choice(DEVICE_CHOICES), default="auto", show_default=True, help=help_text
-    )
 
 
 class CudaApi:

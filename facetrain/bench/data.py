@@ -23,7 +23,7 @@ import cv2
 import numpy as np
 import torch
 
-from facetrain.bench.common import device_option, gpu_info, machine_info, parse_int_list, resolve_device
+from facetrain.bench.common import gpu_info, machine_info, parse_int_list, resolve_device
 from facetrain.bench.data_loader import loader_images_per_second
 from facetrain.config.schema import AugmentConfig
 from facetrain.data.dataset import FaceDataset, SampleTable
@@ -172,29 +172,7 @@ def format_table(result: dict) -> str:
     return "\n".join(lines)
 
 
-@click.command("data")
-@click.option(
-    "--images", type=click.IntRange(min=8), default=512, show_default=True, help="JPEGs in the fixture set."
-)
-@click.option(
-    "--identities", type=click.IntRange(min=1), default=32, show_default=True, help="Identity folders."
-)
-@click.option("--repeats", type=click.IntRange(min=1), default=3, show_default=True, help="Timed passes.")
-@click.option(
-    "--out",
-    type=click.Path(dir_okay=False, path_type=Path),
-    default=Path("runs/bench/data.json"),
-    show_default=True,
-)
-@click.option("--overwrite", is_flag=True, help="Replace the JSON of an earlier run.")
-@click.option(
-    "--loader-workers",
-    default="",
-    help="Also time the trainer's DataLoader with these worker counts, e.g. 8,16 (--repeats epochs each).",
-)
-@click.option("--loader-batch", type=click.IntRange(min=1), default=128, show_default=True)
-@device_option("Where --loader-workers deliver the batches (pinned memory on cuda).")
-def data_command(
+def run(
     images: int,
     identities: int,
     repeats: int,
@@ -204,19 +182,7 @@ def data_command(
     loader_batch: int,
     device: str,
 ) -> None:
-    """Images/s of one data worker: decode + augment + normalize of 112x112 JPEGs, from a folder and a .rec.
-
-    Runs in this process on one core (torch and OpenCV at one thread each), the share of one DataLoader
-    worker. Target: >= 1,500 images/s per worker for the whole pipeline. The median of --repeats passes
-    is reported; per-pass figures and machine details go to the JSON.
-
-    \b
-    Examples:
-      facetrain bench data
-      facetrain bench data --images 2000 --repeats 5 --out runs/bench/data_big.json
-      facetrain bench data --overwrite
-      facetrain bench data --images 4096 --loader-workers 8,16 --device cuda
-    """
+    """The work of `facetrain bench data` (its options and help: facetrain/cli/bench_data.py)."""
     device = resolve_device(device)
     workers = tuple(parse_int_list(loader_workers, "--loader-workers", minimum=0)) if loader_workers else ()
     if not overwrite:

@@ -18,7 +18,7 @@ import click
 import numpy as np
 import torch
 
-from facetrain.bench.common import device_option, gpu_info, machine_info, resolve_device, timed_repeats
+from facetrain.bench.common import gpu_info, machine_info, resolve_device, timed_repeats
 from facetrain.config.schema import ModelConfig
 from facetrain.eval.embedding import compute_embeddings
 from facetrain.eval.metrics import verification_metrics
@@ -101,49 +101,12 @@ def format_table(result: dict[str, Any]) -> str:
     )
 
 
-@click.command("eval")
-@click.option(
-    "--backbone", default="r50", show_default=True, help="Backbone to embed with (model registry name)."
-)
-@click.option(
-    "--image-size", type=click.IntRange(min=8), default=112, show_default=True, help="Square input side."
-)
-@click.option(
-    "--batch-size", type=click.IntRange(min=1), default=128, show_default=True, help="Images per batch."
-)
-@click.option("--batches", type=click.IntRange(min=1), default=2, show_default=True, help="Timed batches.")
-@click.option(
-    "--threads",
-    type=click.IntRange(min=1),
-    default=torch.get_num_threads(),
-    show_default=True,
-    help="Torch threads.",
-)
-@click.option(
-    "--pairs",
-    type=click.IntRange(min=20),
-    default=6000,
-    show_default=True,
-    help="Pairs for the metric timing.",
-)
-@click.option(
-    "--repeats", type=click.IntRange(min=1), default=5, show_default=True, help="Timed metric runs."
-)
-@click.option(
-    "--out",
-    type=click.Path(dir_okay=False, path_type=Path),
-    default=Path("runs/bench/eval.json"),
-    show_default=True,
-)
-@click.option("--overwrite", is_flag=True, help="Replace the JSON of an earlier run.")
-@click.option("--quiet", is_flag=True, help="No progress bar.")
-@device_option("Where the backbone embeds; the metrics always run on the CPU.")
-def eval_command(
+def run(
     backbone: str,
     image_size: int,
     batch_size: int,
     batches: int,
-    threads: int,
+    threads: int | None,
     pairs: int,
     repeats: int,
     out: Path,
@@ -151,22 +114,9 @@ def eval_command(
     quiet: bool,
     device: str,
 ) -> None:
-    """Embedding throughput (images/s) on CPU or GPU and the time to compute verification metrics.
-
-    Embeds --batches batches of random 8-bit images (after one untimed warm-up batch) with a freshly
-    initialized --backbone, without the flip test (which doubles the model's work), and times the
-    full verification metrics (10-fold accuracy, ROC, AUC, EER, TAR@FAR) on --pairs random scores,
-    the median of --repeats runs against the target of under 1 s. Prints a markdown table for
-    docs/benchmarks.md and writes the figures and machine details as JSON to --out.
-
-    \b
-    Examples:
-      facetrain bench eval
-      facetrain bench eval --backbone r18 --batches 4 --threads 2 --overwrite
-      facetrain bench eval --backbone small --out runs/bench/eval_small.json
-      facetrain bench eval --device cuda --batch-size 256 --batches 8
-    """
+    """The work of `facetrain bench eval` (its options and help: facetrain/cli/bench_eval.py)."""
     device = resolve_device(device)
+    threads = threads or torch.get_num_threads()
     if not overwrite:
         refuse_to_overwrite([out])
     result = {

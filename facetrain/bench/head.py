@@ -17,7 +17,6 @@ from pathlib import Path
 import click
 
 from facetrain.bench.common import (
-    device_option,
     gpu_info,
     machine_info,
     mean_of_max_over_ranks,
@@ -185,65 +184,7 @@ def run_head_benchmark(settings: HeadBenchSettings, progress: bool = True) -> di
     }
 
 
-@click.command("head")
-@click.option(
-    "--classes",
-    help="Class counts C, comma-separated [100000,1000000; --capacity: 100000,300000,1000000,3000000].",
-)
-@click.option(
-    "--world-sizes", default="1,2,4", show_default=True, help="Ranks N (CPU processes), comma-separated."
-)
-@click.option("--batch", default=256, show_default=True, type=click.IntRange(min=1), help="Global batch B.")
-@click.option("--dim", default=512, show_default=True, type=click.IntRange(min=1), help="Embedding size D.")
-@click.option(
-    "--heads",
-    help="Heads to compare [sharded,tiled,dense,naive; --capacity: sharded,tiled,tiled_bf16,dense,naive]. "
-    "sharded is the untiled head; tiled and tiled_bf16 the tiled head with its fused SGD.",
-)
-@click.option(
-    "--tile-classes",
-    type=click.IntRange(min=1),
-    help="Tile T [the trainer's default for the device: 8192 on a CPU, 65536 on CUDA].",
-)
-@click.option("--steps", type=click.IntRange(min=1), help="Timed steps [3; --capacity: 1].")
-@click.option("--warmup", type=click.IntRange(min=0), help="Untimed steps first [1; --capacity: 0].")
-@click.option(
-    "--memory-limit-gb",
-    default=18.0,
-    show_default=True,
-    type=click.FloatRange(min=0, min_open=True),
-    help="Skip configurations whose estimated memory over all ranks exceeds this; --largest fills it.",
-)
-@click.option(
-    "--capacity",
-    is_flag=True,
-    help="Per-rank peak memory of a full training step (with the optimizer) against C, by head, at one "
-    "world size (the first of --world-sizes); classes per GB and its targets.",
-)
-@click.option(
-    "--largest",
-    default="",
-    help="With --capacity: heads whose largest trainable C under --memory-limit-gb to find, e.g. tiled_bf16,tiled.",
-)
-@device_option(
-    "Where the heads run; cuda: rank r on GPU r modulo the GPUs (--capacity: one GPU, --world-sizes 1)."
-)
-@click.option(
-    "--precision",
-    type=click.Choice(["fp32", "bf16"]),
-    default="fp32",
-    show_default=True,
-    help="Without --capacity: bf16 runs each step under bf16 autocast and times bf16 GEMMs.",
-)
-@click.option(
-    "--out",
-    default="runs/bench/head",
-    show_default=True,
-    type=click.Path(file_okay=False, path_type=Path),
-    help="Folder for the JSON, PNG and markdown outputs.",
-)
-@click.option("--overwrite", is_flag=True, help="Replace the outputs of an earlier run in --out.")
-def head_command(
+def run(
     classes: str | None,
     world_sizes: str,
     batch: int,
@@ -260,28 +201,7 @@ def head_command(
     out: Path,
     overwrite: bool,
 ) -> None:
-    """Compare the sharded margin head with the dense (DDP) and naive model-parallel FC, on CPU or CUDA.
-
-    For each class count C, world size N and head, N processes each take B/N random fp32
-    embeddings and time forward + backward (the tiled head's fused update included), measure per-rank
-    peak memory and bytes sent per step, and the step's three untiled GEMMs alone. Prints a table and
-    PASS/MISS for the targets; writes JSON, a PNG plot and the markdown table to --out.
-
-    With --capacity: one full training step per configuration (forward, backward, SGD with momentum),
-    per-rank peak memory against C for each head, classes per GB of it, and (--largest) the largest C
-    one process trains under --memory-limit-gb. Writes bench_head_capacity.{json,png,md}.
-
-    \b
-    Examples:
-      facetrain bench head                                   # the issue's sizes (long)
-      facetrain bench head --classes 100000 --world-sizes 1,2
-      facetrain bench head --classes 1000,5000 --batch 16 --dim 32 --steps 1 --out /tmp/head
-      facetrain bench head --heads sharded --memory-limit-gb 8 --overwrite
-      facetrain bench head --capacity --world-sizes 1        # memory against C (long)
-      facetrain bench head --capacity --world-sizes 1 --largest tiled_bf16,tiled --memory-limit-gb 20
-      facetrain bench head --capacity --world-sizes 1 --device cuda --largest tiled_bf16 --memory-limit-gb 130
-      facetrain bench head --device cuda --world-sizes 1 --batch 1024 --classes 1000000 --precision bf16
-    """
+    """The work of `facetrain bench head` (its options and help: facetrain/cli/bench_head.py)."""
     if not capacity and largest:
         raise FacetrainError("--largest belongs to --capacity; add --capacity")
     if capacity and precision != "fp32":

@@ -12,16 +12,17 @@ from __future__ import annotations
 import itertools
 import os
 import statistics
-from dataclasses import asdict, dataclass
+from dataclasses import asdict
 
 import torch
 
 from facetrain.bench.common import gpu_info, machine_info, mean_of_max_over_ranks, timed_repeats
+from facetrain.bench.pipeline_settings import DEFAULTS, PipelineBenchSettings  # noqa: F401 (re-exported)
 from facetrain.bench.workers import WorkerPool
 from facetrain.config.schema import ModelConfig, OptimConfig, ParallelConfig
 from facetrain.errors import FacetrainError
 from facetrain.heads import ShardedMarginHead
-from facetrain.models import BACKBONES, build_backbone
+from facetrain.models import build_backbone
 from facetrain.parallel import comm
 from facetrain.parallel.dims import ParallelDims, init_parallel
 from facetrain.parallel.parallelize import parallelize_backbone
@@ -37,55 +38,6 @@ from facetrain.train.step import StepSettings, train_step
 
 SPEEDUP_TARGET = 1.5
 OPTIM = OptimConfig(lr=0.01, momentum=0.9, grad_clip=None)
-
-
-@dataclass(frozen=True)
-class PipelineBenchSettings:
-    backbone: str = "r50"
-    image_size: int = 56
-    batch_size: int = 64
-    embedding_size: int = 512
-    stages: int = 2
-    microbatches: int = 4
-    split_sizes: tuple[int, ...] = (32, 16, 8)
-    schedule: str = "gpipe"
-    split_at: tuple[str, ...] = ()
-    classes: int = 1000  # of the sharded margin head on the last stage
-    repeats: int = 3
-    steps: int = 2
-    warmup: int = 1
-    seed: int = 0
-    device: str = "cpu"
-
-    @property
-    def input_shape(self) -> tuple[int, int, int, int]:
-        return (self.batch_size, 3, self.image_size, self.image_size)
-
-    def microbatch_counts(self) -> list[int]:
-        """Model parallel (1), the pipelined bar, and every swept split size, as micro-batch counts."""
-        counts = {1, self.microbatches} | {self.batch_size // size for size in self.split_sizes}
-        return sorted(counts)
-
-    def validate(self, gpu_count: int | None = None) -> None:
-        BACKBONES.get(self.backbone)
-        check_stage_devices(
-            self.device, self.stages, torch.cuda.device_count() if gpu_count is None else gpu_count
-        )
-        for size in (*self.split_sizes, self.batch_size // max(self.microbatches, 1)):
-            if size < 1 or self.batch_size % size:
-                raise FacetrainError(
-                    f"micro-batch size {size} does not divide --batch-size {self.batch_size}; "
-                    "choose --split-sizes and --microbatches that divide it"
-                )
-        if self.microbatches < 2 or self.batch_size % self.microbatches:
-            raise FacetrainError(f"--microbatches {self.microbatches} must be >= 2 and divide --batch-size")
-        if self.schedule == "1f1b" and min(c for c in self.microbatch_counts() if c > 1) < self.stages:
-            raise FacetrainError(
-                f"--schedule 1f1b needs at least --stages {self.stages} micro-batches per step"
-            )
-
-
-DEFAULTS = PipelineBenchSettings()
 
 
 def check_stage_devices(device: str, stages: int, gpu_count: int) -> None:

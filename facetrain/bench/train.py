@@ -21,7 +21,6 @@ import torch.nn.functional as F
 from torch import nn
 
 from facetrain.bench.common import (
-    device_option,
     gpu_info,
     machine_info,
     mean_of_max_over_ranks,
@@ -41,7 +40,7 @@ from facetrain.parallel.dims import ParallelDims, init_parallel
 from facetrain.parallel.parallelize import parallelize_backbone
 from facetrain.registry import Registry
 from facetrain.train.optim import build_optimizer
-from facetrain.train.step import AUTOCAST_DTYPES, StepSettings, train_step
+from facetrain.train.step import StepSettings, train_step
 
 HEAD_OVERHEAD_TARGET = 0.15
 
@@ -186,44 +185,11 @@ def format_table(result: dict) -> str:
     return "\n".join(lines)
 
 
-@click.command("train")
-@click.option("--classes", type=click.IntRange(min=2), default=100_000, show_default=True)
-@click.option("--world-size", type=click.IntRange(min=1), default=2, show_default=True)
-@click.option("--backbone", default="small", show_default=True, help="A registered backbone.")
-@click.option("--image-size", type=click.IntRange(min=16), default=112, show_default=True)
-@click.option("--dim", type=click.IntRange(min=1), default=512, show_default=True, help="Embedding size.")
-@click.option("--batch", type=click.IntRange(min=1), default=64, show_default=True, help="Images per rank.")
-@click.option("--steps", type=click.IntRange(min=1), default=5, show_default=True)
-@click.option("--warmup", type=click.IntRange(min=0), default=2, show_default=True)
-@click.option(
-    "--heads",
-    default="sharded,replicated",
-    show_default=True,
-    help="Classifiers to time, in order: sharded, replicated, linear (plain nn.Linear, --linear-classes).",
-)
-@click.option("--linear-classes", type=click.IntRange(min=2), default=1000, show_default=True)
-@click.option("--precision", type=click.Choice(sorted(AUTOCAST_DTYPES)), default="fp32", show_default=True)
-@click.option("--channels-last", is_flag=True, help="Backbone and images in channels_last.")
-@click.option("--out", type=click.Path(file_okay=False), default="runs/bench/train", show_default=True)
-@device_option("Where the ranks run; cuda: rank r on GPU r modulo the GPUs, nccl when each has its own.")
-def train_command(
+def run(
     classes, world_size, backbone, image_size, dim, batch, steps, warmup, heads, linear_classes,
     precision, channels_last, out, device,
 ) -> None:  # fmt: skip
-    """End-to-end training images/s and per-rank peak memory: sharded head vs DDP-replicated full FC.
-
-    Targets (C = 100k, 2 ranks): the sharded head reaches >= 1.5x the images/s of the replicated FC at
-    <= 0.6x its per-rank peak memory (on the CPU peak RSS growth of each rank's process over the run,
-    on CUDA the peak of the GPU's allocated bytes). With the linear head too: the sharded head's step
-    is at most 15 % longer than the backbone's under a plain linear classifier.
-
-    \b
-    Examples:
-      facetrain bench train
-      facetrain bench train --classes 1000000 --backbone r18 --batch 32
-      facetrain bench train --device cuda --world-size 1 --backbone r50 --batch 256 --precision bf16 \\
-          --channels-last --classes 2000000 --heads sharded,linear
-    """
+    """The work of `facetrain bench train` (its options and help: facetrain/cli/bench_train.py)."""
     settings = {
         "device": resolve_device(device),
         "classes": classes,

@@ -5,11 +5,11 @@ import click
 from facetrain.cli import LazyGroup
 
 BENCHMARKS = {
-    "head": "facetrain.bench.head:head_command",
-    "data": "facetrain.bench.data:data_command",
-    "train": "facetrain.bench.train:train_command",
-    "eval": "facetrain.bench.eval:eval_command",
-    "pipeline": "facetrain.bench.pipeline:pipeline_command",
+    "head": "facetrain.cli.bench_head:head_command",
+    "data": "facetrain.cli.bench_data:data_command",
+    "train": "facetrain.cli.bench_train:train_command",
+    "eval": "facetrain.cli.bench_eval:eval_command",
+    "pipeline": "facetrain.cli.bench_pipeline:pipeline_command",
 }
 
 
