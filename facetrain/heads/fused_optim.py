@@ -106,15 +106,8 @@ class FusedOptimizer(torch.optim.Optimizer):
         """
         raise NotImplementedError
 
-    def state_tensors(self) -> dict[str, torch.Tensor]:
-        """Checkpoint entries: per-class tensors (rows x dim) and scalars, under torch.optim's names."""
-        values = {name: self.per_class_state(name) for name in self.active_state_names()}
-        if "step" in self.state[self.weight]:
-            values["step"] = self.state[self.weight]["step"]
-        return values
-
     def load_state_tensors(self, values: dict[str, torch.Tensor]) -> None:
-        """Restore what `state_tensors` gave (possibly resharded); state the checkpoint lacks stays 0."""
+        """Restore per-class state (possibly resharded) and `step`; state the values lack stays 0."""
         unknown = sorted(set(values) - set(self.active_state_names()) - {"step"})
         if unknown:
             raise FacetrainError(
@@ -138,9 +131,6 @@ class FusedOptimizer(torch.optim.Optimizer):
         for name in self.active_state_names():
             self.state[self.weight].pop(name, None)  # made again below, in state_dtype
         self.load_state_tensors(saved)
-
-    def state_bytes(self) -> int:
-        return sum(t.numel() * t.element_size() for t in self.state_tensors().values() if t.dim())
 
 
 FUSED_OPTIMIZERS: Registry[FusedOptimizer] = Registry("fused head optimizer")

@@ -66,8 +66,8 @@ def _optimizer_entries(
             entries[f"optim/backbone/{name}/{key}"] = _as_tensor(value)
     if head is None:
         return entries
-    fused = head.fused_optimizer
-    head_state = fused.state_tensors() if fused is not None else optimizer.state.get(head.weight, {})
+    # the optimizer that updates the head's weight: the tiled head's own, or the trainer's
+    head_state = (head.fused_optimizer or optimizer).state.get(head.weight, {})
     for key, value in head_state.items():
         tensor = _as_tensor(value)
         if tensor.shape == head.weight.shape:
@@ -270,11 +270,11 @@ def load_checkpoint(
     restored: dict[nn.Parameter, dict[str, torch.Tensor]] = {}
     for key, value in load_tensors(checkpoint, backbone_keys if keep_state else [], index).items():
         restored.setdefault(named[_param_name(key)], {})[key.rsplit("/", 1)[1]] = value
+    restore_optimizer_state(optimizer, restored)
     if head is not None:
         head_state = _load_head(checkpoint, index, head, keep_state)
         if head_state:
-            restored[head.weight] = head_state
-    restore_optimizer_state(optimizer, restored)
+            restore_optimizer_state(head.fused_optimizer or optimizer, {head.weight: head_state})
 
     if scaler is not None and scaler.is_enabled() and "scaler/scale" in index:
         values = load_tensors(checkpoint, ["scaler/scale", "scaler/growth_tracker"], index)
@@ -341,8 +341,8 @@ def _param_name(optimizer_key: str) -> str:
 def _load_head(
     checkpoint: Path, index: dict, head: ShardedMarginHead, with_state: bool = True
 ) -> dict[str, torch.Tensor]:
-    """Restore the head's weight (and, `with_state`, the fused optimizer's state); returns the state
-    the torch optimizer holds for the weight when the head is not fused."""
+    """Restore the head's weight; returns (`with_state`) the optimizer state for it, as per-class
+    tensors of this rank's shard under torch.optim's names."""
     weight = read_class_rows(checkpoint, index, "head/weight", head.class_start, head.class_count)
     if weight.numel() != head.weight.numel():
         raise FacetrainError(
@@ -354,7 +354,7 @@ def _load_head(
     if not with_state:
         return {}
     # The same entries whichever mode wrote them, so a run may switch between the untiled head (state in
-    # the torch optimizer, in the weight's dtype) and the tiled one (state in its fused optimizer).
+    # the trainer's optimizer, in the weight's dtype) and the tiled one (in its fused optimizer's dtype).
     values = {}
     for key in {k.rsplit("/", 1)[0] if is_range_key(k) else k for k in index if k.startswith("optim/head/")}:
         state_key = key[len("optim/head/") :]
@@ -363,9 +363,6 @@ def _load_head(
             values[state_key] = rows.view_as(head.weight) if rows.numel() == head.weight.numel() else rows
         else:
             values[state_key] = load_tensors(checkpoint, [key], index)[key]
-    if head.fused_optimizer is not None:
-        head.fused_optimizer.load_state_tensors(values)
-        return {}
     return values
 
 
