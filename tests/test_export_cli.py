@@ -119,6 +119,21 @@ def test_compare_uses_the_cards_threshold_or_the_given_one(model_dir: Path, imag
     assert "threshold 1.0100" in output and "different people" in output
 
 
+def test_compare_of_images_not_at_the_input_size_suggests_align(model_dir: Path, tmp_path: Path) -> None:
+    """Crops at the model's input size are taken as aligned; anything else gets a one-line note on
+    stderr that the model expects aligned crops (a raw photo's low score is not the model's verdict)."""
+    from tests.test_export_formats import IMAGE_SIZE
+
+    rng = np.random.default_rng(1)
+    crop, photo = tmp_path / "crop.png", tmp_path / "photo.png"
+    cv2.imwrite(str(crop), rng.integers(0, 256, (*IMAGE_SIZE, 3), dtype=np.uint8))
+    cv2.imwrite(str(photo), rng.integers(0, 256, (90, 70, 3), dtype=np.uint8))
+    code, output = run("compare", crop, crop, "-m", model_dir)
+    assert code == 0 and "note:" not in output
+    code, output = run("compare", crop, photo, "-m", model_dir)
+    assert code == 0 and f"note: {photo} is 70x90, not the model's" in output and "--align" in output
+
+
 def test_compare_without_any_threshold_is_a_user_error(image_dir: Path, tmp_path: Path) -> None:
     export_loaded(fresh_model(threshold=None), tmp_path, formats=["safetensors"], progress=False)
     image = next(image_dir.rglob("*.png"))

@@ -244,3 +244,9 @@ def compare(
         else f"  (threshold at FAR {100 * result.threshold_far:.2f}% in evaluation)"
     )
     click.echo(f"similarity {result.similarity:.4f}  threshold {result.threshold:.4f}  -> {verdict}{where}")
+    if not align:
+        from facetrain.export.compare import unaligned_hint
+
+        hint = unaligned_hint([first, second], model.image_size)
+        if hint:
+            click.echo(hint, err=True)

@@ -71,3 +71,19 @@ def compare_images(
     vectors = embed_images(model.module, images, model.image_size, flip=flip, progress=False)
     similarity = float(np.dot(vectors[0], vectors[1]))
     return Comparison(similarity, float(threshold), None if threshold_far is None else float(threshold_far))
+
+
+def unaligned_hint(paths: list[Path], image_size: tuple[int, int]) -> str | None:
+    """A note when an image is not the model's input size (height x width), so likely not a crop that
+    `facetrain align` made: the model was trained on aligned faces and scores raw photos poorly."""
+    from facetrain.data.decode import decode_image
+
+    for path in paths:
+        height, width = decode_image(path).shape[:2]
+        if (height, width) != tuple(image_size):
+            return (
+                f"note: {path} is {width}x{height}, not the model's {image_size[1]}x{image_size[0]} input: the "
+                "model expects aligned face crops, so a raw photo scores low; add --align to find and align "
+                "the faces first"
+            )
+    return None
