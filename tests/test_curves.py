@@ -12,7 +12,7 @@ from click.testing import CliRunner
 
 from facetrain.cli import main
 from facetrain.errors import FacetrainError
-from facetrain.train.curves import plot_curves, read_run_curves
+from facetrain.train.curves import curves_figure, plot_curves, read_run_curves
 
 PNG_SIGNATURE = b"\x89PNG\r\n\x1a\n"
 
@@ -51,6 +51,15 @@ def test_plot_writes_a_png_for_runs_with_and_without_verification(tmp_path):
         out = plot_curves(runs, tmp_path / name)
         assert out.read_bytes()[:8] == PNG_SIGNATURE and out.stat().st_size > 10_000
     assert not list(tmp_path.glob(".*tmp*"))  # written atomically, nothing left beside it
+
+
+def test_a_single_evaluation_sits_on_the_training_step_axis(tmp_path):
+    run = read_run_curves(
+        fake_run(tmp_path, "a", [(10, 3.0, 0.2), (50, 2.0, 0.5), (100, 1.5, 0.7)], {50: 0.7})
+    )
+    loss_axes, _, eval_axes = curves_figure([run]).axes
+    low, high = eval_axes.get_xlim()
+    assert (low, high) == loss_axes.get_xlim() and low <= 10 and high >= 100
 
 
 def test_bad_runs_are_one_line_errors(tmp_path):

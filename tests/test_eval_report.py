@@ -13,6 +13,7 @@ from facetrain.eval.folds import FOLDS_STRATIFIED
 from facetrain.eval.metrics import verification_metrics
 from facetrain.eval.report import (
     retrieval_table,
+    roc_figure,
     verification_table,
     write_retrieval_report,
     write_verification_report,
@@ -30,6 +31,15 @@ def verification_result() -> VerificationResult:
     return VerificationResult(
         "data/lfw/pairs.txt", metrics, 21.5, True, 3, ["a/x.jpg", "b/y.jpg"], FOLDS_STRATIFIED
     )
+
+
+def test_roc_draws_the_tar_points_over_a_hollow_threshold_marker(verification_result: VerificationResult):
+    """A threshold chosen at FAR 1e-2 sits on the TAR@1e-2 point: both must stay visible."""
+    lines = {line.get_label(): line for line in roc_figure(verification_result).axes[0].get_lines()}
+    threshold = next(line for label, line in lines.items() if label.startswith("threshold"))
+    tar_points = [line for label, line in lines.items() if label.startswith("TAR")]
+    assert threshold.get_markerfacecolor() == "none" and tar_points
+    assert all(line.get_zorder() > threshold.get_zorder() for line in tar_points)
 
 
 def test_verification_files(verification_result: VerificationResult, tmp_path: Path):

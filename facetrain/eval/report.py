@@ -120,6 +120,12 @@ def _folds_csv(result: VerificationResult) -> str:
 
 
 def _roc_png(result: VerificationResult) -> bytes:
+    buffer = io.BytesIO()
+    roc_figure(result).savefig(buffer, format="png")
+    return buffer.getvalue()
+
+
+def roc_figure(result: VerificationResult) -> Figure:
     """ROC with a logarithmic FAR axis, where deployed thresholds live, the TAR@FAR points and the
     threshold's operating point marked."""
     metrics = result.metrics
@@ -134,16 +140,21 @@ def _roc_png(result: VerificationResult) -> bytes:
         where="post",
         label=f"AUC {metrics.auc:.4f}",
     )
-    for far, tar in metrics.tar_at_far.items():
-        axes.plot(far, tar, "o", label=f"TAR {100 * tar:.1f}% @ FAR {far:g}")
+    # the threshold's point as a hollow square under the TAR@FAR dots: where they coincide (a threshold
+    # at FAR 1e-2) both stay visible
     point = metrics.operating_point
     if point.false_accept_rate > 0:
         axes.plot(
             point.false_accept_rate,
             point.true_accept_rate,
             "s",
+            markersize=10,
+            markerfacecolor="none",
+            zorder=3,
             label=f"threshold {point.threshold:.3f}: FAR {100 * point.false_accept_rate:.1f}%",
         )
+    for far, tar in metrics.tar_at_far.items():
+        axes.plot(far, tar, "o", zorder=4, label=f"TAR {100 * tar:.1f}% @ FAR {far:g}")
     axes.set_xscale("log")
     axes.set_xlim(1.0 / num_mismatched, 1.0)
     axes.set_ylim(float(roc.true_positive_rate[shown].min()) * 0.95, 1.005)
@@ -153,6 +164,4 @@ def _roc_png(result: VerificationResult) -> bytes:
     axes.grid(True, which="both", alpha=0.3)
     axes.legend(loc="lower right", fontsize="small")
     figure.tight_layout()
-    buffer = io.BytesIO()
-    figure.savefig(buffer, format="png")
-    return buffer.getvalue()
+    return figure

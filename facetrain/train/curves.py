@@ -65,10 +65,11 @@ def read_run_curves(run_dir: Path, label: str | None = None) -> RunCurves:
     )
 
 
-def plot_curves(runs: list[RunCurves], out: Path) -> Path:
-    """One figure, three panels, a line per run; written atomically to `out` (PNG)."""
+def curves_figure(runs: list[RunCurves]) -> Figure:
+    """One figure, three panels, a line per run. The panels share the step axis, so a run with one
+    evaluation so far shows it at its step, not alone on an axis of its own making."""
     figure = Figure(figsize=(15, 4.2), dpi=100, layout="constrained")
-    loss_axes, accuracy_axes, eval_axes = figure.subplots(1, 3)
+    loss_axes, accuracy_axes, eval_axes = figure.subplots(1, 3, sharex=True)
     for run in runs:
         (line,) = loss_axes.plot(run.steps, run.loss, label=run.label)
         accuracy_axes.plot(run.steps, run.accuracy, color=line.get_color())
@@ -86,6 +87,12 @@ def plot_curves(runs: list[RunCurves], out: Path) -> Path:
     for axes in (loss_axes, accuracy_axes, eval_axes):
         axes.grid(alpha=0.3)
     loss_axes.legend(fontsize="small")
+    return figure
+
+
+def plot_curves(runs: list[RunCurves], out: Path) -> Path:
+    """`curves_figure` written atomically to `out` (PNG)."""
+    figure = curves_figure(runs)
     out = Path(out)
     write_atomic(out, lambda tmp: figure.savefig(tmp, format="png"))
     return out
