@@ -93,6 +93,7 @@ def test_the_ddp_and_fsdp2_examples_train_as_the_single_process_one(example, two
     ],
 )
 def test_the_tiled_and_timm_examples_train_on_two_ranks_as_in_one_process(example, two_ranks):
+    assert not torch.distributed.is_initialized()
     expected = trained(example)  # no process group here: one process, no DDP
     assert expected["head"][1].shape[0] == 100  # every class
     assert_trains_as(two_ranks[example], expected)
