@@ -14,7 +14,7 @@ install: $(STAMP)
 $(STAMP): pyproject.toml
 	$(PYTHON) -m venv $(VENV)
 	$(BIN)/python -m pip install --upgrade --quiet pip
-	$(BIN)/python -m pip install --quiet -e ".[test]"
+	$(BIN)/python -m pip install --quiet -e ".[app,test]"
 	touch $(STAMP)
 
 test: $(STAMP)
@@ -32,8 +32,8 @@ bench: $(STAMP)
 	$(BIN)/facetrain bench pipeline
 
 lint: $(STAMP)
-	$(BIN)/ruff check facetrain tests tools
-	$(BIN)/ruff format --check facetrain tests tools
+	$(BIN)/ruff check facetrain tests tools examples
+	$(BIN)/ruff format --check facetrain tests tools examples
 
 clean:
 	rm -rf $(VENV) runs data/synth
