@@ -5,8 +5,8 @@
 
 The tiled head computes the logits tile_classes classes at a time, and its fused optimizer updates each
 tile's rows inside the backward, as soon as their gradient exists: no classes x dims gradient is ever
-allocated and head.weight.grad stays None. The backbone keeps an ordinary torch optimizer; the head
-follows its schedule. Same loss and gradients as the untiled head (docs/head.md, "Modes").
+allocated and head.weight.grad stays None. The fused optimizer is a torch.optim.Optimizer: an LR
+scheduler drives it like the backbone's. Same loss and gradients as the untiled head (docs/head.md, "Modes").
 """
 
 import argparse
@@ -29,23 +29,28 @@ def train(steps: int, device="cpu", dtype=torch.float32):
     model = DistributedDataParallel(backbone) if dist.is_initialized() else backbone
     head = ShardedMarginHead(CLASSES, EMBEDDING, margin="arcface", scale=16.0, tile_classes=16)
     head.reset_parameters(seed=0)  # the same full weight on any number of ranks
-    # torch.optim.SGD's arithmetic on this rank's rows; momentum and weight decay as the backbone's
-    head.fuse_optimizer(FusedSGD(head.class_count, EMBEDDING, lr=0.1, weight_decay=5e-4, momentum=0.9))
-    head.to(device, dtype)  # moves the fused optimizer's state too
+    head.to(device, dtype)
+    # A torch.optim.Optimizer over this rank's rows with torch.optim.SGD's arithmetic, applied inside the
+    # backward: its step() has nothing left to do, schedulers and state_dict work as usual.
+    head_optimizer = FusedSGD([head.weight], lr=0.1, weight_decay=5e-4, momentum=0.9)
+    head.fuse_optimizer(head_optimizer)
     optimizer = torch.optim.SGD(model.parameters(), lr=0.1, momentum=0.9, weight_decay=5e-4)
-    scheduler = torch.optim.lr_scheduler.CosineAnnealingLR(optimizer, T_max=steps)
+    schedulers = [
+        torch.optim.lr_scheduler.CosineAnnealingLR(o, T_max=steps) for o in (optimizer, head_optimizer)
+    ]
     ranks, rank = (dist.get_world_size(), dist.get_rank()) if dist.is_initialized() else (1, 0)
     sampler = DistributedSampler(fake_faces(), ranks, rank, shuffle=False)  # a real run shuffles
     loader = DataLoader(sampler.dataset, batch_size=BATCH // ranks, sampler=sampler)
     batches = itertools.chain.from_iterable(itertools.repeat(loader))  # epoch after epoch
     losses = []
     for step, (images, labels) in zip(range(steps), batches):
-        head.fused_optimizer.lr = scheduler.get_last_lr()[0]  # the head's rate for this step's backward
         optimizer.zero_grad()
         loss, accuracy = head(model(images.to(device, dtype)), labels.to(device))
-        loss.backward()  # updates the head's weight and momentum
+        loss.backward()  # updates the head's weight and momentum, at head_optimizer's current rate
         optimizer.step()  # updates the backbone
-        scheduler.step()
+        head_optimizer.step()  # nothing to do; kept so the loop reads like any other
+        for scheduler in schedulers:
+            scheduler.step()
         losses.append(loss.item())
         if rank == 0:
             print(f"step {step}: loss {loss.item():.6f}, accuracy {accuracy.item():.3f}")

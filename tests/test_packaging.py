@@ -53,7 +53,7 @@ from facetrain.heads.fused_optim import FusedSGD
 for tiles in (None, 3):
     head = ShardedMarginHead(10, 4, tile_classes=tiles)
     if tiles:
-        head.fuse_optimizer(FusedSGD(head.class_count, 4, lr=0.1))
+        head.fuse_optimizer(FusedSGD([head.weight], lr=0.1))
     embeddings = torch.randn(6, 4, requires_grad=True)
     head(embeddings, torch.arange(6)).loss.backward()
     assert embeddings.grad.abs().sum() > 0
