@@ -37,6 +37,8 @@ class Uninstalled:
             return None
         frame = sys._getframe(1)
         while frame.f_code.co_filename.startswith("<frozen"):
+            if frame.f_code.co_filename == "<frozen importlib.util>":
+                return None  # a probe (importlib.util.find_spec: torch listing what exists), not an import
             frame = frame.f_back
         asked.append([name, frame.f_globals.get("__name__", "?")])
         raise ModuleNotFoundError(f"No module named {name!r}", name=name)
