@@ -49,6 +49,18 @@ def test_resuming_with_another_optimizer_starts_its_state_fresh_with_a_warning(f
     assert not any(key.endswith("/momentum_buffer") for key in keys)
 
 
+def test_resuming_past_train_steps_says_there_is_nothing_left_to_train(finished_run, tmp_path):
+    shutil.copytree(finished_run, tmp_path, dirs_exist_ok=True)
+    config = tmp_path / "run.yaml"
+    config.write_text(config.read_text().replace(str(finished_run), str(tmp_path)))
+    result = run_cli("train", "-c", str(config), "--resume", "auto", "--set", "train.steps=1")
+    assert result.returncode == 0, result.stderr
+    assert (
+        "note: the checkpoint's step 2 is past train.steps=1, so there is nothing left to train; "
+        "raise train.steps above 2 to train on"
+    ) in result.stdout
+
+
 @pytest.mark.parametrize(
     "name, damage, reason",
     [

@@ -14,6 +14,7 @@ from facetrain.cli import main
 from facetrain.config import Config, apply_override, load_config, validate
 from facetrain.config.checks import Registered, RegisteredSuffix, field_checks
 from facetrain.errors import FacetrainError
+from tests.train_helpers import run_cli
 
 REPO = Path(__file__).resolve().parents[1]
 
@@ -27,6 +28,11 @@ BAD_VALUES = [
     (["train.checkpoint_every=0"], "train.checkpoint_every", "0"),
     (["optim.grad_accumulation=0"], "optim.grad_accumulation", "0"),
     (["optim.momentum=-0.5"], "optim.momentum", "-0.5"),
+    # absurdly large: bounded, not an overflow inside a rank (issue 25)
+    (["train.batch_size=99999999999999999999"], "train.batch_size", "99999999999999999999"),
+    (["eval.batch_size=99999999999999999999"], "eval.batch_size", "99999999999999999999"),
+    (["data.num_workers=99999999999999999999"], "data.num_workers", "99999999999999999999"),
+    (["parallel.timeout_s=1e308"], "parallel.timeout_s", "1e+308"),
     # data
     (["data.source=bogus"], "data.source", "'bogus'"),
     (["data.path=''"], "data.path", "''"),
@@ -428,3 +434,26 @@ def test_exponent_numbers_without_a_dot_are_numbers(tmp_path):
     assert (cfg.optim.lr, cfg.optim.weight_decay, cfg.head.scale) == (0.001, 0.005, 30.0)
     with pytest.raises(FacetrainError, match="optim.lr must be a number, got '1e-3x'"):
         load_config(None, ["optim.lr=1e-3x"])
+
+
+@pytest.mark.parametrize(
+    ("override", "allowed"),
+    [
+        (
+            "train.batch_size=99999999999999999999",
+            "train.batch_size = 99999999999999999999: must be in [1, 1048576]",
+        ),
+        ("parallel.timeout_s=1e308", "parallel.timeout_s = 1e+308: must be in (0, 2592000]"),
+    ],
+)
+def test_absurd_sizes_and_timeouts_are_refused_by_the_launcher_before_any_rank_starts(
+    tmp_path, override, allowed
+):
+    """Before, the batch size overflowed inside the ranks (a traceback) and the timeout made the
+    `--nproc 2` launcher exit with no message at all."""
+    config = tmp_path / "run.yaml"
+    config.write_text(yaml.safe_dump({"train": {"output_dir": str(tmp_path / "run")}}))
+    result = run_cli("train", "-c", str(config), "--set", override, "--nproc", "2")
+    assert result.returncode == 2
+    assert result.stderr.strip() == f"error: --set: {allowed}"
+    assert not (tmp_path / "run").exists()

@@ -111,10 +111,25 @@ def test_skip_missing_and_no_flip(model_dir: Path, pairs_file: Path, tmp_path: P
 
 def test_malformed_line_is_a_one_line_error(model_dir: Path, tmp_path: Path):
     (tmp_path / "pairs.txt").write_text("Ann 1 2\nAnn 1\n")
-    code, output = run(model_dir, "--pairs", tmp_path / "pairs.txt")
+    code, output = run(model_dir, "--pairs", tmp_path / "pairs.txt", "--out", tmp_path / "r")
     assert code == 2 and output.strip().splitlines() == [
         f"error: {tmp_path / 'pairs.txt'} line 2: expected 'name i j' or 'name1 i name2 j', got 2 fields"
     ]
+
+
+def test_an_earlier_report_is_replaced_only_with_overwrite(model_dir: Path, pairs_file: Path, tmp_path: Path):
+    out = tmp_path / "r"
+    assert run(model_dir, "--pairs", pairs_file, "--out", out, "--quiet")[0] == 0
+    (out / "pairs.json").write_text('{"accuracy": "an earlier model"}')
+    folds = (out / "pairs_folds.csv").read_bytes()
+    code, output = run(model_dir, "--pairs", pairs_file, "--out", out, "--quiet")
+    assert code == 2 and "Traceback" not in output
+    assert output.strip() == f"error: {out / 'pairs.json'} already exists; pass --overwrite to replace it"
+    assert (out / "pairs.json").read_text() == '{"accuracy": "an earlier model"}'
+    assert (out / "pairs_folds.csv").read_bytes() == folds
+    code, output = run(model_dir, "--pairs", pairs_file, "--out", out, "--quiet", "--overwrite")
+    assert code == 0, output
+    assert "accuracy" in json.loads((out / "pairs.json").read_text())
 
 
 @pytest.mark.parametrize(
@@ -162,7 +177,13 @@ def test_eval_folder_makes_balanced_pairs_and_keeps_them(model_dir: Path, tmp_pa
     assert figures["threshold"] == pytest.approx(expected.metrics.operating_point.threshold)
     assert figures["baseline_accuracy"] == 0.5 and figures["folds_source"] == "stratified"
     code, output = run(
-        model_dir, "--pairs", tmp_path / "r" / "heldout.pairs.csv", "--out", tmp_path / "r", "--quiet"
+        model_dir,
+        "--pairs",
+        tmp_path / "r" / "heldout.pairs.csv",
+        "--out",
+        tmp_path / "r",
+        "--quiet",
+        "--overwrite",
     )
     assert code == 0, output  # scoring the kept pairs again replaces the folder's report, no near-twin
     assert len(list((tmp_path / "r").iterdir())) == 4

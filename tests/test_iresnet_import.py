@@ -185,6 +185,22 @@ KEY_ERRORS = {
         r"'conv1\.weight' has shape \[64, 3, 5, 5\], iresnet18 needs \[64, 3, 3, 3\]",
     ),
     "not a tensor": (lambda s: {**s, "prelu.weight": [0.25] * 64}, r"entry 'prelu\.weight' is a list"),
+    "all NaN": (
+        lambda s: {k: torch.full_like(v, float("nan")) if v.is_floating_point() else v for k, v in s.items()},
+        r"entry 'conv1\.weight' holds 1728 NaN or infinite values of 1728; the file comes from a diverged run",
+    ),
+    "one inf": (
+        lambda s: {**s, "fc.weight": s["fc.weight"].index_fill(0, torch.tensor([0]), float("inf"))},
+        r"entry 'fc\.weight' holds \d+ NaN or infinite values of",
+    ),
+    "int64": (
+        lambda s: {k: v.long() for k, v in s.items()},
+        r"entry 'conv1\.weight' holds int64 values, not floating-point weights",
+    ),
+    "0-row fc": (
+        lambda s: {**s, "fc.weight": s["fc.weight"][:0]},
+        r"backbone\.pth: 'fc\.weight' has 0 rows",
+    ),
     "partial prefix": (
         lambda s: {("module." + k if k.startswith("fc.") else k): v for k, v in s.items()},
         r"no 2-D 'fc\.weight' entry",
@@ -230,12 +246,21 @@ def test_files_that_are_not_weights_are_refused_without_running_anything(tmp_pat
             r"refused: it pickles (posix|nt|os)\.system",
         ),
         "list.pth": ([torch.zeros(2)], "holds a list, not a state dict"),
+        "plain.pkl": (
+            {"fc.weight": CreatesFileWhenUnpickled(marker)},
+            r"plain\.pkl: not a weights-only PyTorch file \(a plain pickle, .*\), so it was not loaded and "
+            r"nothing in it ran; save `model\.state_dict\(\)` with torch\.save and import that$",
+        ),
         "empty.pth": ({"epoch": 3}, r"holds no state dict: .*keys found: 'epoch'"),
     }
     for name, (content, message) in cases.items():
-        torch.save(content, tmp_path / name)
-        with pytest.raises(FacetrainError, match=message):
+        if name.endswith(".pkl"):  # pickle.dump, not torch.save
+            (tmp_path / name).write_bytes(pickle.dumps(content))
+        else:
+            torch.save(content, tmp_path / name)
+        with pytest.raises(FacetrainError, match=message) as refused:
             import_insightface(tmp_path / name, ARCH, tmp_path / "out", progress=False)
+        assert "Re-running" not in str(refused.value) and "\n" not in str(refused.value)
     (tmp_path / "junk.pth").write_bytes(b"not a torch file")
     with pytest.raises(FacetrainError, match="junk.pth: not a"):
         import_insightface(tmp_path / "junk.pth", ARCH, tmp_path / "out", progress=False)

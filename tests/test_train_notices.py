@@ -2,7 +2,12 @@
 
 from __future__ import annotations
 
-from facetrain.train.notices import UNDERFIT_CHECK_SHARE, UnderfitWatch, evaluation_line
+from facetrain.train.notices import (
+    UNDERFIT_CHECK_SHARE,
+    UnderfitWatch,
+    evaluation_line,
+    nothing_left_to_train,
+)
 
 
 def test_evaluation_line_names_accuracy_spread_auc_tar_and_pairs():
@@ -39,3 +44,9 @@ def test_underfit_watch_quiet_when_the_run_fits():
 def test_underfit_watch_few_classes_counts_chance():
     watch = UnderfitWatch(total_steps=100, num_classes=2)  # chance is 50 %
     assert watch.check(40, 0.52) is not None
+
+
+def test_a_resume_at_or_past_the_last_step_is_noted():
+    assert nothing_left_to_train(3, 4) is None
+    assert "step 4 is already at train.steps=4" in nothing_left_to_train(4, 4)
+    assert "step 10 is past train.steps=4" in nothing_left_to_train(10, 4)

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 from pathlib import Path
 
 import click
@@ -64,6 +65,7 @@ from facetrain.errors import FacetrainError
     type=click.Path(path_type=Path),
     help="Report folder (default: MODEL/eval, or eval/ beside a model file).",
 )
+@click.option("--overwrite", is_flag=True, help="Replace an earlier report of the same name in --out.")
 @click.option("--quiet", is_flag=True, help="No progress bars.")
 def eval_command(
     model: Path,
@@ -79,6 +81,7 @@ def eval_command(
     workers: int,
     device: str | None,
     out_dir: Path | None,
+    overwrite: bool,
     quiet: bool,
 ) -> None:
     """Evaluate MODEL: face verification on --pairs or --folder, or person re-id retrieval on --market.
@@ -93,7 +96,7 @@ def eval_command(
     names the report after the folder and keeps the pairs as NAME.pairs.csv (--pairs NAME.pairs.csv
     later scores them into the same NAME report files).
     Re-id prints CMC rank-1/5/10 and mAP (Market-1501 protocol) and writes market1501.json.
-    Running the same evaluation again replaces its own report files in --out.
+    An earlier report of the same name in --out is replaced only with --overwrite.
 
     \b
     Examples:
@@ -105,6 +108,7 @@ def eval_command(
     """
     import torch
 
+    from facetrain.files import refuse_to_overwrite
     from facetrain.train.run_dir import writing_into_run
 
     if [pairs_path, folder_root, market_root].count(None) != 2:
@@ -127,6 +131,8 @@ def eval_command(
         "num_workers": workers,
     }
     extra = {"model": str(model)}
+    if not overwrite:  # before the model is loaded or an image read
+        refuse_to_overwrite(_report_paths(out_dir, pairs_path, folder_root))
     with writing_into_run(
         out_dir, "facetrain eval", "wait for it to finish, or pass --out to write the report elsewhere"
     ):
@@ -135,6 +141,20 @@ def eval_command(
             num_folds, market_root,
         )  # fmt: skip
     click.echo("wrote " + ", ".join(str(path) for path in written))
+
+
+def _report_paths(out_dir: Path, pairs_path: Path | None, folder_root: Path | None) -> list[Path]:
+    """The files this evaluation writes into `out_dir` (`eval.report` names them)."""
+    from facetrain.eval.report import retrieval_report_paths, verification_report_paths
+    from facetrain.eval.retrieval import REPORT_NAME
+    from facetrain.eval.verify_pairs import KEPT_PAIRS_SUFFIX, report_name
+
+    if folder_root is not None:
+        name = report_name(os.path.abspath(folder_root))  # as `folder_pair_set` names its pairs
+        return [*verification_report_paths(out_dir, name), out_dir / f"{name}{KEPT_PAIRS_SUFFIX}.csv"]
+    if pairs_path is not None:
+        return verification_report_paths(out_dir, report_name(pairs_path))
+    return retrieval_report_paths(out_dir, REPORT_NAME)
 
 
 def _evaluate(

@@ -75,7 +75,12 @@ def train(
         find_checkpoint_to_resume(Path(config.train.output_dir), resume)
         check_run_dir(Path(config.train.output_dir))
         backend = config.parallel.backend  # more nccl ranks than GPUs are refused before any starts
-        sys.exit(launch_local(nproc, train_rank, config, resume, resume_command, backend=backend))
+        timeout_s = config.parallel.timeout_s
+        sys.exit(
+            launch_local(
+                nproc, train_rank, config, resume, resume_command, backend=backend, timeout_s=timeout_s
+            )
+        )
     if "TORCHELASTIC_RUN_ID" in os.environ:  # a rank under torchrun's agent
         _defer_stop_signals()
     from facetrain.train.trainer import train as run_training

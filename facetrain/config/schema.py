@@ -25,6 +25,11 @@ from facetrain.config.checks import (
 SEED = Within(0, 2**32, "[)")  # seeds are mixed into 64-bit generator seeds and numpy's non-negative ones
 FRACTION = Within(0, 1, "[)")
 PROBABILITY = Within(0, 1)
+# Upper bounds far beyond any real run, so an absurd value is a one-line error here, not an overflow
+# (a Python int too big for a tensor size, a timedelta, a thread wait) deep inside a rank.
+BATCH_SIZE = Within(1, 2**20)  # images a rank takes at once: 2**20 at 112x112 is ~150 GB of input
+TIMEOUT_S = Within(0, 30 * 24 * 3600, "(]")  # 30 days
+WORKERS = Within(0, 1024)
 
 
 @dataclass
@@ -69,7 +74,7 @@ class DataConfig:
     path: str = setting("data/synth", NotEmpty(), path=True)
     image_size: list[int] = setting([112, 112], Items(("height", "width"), at_least(8)))
     skip_bad_images: bool = False
-    num_workers: int = setting(2, at_least(0))
+    num_workers: int = setting(2, WORKERS)
     # page-locked batches, so copies to the GPU overlap the step; null: on when training on CUDA
     pin_memory: bool | None = None
     persistent_workers: bool = False
@@ -148,7 +153,7 @@ class OptimConfig:
 @dataclass
 class TrainConfig:
     output_dir: str = setting("runs/default", NotEmpty(), path=True)
-    batch_size: int = setting(128, at_least(1))  # per rank
+    batch_size: int = setting(128, BATCH_SIZE)  # per rank
     steps: int = setting(1000, at_least(1))  # optimizer steps
     seed: int = setting(0, SEED)
     precision: str = setting("fp32", OneOf(("fp32", "bf16", "fp16")))  # fp16 needs CUDA
@@ -168,7 +173,7 @@ class EvalConfig:
     # image root for pairs.txt; default: the pairs file's folder
     images: str | None = setting(None, NotEmpty(), path=True)
     every: int = setting(0, at_least(0))  # verify every N steps during training (0: only at the end)
-    batch_size: int = setting(128, at_least(1))
+    batch_size: int = setting(128, BATCH_SIZE)
     flip: bool = True
 
 
@@ -176,9 +181,9 @@ class EvalConfig:
 class ParallelConfig:
     # auto (nccl on CUDA, gloo on CPU) | gloo | nccl
     backend: str = setting("auto", OneOf(("auto", "gloo", "nccl")))
-    timeout_s: float = setting(
-        300.0, above(0)
-    )  # a collective waiting longer than this fails instead of hanging
+    # a collective waiting longer than this fails instead of hanging; a rank outlives a killed launcher
+    # by at most this
+    timeout_s: float = setting(300.0, TIMEOUT_S)
     pipeline_stages: int = setting(1, at_least(1))  # and dividing the world size
     microbatches: int = setting(4, at_least(1))  # and dividing train.batch_size
     schedule: str = setting("gpipe", Registered("facetrain.parallel.pipeline:PIPELINE_SCHEDULES"))  # | 1f1b

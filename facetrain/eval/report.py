@@ -1,8 +1,8 @@
 """Evaluation reports: a table for the terminal and files for later (JSON, per-fold CSV, ROC plot).
 
 Files are named after what was evaluated (`lfw_pairs.json`, `lfw_pairs_folds.csv`,
-`lfw_pairs_roc.png`, `market1501.json`), so several pair sets can share one report folder; running
-the same evaluation again replaces its own files. Each file is written to a temporary name first and
+`lfw_pairs_roc.png`, `market1501.json`), so several pair sets can share one report folder; the CLI
+replaces an earlier report of the same name only with --overwrite. Each file is written to a temporary name first and
 then renamed, so an interrupted run never leaves a truncated report.
 """
 
@@ -75,15 +75,19 @@ def write_verification_report(
     """`<name>.json`, `<name>_folds.csv` and `<name>_roc.png` in `out_dir`; `extra` joins the JSON."""
     out_dir = Path(out_dir)
     out_dir.mkdir(parents=True, exist_ok=True)
-    paths = [
-        out_dir / f"{result.name}.json",
-        out_dir / f"{result.name}_folds.csv",
-        out_dir / f"{result.name}_roc.png",
-    ]
+    paths = verification_report_paths(out_dir, result.name)
     write_json(paths[0], {**(extra or {}), **result.as_dict()})
     _write_bytes(paths[1], _folds_csv(result).encode())
     _write_bytes(paths[2], _roc_png(result))
     return paths
+
+
+def verification_report_paths(out_dir: Path, name: str) -> list[Path]:
+    return [out_dir / f"{name}.json", out_dir / f"{name}_folds.csv", out_dir / f"{name}_roc.png"]
+
+
+def retrieval_report_paths(out_dir: Path, name: str) -> list[Path]:
+    return [out_dir / f"{name}.json"]
 
 
 def write_retrieval_report(
@@ -91,7 +95,7 @@ def write_retrieval_report(
 ) -> list[Path]:
     out_dir = Path(out_dir)
     out_dir.mkdir(parents=True, exist_ok=True)
-    path = out_dir / f"{result.name}.json"
+    [path] = retrieval_report_paths(out_dir, result.name)
     write_json(path, {**(extra or {}), **result.as_dict()})
     return [path]
 

@@ -34,6 +34,9 @@ class RetrievalMetrics:
     num_gallery: int
 
 
+REPORT_NAME = "market1501"  # names the report file
+
+
 @dataclass(frozen=True)
 class RetrievalResult:
     root: str
@@ -43,7 +46,7 @@ class RetrievalResult:
 
     @property
     def name(self) -> str:
-        return "market1501"
+        return REPORT_NAME
 
     def as_dict(self) -> dict[str, Any]:
         metrics = self.metrics

@@ -30,6 +30,13 @@ __all__ = ["PairSet", "VerificationResult", "embed_images", "load_pairs", "pair_
 KEPT_PAIRS_SUFFIX = ".pairs"
 
 
+def report_name(pairs_source: str | Path) -> str:
+    """The pairs file's (or `--folder`'s) stem, which names the report files (lfw_pairs.json, ...). The
+    pairs that `eval --folder NAME` keeps, NAME.pairs.csv, name them NAME as that evaluation did:
+    scoring them again (with --overwrite) replaces its report instead of writing a near-twin beside it."""
+    return Path(pairs_source).stem.removesuffix(KEPT_PAIRS_SUFFIX)
+
+
 @dataclass(frozen=True)
 class VerificationResult:
     """Metrics of one pair set plus what shaped them (flip test, folds, skipped pairs, XNorm)."""
@@ -44,10 +51,7 @@ class VerificationResult:
 
     @property
     def name(self) -> str:
-        """The pairs file's stem, which names the report files (lfw_pairs.json, ...). The pairs that
-        `eval --folder NAME` keeps, NAME.pairs.csv, name them NAME as that evaluation did: scoring them
-        again replaces its report instead of writing a near-twin beside it."""
-        return Path(self.pairs_file).stem.removesuffix(KEPT_PAIRS_SUFFIX)
+        return report_name(self.pairs_file)
 
     @property
     def accuracy(self) -> float:

@@ -22,6 +22,7 @@ import pickle
 import re
 import shutil
 import time
+import warnings
 from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
@@ -91,6 +92,28 @@ def read_backbone_state(path: Path) -> dict[str, torch.Tensor]:
     return state
 
 
+def check_weight_values(
+    state: Mapping[str, torch.Tensor], expected: Mapping[str, torch.Tensor], path: Path
+) -> None:
+    """Weights that load without complaint and still give a useless model: integers where floats belong
+    (load_state_dict would round-trip them silently) and NaN or infinite values (a diverged or damaged
+    run's file), which make every embedding NaN."""
+    for key, value in state.items():
+        if not expected[key].is_floating_point():
+            continue  # BatchNorm's num_batches_tracked counter
+        if not value.is_floating_point():
+            raise FacetrainError(
+                f"{path}: entry {key!r} holds {str(value.dtype).removeprefix('torch.')} values, not "
+                "floating-point weights; the file is not a trained backbone's state dict"
+            )
+        bad = int((~torch.isfinite(value)).sum())
+        if bad:
+            raise FacetrainError(
+                f"{path}: entry {key!r} holds {bad} NaN or infinite values of {value.numel()}; the file comes "
+                "from a diverged run or is damaged, so it was not imported"
+            )
+
+
 def imported_backbone(state: Mapping[str, torch.Tensor], architecture: str, path: Path) -> Backbone:
     """facetrain's `architecture` holding `state`, after checking every key and shape against it.
 
@@ -103,8 +126,11 @@ def imported_backbone(state: Mapping[str, torch.Tensor], architecture: str, path
             f"{path}: no 2-D 'fc.weight' entry, so this is not an insightface IResNet backbone"
             + _depth_hint(state, architecture)
         )
+    if fc_weight.shape[0] == 0:
+        raise FacetrainError(f"{path}: 'fc.weight' has 0 rows, so the backbone would embed into 0 numbers")
     backbone = build_backbone(_model_config(architecture, int(fc_weight.shape[0])), IRESNET_INPUT_SIZE)
     check_state_matches(state, backbone.state_dict(), architecture, path)
+    check_weight_values(state, backbone.state_dict(), path)
     backbone.load_state_dict(state, strict=True)
     return backbone.eval()
 
@@ -203,7 +229,9 @@ def _load_weights_only(path: Path) -> object:
     if not path.is_file():
         raise FacetrainError(f"{path} does not exist or is not a file; pass insightface's backbone.pth")
     try:
-        return torch.load(path, map_location="cpu", weights_only=True)
+        with warnings.catch_warnings():  # torch's note on a plain pickle's protocol; refused below anyway
+            warnings.filterwarnings("ignore", message=".*pickle protocol")
+            return torch.load(path, map_location="cpu", weights_only=True)
     except pickle.UnpicklingError as error:
         refused = re.search(r"[Uu]nsupported (?:global: )?GLOBAL ([\w.]+)", str(error))
         if refused:
@@ -211,7 +239,11 @@ def _load_weights_only(path: Path) -> object:
                 f"{path}: refused: it pickles {refused.group(1)}, not only tensors, and unpickling it "
                 "could run code; save `model.state_dict()` with torch.save and import that"
             ) from None
-        raise FacetrainError(f"{path}: not a PyTorch weights file ({_first_reason(error)})") from None
+        raise FacetrainError(
+            f"{path}: not a weights-only PyTorch file (a plain pickle, or one torch.save did not write: "
+            f"{_first_reason(error)}), so it was not loaded and nothing in it ran; save `model.state_dict()` "
+            "with torch.save and import that"
+        ) from None
     except (RuntimeError, OSError, EOFError, ValueError) as error:
         raise FacetrainError(
             f"{path}: not a readable PyTorch weights file ({_first_reason(error)})"
@@ -220,7 +252,7 @@ def _load_weights_only(path: Path) -> object:
 
 def _first_reason(error: Exception) -> str:
     text = str(error)
-    detail = re.search(r"WeightsUnpickler error: ([^\n]+)", text)
+    detail = re.search(r"WeightsUnpickler error:\s*([^\n]+)", text)
     line = detail.group(1) if detail else (text.strip().splitlines() or [type(error).__name__])[0]
     return line[:200]
 

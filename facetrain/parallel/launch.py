@@ -16,7 +16,9 @@ With nccl (`parallel.backend` nccl, or auto on a machine with GPUs) more ranks t
 refused in one line before any rank starts: NCCL cannot put two ranks on one GPU.
 
 A SIGTERM or SIGINT sent to the launcher is passed on to the ranks, which stop at the next step
-boundary, write a checkpoint and exit 0; the launcher then exits 0 as well.
+boundary, write a checkpoint and exit 0; the launcher then exits 0 as well. A launcher killed with
+SIGKILL cannot pass anything on: each rank then stops by itself and exits within `timeout_s`
+(`launcher_watch.py`).
 """
 
 from __future__ import annotations
@@ -37,6 +39,7 @@ from torch.distributed.elastic.multiprocessing.errors import ChildFailedError, P
 from torch.distributed.launcher.api import LaunchConfig, elastic_launch
 
 from facetrain.parallel.dims import check_backend, visible_gpus
+from facetrain.parallel.launcher_watch import run_watched
 
 # exit code of a rank that has reported its one-line user error
 USER_ERROR_EXIT = 2
@@ -87,11 +90,16 @@ def _forward_stop_signals() -> dict:
 
 
 def launch_local(
-    nproc: int, entrypoint: Callable[..., object], *args: object, backend: str | None = None
+    nproc: int,
+    entrypoint: Callable[..., object],
+    *args: object,
+    backend: str | None = None,
+    timeout_s: float = 300.0,
 ) -> int:
     """Run `entrypoint(*args)` as ranks 0..nproc-1 of one group on this machine; return the exit code.
 
     `backend` (parallel.backend) is checked against the visible GPUs first (`dims.check_backend`).
+    `timeout_s` (parallel.timeout_s) bounds how long a rank outlives this process if it is killed.
     """
     if backend is not None:
         check_backend(backend, nproc, visible_gpus())
@@ -114,7 +122,7 @@ def launch_local(
     with tempfile.TemporaryDirectory(prefix="facetrain-ranks-") as reports:
         os.environ[REPORTS_ENV] = reports  # spawned ranks inherit it
         try:
-            elastic_launch(config, entrypoint)(*args)
+            elastic_launch(config, run_watched)(entrypoint, os.getpid(), timeout_s, *args)
         except ChildFailedError as error:
             lines, code = explain_failures(error.failures, _read_reports(Path(reports)), nproc)
             for line in lines:

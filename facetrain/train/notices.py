@@ -1,5 +1,6 @@
-"""What the trainer tells the person watching it: each verification as one line, and a warning when a
-run looks under-fitted while there is still time to stop it.
+"""What the trainer tells the person watching it: each verification as one line, a warning when a
+run looks under-fitted while there is still time to stop it, and a note when a resume has nothing left
+to train.
 
 A recipe fitted to a few dozen identities can leave a run on thousands of identities near chance for
 its whole schedule (docs/accuracy.md measured 8 % training accuracy after 1,800 steps on 1,505 LFW
@@ -16,6 +17,18 @@ from pathlib import Path
 UNDERFIT_CHECK_SHARE = 0.3
 # "Near chance": training accuracy within this many points of 1 / classes.
 UNDERFIT_MARGIN = 0.05
+
+
+def nothing_left_to_train(step: int, steps: int) -> str | None:
+    """A resume at or past train.steps trains nothing; without this note, `done: 10 steps` after
+    `--set train.steps=4` reads as if the new setting had been ignored."""
+    if step < steps:
+        return None
+    where = "already at" if step == steps else "past"
+    return (
+        f"note: the checkpoint's step {step} is {where} train.steps={steps}, so there is nothing left to "
+        f"train; raise train.steps above {step} to train on"
+    )
 
 
 def evaluation_line(step: int, outcome: dict) -> str:

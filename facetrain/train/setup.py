@@ -35,6 +35,7 @@ from facetrain.parallel.pipeline import PipelineRuntime
 from facetrain.train.checkpoint import TrainState, load_checkpoint
 from facetrain.train.device_defaults import apply_device_defaults, resolve_device_defaults, tile_classes
 from facetrain.train.init_weights import load_initial_backbone
+from facetrain.train.notices import nothing_left_to_train
 from facetrain.train.optim import build_fused_optimizer, build_lr_scheduler, build_optimizer
 from facetrain.train.run_dir import check_run_dir, claim_run_dir, find_checkpoint_to_resume, write_run_config
 from facetrain.train.step import StepSettings
@@ -111,6 +112,8 @@ def build_training_run(cfg: Config, dims: ParallelDims, resume: str | None) -> T
         state = load_checkpoint(checkpoint, dims, local, head, optimizer, scaler, cfg.optim.name)
         if dims.is_primary:
             tqdm.write(f"resumed from {checkpoint} at step {state.step}")
+            if (note := nothing_left_to_train(state.step, cfg.train.steps)) is not None:
+                tqdm.write(note)
     scheduler = build_lr_scheduler(optimizer, cfg.optim, cfg.train.steps, start_step=state.step)
     step_settings = StepSettings(
         device=dims.device,
