@@ -32,16 +32,7 @@ from facetrain.cli.bench_options import device_option
 )
 @click.option("--loader-batch", type=click.IntRange(min=1), default=128, show_default=True)
 @device_option("Where --loader-workers deliver the batches (pinned memory on cuda).")
-def data_command(
-    images: int,
-    identities: int,
-    repeats: int,
-    out: Path,
-    overwrite: bool,
-    loader_workers: str,
-    loader_batch: int,
-    device: str,
-) -> None:
+def data_command(**options) -> None:
     """Images/s of one data worker: decode + augment + normalize of 112x112 JPEGs, from a folder and a .rec.
 
     Runs in this process on one core (torch and OpenCV at one thread each), the share of one DataLoader
@@ -57,13 +48,4 @@ def data_command(
     """
     from facetrain.bench.data import run
 
-    run(
-        images=images,
-        identities=identities,
-        repeats=repeats,
-        out=out,
-        overwrite=overwrite,
-        loader_workers=loader_workers,
-        loader_batch=loader_batch,
-        device=device,
-    )
+    run(**options)

@@ -45,19 +45,7 @@ from facetrain.cli.bench_options import device_option
 @click.option("--overwrite", is_flag=True, help="Replace the JSON of an earlier run.")
 @click.option("--quiet", is_flag=True, help="No progress bar.")
 @device_option("Where the backbone embeds; the metrics always run on the CPU.")
-def eval_command(
-    backbone: str,
-    image_size: int,
-    batch_size: int,
-    batches: int,
-    threads: int,
-    pairs: int,
-    repeats: int,
-    out: Path,
-    overwrite: bool,
-    quiet: bool,
-    device: str,
-) -> None:
+def eval_command(**options) -> None:
     """Embedding throughput (images/s) on CPU or GPU and the time to compute verification metrics.
 
     Embeds --batches batches of random 8-bit images (after one untimed warm-up batch) with a freshly
@@ -75,16 +63,4 @@ def eval_command(
     """
     from facetrain.bench.eval import run
 
-    run(
-        backbone=backbone,
-        image_size=image_size,
-        batch_size=batch_size,
-        batches=batches,
-        threads=threads,
-        pairs=pairs,
-        repeats=repeats,
-        out=out,
-        overwrite=overwrite,
-        quiet=quiet,
-        device=device,
-    )
+    run(**options)

@@ -68,23 +68,7 @@ from facetrain.cli.bench_options import device_option
     help="Folder for the JSON, PNG and markdown outputs.",
 )
 @click.option("--overwrite", is_flag=True, help="Replace the outputs of an earlier run in --out.")
-def head_command(
-    classes: str | None,
-    world_sizes: str,
-    batch: int,
-    dim: int,
-    heads: str | None,
-    tile_classes: int,
-    steps: int | None,
-    warmup: int | None,
-    memory_limit_gb: float,
-    capacity: bool,
-    largest: str,
-    device: str,
-    precision: str,
-    out: Path,
-    overwrite: bool,
-) -> None:
+def head_command(**options) -> None:
     """Compare the sharded margin head with the dense (DDP) and naive model-parallel FC, on CPU or CUDA.
 
     For each class count C, world size N and head, N processes each take B/N random fp32
@@ -109,20 +93,4 @@ def head_command(
     """
     from facetrain.bench.head import run
 
-    run(
-        classes=classes,
-        world_sizes=world_sizes,
-        batch=batch,
-        dim=dim,
-        heads=heads,
-        tile_classes=tile_classes,
-        steps=steps,
-        warmup=warmup,
-        memory_limit_gb=memory_limit_gb,
-        capacity=capacity,
-        largest=largest,
-        device=device,
-        precision=precision,
-        out=out,
-        overwrite=overwrite,
-    )
+    run(**options)

@@ -105,24 +105,7 @@ from facetrain.cli.bench_options import device_option
 )
 @click.option("--overwrite", is_flag=True, help="Replace the outputs of an earlier run in --out.")
 @device_option("Where the stages run; cuda: one GPU per stage (nccl), the single device on GPU 0.")
-def pipeline_command(
-    backbone: str,
-    image_size: int,
-    batch_size: int,
-    embedding_size: int,
-    classes: int,
-    stages: int,
-    microbatches: int,
-    split_sizes: str,
-    schedule: str,
-    split_at: str,
-    repeats: int,
-    steps: int,
-    warmup: int,
-    out: Path,
-    overwrite: bool,
-    device: str,
-) -> None:
+def pipeline_command(**options) -> None:
     """Time single device, model parallel and pipelined training steps of a backbone, on CPU or GPUs.
 
     Each stage is a process with one thread; the single device runs once with one thread and once
@@ -139,21 +122,4 @@ def pipeline_command(
     """
     from facetrain.bench.pipeline import run
 
-    run(
-        backbone=backbone,
-        image_size=image_size,
-        batch_size=batch_size,
-        embedding_size=embedding_size,
-        classes=classes,
-        stages=stages,
-        microbatches=microbatches,
-        split_sizes=split_sizes,
-        schedule=schedule,
-        split_at=split_at,
-        repeats=repeats,
-        steps=steps,
-        warmup=warmup,
-        out=out,
-        overwrite=overwrite,
-        device=device,
-    )
+    run(**options)

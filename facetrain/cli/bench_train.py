@@ -29,10 +29,7 @@ from facetrain.cli.bench_options import device_option
 @click.option("--channels-last", is_flag=True, help="Backbone and images in channels_last.")
 @click.option("--out", type=click.Path(file_okay=False), default="runs/bench/train", show_default=True)
 @device_option("Where the ranks run; cuda: rank r on GPU r modulo the GPUs, nccl when each has its own.")
-def train_command(
-    classes, world_size, backbone, image_size, dim, batch, steps, warmup, heads, linear_classes,
-    precision, channels_last, out, device,
-) -> None:  # fmt: skip
+def train_command(**options) -> None:
     """End-to-end training images/s and per-rank peak memory: sharded head vs DDP-replicated full FC.
 
     Targets (C = 100k, 2 ranks): the sharded head reaches >= 1.5x the images/s of the replicated FC at
@@ -49,19 +46,4 @@ def train_command(
     """
     from facetrain.bench.train import run
 
-    run(
-        classes=classes,
-        world_size=world_size,
-        backbone=backbone,
-        image_size=image_size,
-        dim=dim,
-        batch=batch,
-        steps=steps,
-        warmup=warmup,
-        heads=heads,
-        linear_classes=linear_classes,
-        precision=precision,
-        channels_last=channels_last,
-        out=out,
-        device=device,
-    )
+    run(**options)
