@@ -11,17 +11,13 @@ import pytest
 from facetrain.checkpoints import find_resume_point
 from facetrain.parallel.checkpoint_io import tensor_index
 from tests.fault_helpers import error_lines
-from tests.train_helpers import run_cli, tiny_config
+from tests.train_helpers import run_cli, tiny_config, trained_tiny_run
 
 
 @pytest.fixture(scope="module")
 def finished_run(tmp_path_factory) -> Path:
     """A 2-step SGD run with one checkpoint; its folder also holds the synthetic set it trained on."""
-    tmp = tmp_path_factory.mktemp("finished")
-    config = tiny_config(tmp, "run", train={"steps": 2, "checkpoint_every": 2})
-    result = run_cli("train", "-c", str(config))
-    assert result.returncode == 0, result.stderr
-    return tmp
+    return trained_tiny_run(tmp_path_factory.mktemp("finished"), steps=2, checkpoint_every=2)
 
 
 def copied_checkpoint(finished_run: Path, tmp_path: Path) -> Path:

@@ -34,7 +34,7 @@ from tests.fault_helpers import (
     start,
     wait_for_step,
 )
-from tests.train_helpers import REPO, run_cli, tiny_config
+from tests.train_helpers import REPO, run_cli, tiny_config, trained_tiny_run
 
 STEPS = 6
 
@@ -42,11 +42,7 @@ STEPS = 6
 @pytest.fixture(scope="module")
 def finished_run(tmp_path_factory) -> Path:
     """A 6-step run with checkpoints at steps 2, 4 and 6 (copied by the tests that damage it)."""
-    tmp = tmp_path_factory.mktemp("finished")
-    config = tiny_config(tmp, "run", train={"steps": STEPS, "checkpoint_every": 2})
-    result = run_cli("train", "-c", str(config))
-    assert result.returncode == 0, result.stderr
-    return tmp
+    return trained_tiny_run(tmp_path_factory.mktemp("finished"), steps=STEPS, checkpoint_every=2)
 
 
 def copy_run(finished_run: Path, tmp_path: Path) -> Path:

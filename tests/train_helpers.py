@@ -50,6 +50,14 @@ def tiny_config(tmp: Path, output: str = "run", **sections) -> Path:
     return path
 
 
+def trained_tiny_run(tmp: Path, **train) -> Path:
+    """`tmp` once `facetrain train` of `tiny_config(tmp, "run", train=train)` has finished: the run in
+    tmp/run, beside it the synthetic set it trained on (module fixtures copy it for tests that change it)."""
+    result = run_cli("train", "-c", str(tiny_config(tmp, "run", train=train)))
+    assert result.returncode == 0, result.stderr
+    return tmp
+
+
 def run_cli(*args: str, timeout: float = 300, cwd: Path | None = None) -> subprocess.CompletedProcess:
     env = {**os.environ, "PYTHONUNBUFFERED": "1", "OMP_NUM_THREADS": "1"}
     return subprocess.run(

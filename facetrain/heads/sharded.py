@@ -102,9 +102,6 @@ class ShardedMarginHead(MarginHead):
                 f"{gradient_reduction!r}"
             )
         self.gradient_reduction = gradient_reduction
-        # "mean": each rank's embeddings get N x their share of the gradient, so that DDP's or FSDP's
-        # average over the N ranks is the single-process gradient; "sum": the share itself.
-        self._embedding_grad_scale = float(world_size) if gradient_reduction == "mean" else 1.0
         self._capacity: int | None = None
 
     def fuse_optimizer(self, optimizer: FusedOptimizer) -> None:
@@ -175,7 +172,7 @@ class ShardedMarginHead(MarginHead):
         # so no step needs the other ranks' row counts (no host synchronisation).
         global_labels = comm.all_gather_padded(labels, self._capacity, self.group, pad_value=-1)
         global_embeddings = comm.all_gather_padded(
-            embeddings, self._capacity, self.group, grad_scale=self._embedding_grad_scale
+            embeddings, self._capacity, self.group, gradient_averaged=self.gradient_reduction == "mean"
         )
         valid = global_labels >= 0
         owned = (global_labels >= self.class_start) & (global_labels < self.class_stop)

@@ -124,45 +124,35 @@ def all_gather_padded(
     capacity: int,
     group: ProcessGroup | None = None,
     pad_value: float = 0,
-    grad_scale: float = 1.0,
+    gradient_averaged: bool = False,
 ) -> torch.Tensor:
     """Every rank's rows, each rank's padded with `pad_value` to `capacity` rows: (N x capacity, ...).
 
     The shape depends only on `capacity`, which every rank knows, so ranks whose row counts change from
     step to step need no exchange of counts: padding rows are told apart by their value (labels padded
-    with -1). The backward sums the gradient over ranks, hands each rank the gradient of its own rows
-    (a reduce-scatter) and multiplies it by `grad_scale`.
+    with -1). The backward sums the gradient over ranks and hands each rank the gradient of its own rows
+    (a reduce-scatter); with `gradient_averaged` (the caller's wrapper, DDP or FSDP, averages the
+    gradients it leads to over the N ranks) that gradient is multiplied by N, so the average is the sum.
     """
     if tensor.shape[0] > capacity:
         raise ValueError(f"{tensor.shape[0]} rows do not fit a capacity of {capacity}")
-    if not is_active(group):
-        padded = _pad_rows(tensor, capacity, pad_value)
-        return padded if grad_scale == 1.0 else _ScaleGradient.apply(padded, grad_scale)
-    return _AllGatherPadded.apply(tensor, capacity, group, pad_value, grad_scale)
-
-
-class _ScaleGradient(torch.autograd.Function):
-    @staticmethod
-    def forward(ctx, tensor: torch.Tensor, factor: float):
-        ctx.factor = factor
-        return tensor.view_as(tensor)
-
-    @staticmethod
-    def backward(ctx, grad: torch.Tensor):
-        return grad * ctx.factor, None
+    if not is_active(group):  # one rank: nothing to gather, and N = 1
+        return _pad_rows(tensor, capacity, pad_value)
+    return _AllGatherPadded.apply(tensor, capacity, group, pad_value, gradient_averaged)
 
 
 class _AllGatherPadded(torch.autograd.Function):
     @staticmethod
-    def forward(ctx, tensor: torch.Tensor, capacity: int, group, pad_value: float, grad_scale: float):
-        ctx.rows, ctx.capacity, ctx.group, ctx.grad_scale = tensor.shape[0], capacity, group, grad_scale
+    def forward(ctx, tensor: torch.Tensor, capacity: int, group, pad_value: float, gradient_averaged: bool):
+        ctx.rows, ctx.capacity, ctx.group = tensor.shape[0], capacity, group
+        ctx.gradient_averaged = gradient_averaged
         return all_gather_equal(_pad_rows(tensor, capacity, pad_value), group)
 
     @staticmethod
     def backward(ctx, grad: torch.Tensor):
         mine = _reduce_scatter_rows(grad.contiguous(), ctx.capacity, ctx.group)[: ctx.rows]
-        if ctx.grad_scale != 1.0:
-            mine = mine * ctx.grad_scale
+        if ctx.gradient_averaged:
+            mine = mine * world_size(ctx.group)
         return mine, None, None, None, None
 
 
