@@ -24,4 +24,4 @@ DEFAULT_FOLD_SEED = 0
 DEVICE_CHOICES = ("auto", "cpu", "cuda")
 
 # train.precision and `facetrain bench train --precision`: the autocast dtypes by name (train/step.py)
-PRECISIONS = ("bf16", "fp16", "fp32")
+PRECISIONS = ("fp32", "bf16", "fp16")

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
+from facetrain.choices import PRECISIONS
 from facetrain.config.checks import (
     EachNotEmpty,
     Items,
@@ -156,7 +157,7 @@ class TrainConfig:
     batch_size: int = setting(128, BATCH_SIZE)  # per rank
     steps: int = setting(1000, at_least(1))  # optimizer steps
     seed: int = setting(0, SEED)
-    precision: str = setting("fp32", OneOf(("fp32", "bf16", "fp16")))  # fp16 needs CUDA
+    precision: str = setting("fp32", OneOf(PRECISIONS))  # fp16 needs CUDA
     deterministic: bool = False
     log_every: int = setting(10, at_least(1))
     checkpoint_every: int = setting(500, at_least(1))
