@@ -52,11 +52,11 @@ def logged_step(run_dir: Path) -> int:
     path = run_dir / "metrics.csv"
     if not path.exists():
         return 0
-    with path.open() as handle:
-        rows = list(csv.DictReader(handle))
     try:
+        with path.open() as handle:
+            rows = list(csv.DictReader(handle))
         return int(rows[-1]["step"]) if rows else 0
-    except (KeyError, ValueError):  # a row being written
+    except (KeyError, ValueError, TypeError):  # a row, or the header itself, being written
         return 0
 
 
