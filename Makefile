@@ -30,6 +30,7 @@ bench: $(STAMP)
 	$(BIN)/facetrain bench train
 	$(BIN)/facetrain bench eval
 	$(BIN)/facetrain bench pipeline
+	$(BIN)/facetrain bench scaling --overwrite
 
 lint: $(STAMP)
 	$(BIN)/ruff check facetrain tests tools examples

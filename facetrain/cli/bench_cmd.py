@@ -10,6 +10,7 @@ BENCHMARKS = {
     "train": "facetrain.cli.bench_train:train_command",
     "eval": "facetrain.cli.bench_eval:eval_command",
     "pipeline": "facetrain.cli.bench_pipeline:pipeline_command",
+    "scaling": "facetrain.cli.bench_scaling:scaling_command",
 }
 
 
@@ -26,4 +27,5 @@ def bench() -> None:
       facetrain bench data
       facetrain bench pipeline --repeats 3
       facetrain bench train --device cuda --world-size 1
+      facetrain bench scaling --cases-only
     """
