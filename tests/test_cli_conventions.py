@@ -7,6 +7,7 @@ progress, no group of one verb.
 
 from __future__ import annotations
 
+import re
 from pathlib import Path
 
 import click
@@ -126,3 +127,31 @@ def test_a_folder_named_like_an_old_verb_is_a_folder(tmp_path, monkeypatch):
     Path("set/train").rename("make")
     code, stdout, stderr = invoke("pairs", "make", "-o", "pairs.csv")
     assert code == 0 and stderr == "" and Path("pairs.csv").is_file()
+
+
+def test_the_table_of_docs_cli_lists_every_command_with_its_options():
+    """docs/cli.md's table: a row for every command, naming exactly the options it has."""
+    text = (Path(__file__).resolve().parents[1] / "docs" / "cli.md").read_text().split("## Spellings")[0]
+    rows = {}
+    for line in text.splitlines():
+        cells = (
+            [cell.strip() for cell in line.strip("|").split("|")] if line.startswith("| `facetrain ") else []
+        )
+        if cells:
+            rows[cells[0].strip("`").removeprefix("facetrain ")] = cells
+    assert set(rows) == set(COMMANDS)
+    for name, command in COMMANDS.items():
+        reads, writes, others = rows[name][1], rows[name][2], " ".join(rows[name][3:])
+        named = options(command)
+        listed = {
+            named[token].name for token in re.findall(r"`(--?[\w-]+)", f"{reads} {others}") if token in named
+        }
+        assert len(listed) == len(re.findall(r"`(--?[\w-]+)", f"{reads} {others}")), (
+            f"{name}: an option it lacks"
+        )
+        if writes and writes != "(prints)":
+            listed.add(named["--out"].name)
+        expected = {
+            param.name for param in command.params if isinstance(param, click.Option) and not param.hidden
+        }
+        assert listed == expected, name
