@@ -13,7 +13,7 @@ IRESNET_DEPTHS = {
     "iresnet200": (6, 26, 60, 6),
 }
 
-# dataset kinds `facetrain data stats --source` reads
+# dataset kinds `facetrain data --source` reads
 STATS_SOURCES = ("folder", "list", "recordio", "market1501")
 
 # cross-validation folds of a pair set without its own, and the seed that deals them

@@ -3,10 +3,12 @@
 A bar redraws itself in place with carriage returns; a log file or a pipe keeps every redraw, so a
 training log becomes one line of thousands of bars. Written anywhere but a terminal, the same bar
 prints its state as one plain line every `LINE_EVERY_S` seconds, and once more when it ends.
+With `QUIET_ENV` set (what every command's `-q/--quiet` does) there is no bar at all.
 """
 
 from __future__ import annotations
 
+import os
 import sys
 import time
 
@@ -15,6 +17,8 @@ from tqdm import tqdm
 LINE_EVERY_S = 30.0
 # the bar's words without its drawing: "train:  33% 100/300 [00:40<01:20, 2.50step/s, loss=1.2]"
 PLAIN_FORMAT = "{desc}: {percentage:3.0f}% {n_fmt}/{total_fmt} [{elapsed}<{remaining}, {rate_fmt}{postfix}]"
+# set by `-q/--quiet` in the environment, so the ranks a command starts (and their data workers) inherit it
+QUIET_ENV = "FACETRAIN_QUIET"
 
 
 def is_terminal(stream) -> bool:
@@ -29,6 +33,8 @@ class ProgressBar(tqdm):
     """tqdm on a terminal; elsewhere one line every LINE_EVERY_S seconds and a last one at the end."""
 
     def __init__(self, *args, **kwargs):
+        if os.environ.get(QUIET_ENV, "") not in ("", "0"):
+            kwargs["disable"] = True
         self.plain_lines = not is_terminal(kwargs.get("file") or sys.stderr)
         self._last_line_at = time.monotonic()  # no line at the start: the first comes after the interval
         self._closing = False

@@ -99,7 +99,7 @@ def read_report(path: Path) -> dict[str, dict[str, str]]:
 @pytest.mark.shared_data
 def test_a_photo_without_a_face_is_reported_and_the_run_goes_on(shared_data: Path, tmp_path: Path):
     source = small_source(shared_data, tmp_path)
-    result = run("align", source, tmp_path / "dst", "--quiet", "--workers", "1")
+    result = run("align", source, "-o", tmp_path / "dst", "--quiet", "--workers", "1")
     assert result.exit_code == 0, result.output
     assert result.output.startswith("aligned 2 of 4 images into")
     assert "1 without a face skipped" in result.output and "1 unreadable skipped" in result.output
@@ -117,7 +117,9 @@ def test_a_photo_without_a_face_is_reported_and_the_run_goes_on(shared_data: Pat
 @pytest.mark.shared_data
 def test_fallback_center_writes_a_centre_crop(shared_data: Path, tmp_path: Path):
     source = small_source(shared_data, tmp_path)
-    result = run("align", source, tmp_path / "dst", "--fallback", "center", "--size", "112x96", "--quiet")
+    result = run(
+        "align", source, "-o", tmp_path / "dst", "--fallback", "center", "--size", "112x96", "--quiet"
+    )
     assert result.exit_code == 0, result.output
     assert "1 without a face centre-cropped" in result.output
     report = read_report(tmp_path / "dst" / "align_report.csv")
@@ -131,14 +133,14 @@ def test_fallback_center_writes_a_centre_crop(shared_data: Path, tmp_path: Path)
 def test_nothing_in_dst_is_overwritten_without_asking(shared_data: Path, tmp_path: Path):
     source = small_source(shared_data, tmp_path)
     destination = tmp_path / "dst"
-    assert run("align", source, destination, "--quiet").exit_code == 0
+    assert run("align", source, "-o", destination, "--quiet").exit_code == 0
     crop = destination / "Bill_McBride/Bill_McBride_0001.jpg"
     crop.write_bytes(b"user's own file")
-    result = run("align", source, destination, "--quiet")
+    result = run("align", source, "-o", destination, "--quiet")
     assert result.exit_code == 2
     assert result.output.strip() == f"error: {crop} already exists; pass --overwrite to replace it"
     assert crop.read_bytes() == b"user's own file"
-    assert run("align", source, destination, "--quiet", "--overwrite").exit_code == 0
+    assert run("align", source, "-o", destination, "--quiet", "--overwrite").exit_code == 0
     assert cv2.imread(str(crop)).shape == (112, 112, 3)
 
 
@@ -146,7 +148,7 @@ def test_nothing_in_dst_is_overwritten_without_asking(shared_data: Path, tmp_pat
 @pytest.mark.shared_data
 def test_destination_inside_the_source_is_refused(shared_data: Path, tmp_path: Path):
     source = small_source(shared_data, tmp_path)
-    result = run("align", source, source / "aligned", "--quiet")
+    result = run("align", source, "-o", source / "aligned", "--quiet")
     assert result.exit_code == 2 and result.output.count("\n") == 1 and "inside SRC" in result.output
 
 
@@ -155,13 +157,13 @@ def test_without_the_extra_align_says_what_to_install(tmp_path: Path, monkeypatc
     cv2.imwrite(str(tmp_path / "src/a/x.png"), np.zeros((8, 8, 3), np.uint8))
     with monkeypatch.context() as patch:
         patch.setitem(sys.modules, "dlib", None)  # import dlib now raises ImportError
-        result = run("align", tmp_path / "src", tmp_path / "dst")
+        result = run("align", tmp_path / "src", "-o", tmp_path / "dst")
     assert result.exit_code == 2
     assert result.output.count("\n") == 1 and "pip install 'facetrain[align]'" in result.output
     with monkeypatch.context() as patch:
         patch.setitem(sys.modules, "dlib", MagicMock())  # dlib without its model files
         patch.setattr("facetrain.align.dlib_models.MODELS_PACKAGE", "no_such_face_models")
-        result = run("align", tmp_path / "src", tmp_path / "dst")
+        result = run("align", tmp_path / "src", "-o", tmp_path / "dst")
     assert result.exit_code == 2
     assert result.output.count("\n") == 1 and "dlib's face models" in result.output
     assert "pip install 'facetrain[align]'" in result.output
@@ -195,7 +197,7 @@ def model_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
 @pytest.mark.shared_data
 def test_compare_align_takes_two_raw_photos(shared_data: Path, model_dir: Path):
     photos = [shared_data / "lfw_raw/Bill_McBride" / f"Bill_McBride_{index:04d}.jpg" for index in (1, 2)]
-    result = run("compare", *photos, "-m", model_dir, "--align")
+    result = run("compare", model_dir, *photos, "--align")
     assert result.exit_code == 0, result.output
     assert "threshold 0.5000" in result.output and "(threshold at FAR 1.25% in evaluation)" in result.output
     model = load_model(model_dir)
@@ -212,7 +214,7 @@ def test_compare_align_on_a_photo_without_a_face_is_one_line(
 ):
     source = small_source(shared_data, tmp_path)
     noise = source / "Bill_McBride/noise.png"
-    result = run("compare", source / "Bill_McBride/Bill_McBride_0001.jpg", noise, "-m", model_dir, "--align")
+    result = run("compare", model_dir, source / "Bill_McBride/Bill_McBride_0001.jpg", noise, "--align")
     assert result.exit_code == 2
     assert result.output.strip() == (
         f"error: {noise}: no face found; pass a photo with a visible face, or an aligned crop without --align"
@@ -225,7 +227,7 @@ def test_embed_align_leaves_out_faceless_photos(shared_data: Path, tmp_path: Pat
     source = small_source(shared_data, tmp_path)
     (source / "Bill_McBride/broken.jpg").unlink()
     out = tmp_path / "faces.npy"
-    result = run("embed", source, "-m", model_dir, "-o", out, "--align")
+    result = run("embed", model_dir, source, "-o", out, "--align")
     assert result.exit_code == 0, result.output
     assert "left out 1 images without a face, e.g." in result.output and "noise.png" in result.output
     assert np.load(out).shape == (2, 16)

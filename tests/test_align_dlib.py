@@ -72,7 +72,17 @@ def test_cli_writes_150x150_chips(shared_data, tmp_path):
     person = sorted(source.iterdir())[0]
     result = CliRunner().invoke(
         main,
-        ["align", str(person), str(tmp_path / "chips"), "--template", "dlib", "--workers", "1", "--quiet"],
+        [
+            "align",
+            str(person),
+            "-o",
+            str(tmp_path / "chips"),
+            "--template",
+            "dlib",
+            "--workers",
+            "1",
+            "--quiet",
+        ],
     )
     assert result.exit_code == 0, result.output
     chips = sorted((tmp_path / "chips").glob("*.jpg"))

@@ -8,7 +8,9 @@ from click.testing import CliRunner
 from facetrain.cli import COMMANDS, main
 from facetrain.cli.bench_cmd import BENCHMARKS
 
-EVERY_COMMAND = [[name] for name in COMMANDS] + [["bench", name] for name in BENCHMARKS] + [["data", "stats"]]
+EVERY_COMMAND = (
+    [[name] for name in COMMANDS] + [["bench", name] for name in BENCHMARKS] + [["import", "dlib"]]
+)
 
 
 @pytest.mark.parametrize("words", EVERY_COMMAND, ids=" ".join)

@@ -1,4 +1,4 @@
-"""`facetrain synth`, `facetrain data stats` and `facetrain bench data` through click's test runner."""
+"""`facetrain synth`, `facetrain data` and `facetrain bench data` through click's test runner."""
 
 from __future__ import annotations
 
@@ -41,7 +41,7 @@ def faces(tmp_path: Path) -> Path:
     return root
 
 
-@pytest.mark.parametrize("command", [["synth"], ["data"], ["data", "stats"], ["bench", "data"]])
+@pytest.mark.parametrize("command", [["synth"], ["data"], ["bench", "data"]])
 def test_help_has_examples(command):
     result = invoke(*command, "--help")
     assert result.exit_code == 0 and "Examples:" in result.output
@@ -49,7 +49,7 @@ def test_help_has_examples(command):
 
 def test_synth_writes_the_sets_and_says_where(tmp_path):
     out = tmp_path / "synth"
-    args = ["synth", out, "--identities", 3, "--images-per-identity", 2, "--heldout-identities", 4]
+    args = ["synth", "-o", out, "--identities", 3, "--images-per-identity", 2, "--heldout-identities", 4]
     args += [
         "--heldout-images-per-identity",
         2,
@@ -70,12 +70,14 @@ def test_synth_writes_the_sets_and_says_where(tmp_path):
 
 
 def test_synth_impossible_pairs_is_one_line(tmp_path):
-    error = one_line_error(invoke("synth", tmp_path / "s", "--identities", 2, "--heldout-identities", 3))
+    error = one_line_error(
+        invoke("synth", "-o", tmp_path / "s", "--identities", 2, "--heldout-identities", 3)
+    )
     assert "pairs_folds" in error
 
 
 def test_stats_of_a_folder_counts_and_finds_the_corrupt_file(faces):
-    result = invoke("data", "stats", faces, "--workers", 1)
+    result = invoke("data", faces, "--workers", 1)
     assert result.exit_code == 0, result.output
     output = result.output
     assert "source      folder" in output and "identities  3" in output and "images      9" in output
@@ -91,7 +93,7 @@ def test_stats_of_a_folder_counts_and_finds_the_corrupt_file(faces):
 
 
 def test_stats_without_decoding(faces):
-    result = invoke("data", "stats", faces, "--no-decode")
+    result = invoke("data", faces, "--no-decode")
     assert result.exit_code == 0 and "not checked (--no-decode)" in result.output
 
 
@@ -104,20 +106,20 @@ def test_stats_guesses_list_recordio_and_market_sources(faces, tmp_path):
     expected = {list_path: ("list", 2, 3), rec_path: ("recordio", 3, 8), market_root: ("market1501", 2, 3)}
     for path, (source, identities, images) in expected.items():
         assert guess_source(path) == source
-        result = invoke("data", "stats", path)
+        result = invoke("data", path)
         assert result.exit_code == 0, result.output
         assert f"source      {source}" in result.output
         assert f"identities  {identities}\n" in result.output and f"images      {images}\n" in result.output
-    assert "cameras     3" in invoke("data", "stats", market_root).output
+    assert "cameras     3" in invoke("data", market_root).output
     assert guess_source(tmp_path / "rec") == "recordio" and guess_source(faces) == "folder"
 
 
 def test_stats_errors_are_one_line(tmp_path):
-    assert str(tmp_path / "none") in one_line_error(invoke("data", "stats", tmp_path / "none"))
+    assert str(tmp_path / "none") in one_line_error(invoke("data", tmp_path / "none"))
     (tmp_path / "notes.md").write_text("hello")
-    assert "--source" in one_line_error(invoke("data", "stats", tmp_path / "notes.md"))
+    assert "--source" in one_line_error(invoke("data", tmp_path / "notes.md"))
     (tmp_path / "empty").mkdir()
-    assert "no identity folders" in one_line_error(invoke("data", "stats", tmp_path / "empty"))
+    assert "no identity folders" in one_line_error(invoke("data", tmp_path / "empty"))
 
 
 def test_corrupt_scan_in_worker_processes_matches_the_serial_one(faces, monkeypatch):

@@ -178,7 +178,7 @@ def test_rec_without_idx_is_exactly_one_line(rec_path):
     """The error, and no 'Exception ignored in __del__' from the half-built reader after it."""
     rec_path.with_suffix(".idx").unlink()
     result = subprocess.run(
-        [sys.executable, "-m", "facetrain", "data", "stats", str(rec_path)],
+        [sys.executable, "-m", "facetrain", "data", str(rec_path)],
         capture_output=True,
         text=True,
         timeout=120,

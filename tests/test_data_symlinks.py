@@ -1,4 +1,4 @@
-"""Training, `facetrain data stats` and `facetrain embed` see the same images through symlinked folders."""
+"""Training, `facetrain data` and `facetrain embed` see the same images through symlinked folders."""
 
 from __future__ import annotations
 
@@ -40,7 +40,7 @@ def test_embed_training_and_stats_find_the_same_images_through_links(tmp_path):
         table.class_names == ["alice", "bob"] and [Path(table.reader.name(i)) for i in range(4)] == expected
     )
     assert collect_images([root]) == expected
-    stats = CliRunner().invoke(main, ["data", "stats", str(root)])
+    stats = CliRunner().invoke(main, ["data", str(root)])
     assert stats.exit_code == 0, stats.output
     lines = [line.split() for line in stats.output.splitlines()]
     assert ["identities", "2"] in lines and ["images", "4"] in lines

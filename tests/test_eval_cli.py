@@ -219,12 +219,12 @@ def test_the_card_and_compare_say_at_which_far_the_threshold_sits(model_dir: Pat
     assert card["threshold"] == report["threshold"] and card["threshold_far"] == report["threshold_far"]
     assert card["threshold_tar"] == report["threshold_tar"]
     photos = sorted(root.rglob("*.png"))[:2]
-    result = CliRunner().invoke(main, ["compare", *map(str, photos), "-m", str(tmp_path / "export")])
+    result = CliRunner().invoke(main, ["compare", str(tmp_path / "export"), *map(str, photos)])
     assert result.exit_code == 0, result.output
     assert f"threshold {report['threshold']:.4f}" in result.output
     assert f"(threshold at FAR {100 * report['threshold_far']:.2f}% in evaluation)" in result.output
     by_hand = CliRunner().invoke(
-        main, ["compare", *map(str, photos), "-m", str(tmp_path / "export"), "--threshold", "0.5"]
+        main, ["compare", str(tmp_path / "export"), *map(str, photos), "--threshold", "0.5"]
     )
     assert by_hand.exit_code == 0 and "FAR" not in by_hand.output
 

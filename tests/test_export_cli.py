@@ -58,7 +58,7 @@ def test_embed_npy_matches_embedding_the_images_directly(
     model_dir: Path, image_dir: Path, tmp_path: Path
 ) -> None:
     out = tmp_path / "vectors.npy"
-    code, output = run("embed", image_dir, "-m", model_dir, "-o", out, "--batch-size", "2", "--no-flip")
+    code, output = run("embed", model_dir, image_dir, "-o", out, "--batch-size", "2", "--no-flip")
     assert code == 0, output
     vectors = np.load(out)
     names = (tmp_path / "vectors.paths.txt").read_text().splitlines()
@@ -75,7 +75,7 @@ def test_embed_csv_has_a_path_column_and_one_column_per_dimension(
 ) -> None:
     first = sorted((image_dir / "a").glob("*.png"))[0]
     out = tmp_path / "vectors.csv"
-    code, output = run("embed", first, image_dir / "b", "-m", model_dir, "-o", out)
+    code, output = run("embed", model_dir, first, image_dir / "b", "-o", out)
     assert code == 0, output
     table = pd.read_csv(out)
     assert list(table["path"]) == [str(first), str(image_dir / "b/c/3.png"), str(image_dir / "b/c/4.png")]
@@ -87,7 +87,7 @@ def test_embed_parquet_without_pyarrow_suggests_npy_or_csv(
     model_dir: Path, image_dir: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     monkeypatch.setattr("importlib.util.find_spec", lambda name, *args: None)
-    code, output = run("embed", image_dir, "-m", model_dir, "-o", tmp_path / "vectors.parquet")
+    code, output = run("embed", model_dir, image_dir, "-o", tmp_path / "vectors.parquet")
     assert code == 2
     assert "error:" in output and "pyarrow" in output and ".csv" in output
     assert not (tmp_path / "vectors.parquet").exists()
@@ -98,21 +98,21 @@ def test_embed_refuses_existing_output_and_bad_inputs(
 ) -> None:
     out = tmp_path / "mine.csv"
     out.write_text("precious\n")
-    code, output = run("embed", image_dir, "-m", model_dir, "-o", out)
+    code, output = run("embed", model_dir, image_dir, "-o", out)
     assert code == 2 and "--overwrite" in output
     assert out.read_text() == "precious\n"
-    code, output = run("embed", tmp_path / "missing.jpg", "-m", model_dir, "-o", tmp_path / "x.npy")
+    code, output = run("embed", model_dir, tmp_path / "missing.jpg", "-o", tmp_path / "x.npy")
     assert code == 2 and "does not exist" in output
-    code, output = run("embed", image_dir, "-m", model_dir, "-o", tmp_path / "x.txt")
+    code, output = run("embed", model_dir, image_dir, "-o", tmp_path / "x.txt")
     assert code == 2 and "unknown format" in output
 
 
 def test_compare_uses_the_cards_threshold_or_the_given_one(model_dir: Path, image_dir: Path) -> None:
     first, second = sorted((image_dir / "a").glob("*.png"))[:2]
-    code, output = run("compare", first, first, "-m", model_dir)
+    code, output = run("compare", model_dir, first, first)
     assert code == 0, output
     assert "similarity 1.0000" in output and "threshold 0.3500" in output and "same person" in output
-    code, output = run("compare", first, second, "-m", model_dir, "--threshold", "1.01")
+    code, output = run("compare", model_dir, first, second, "--threshold", "1.01")
     assert code == 0, output
     similarity = float(output.split()[1])
     assert -1.0 <= similarity <= 1.0
@@ -128,16 +128,16 @@ def test_compare_of_images_not_at_the_input_size_suggests_align(model_dir: Path,
     crop, photo = tmp_path / "crop.png", tmp_path / "photo.png"
     cv2.imwrite(str(crop), rng.integers(0, 256, (*IMAGE_SIZE, 3), dtype=np.uint8))
     cv2.imwrite(str(photo), rng.integers(0, 256, (90, 70, 3), dtype=np.uint8))
-    code, output = run("compare", crop, crop, "-m", model_dir)
+    code, output = run("compare", model_dir, crop, crop)
     assert code == 0 and "note:" not in output
-    code, output = run("compare", crop, photo, "-m", model_dir)
+    code, output = run("compare", model_dir, crop, photo)
     assert code == 0 and f"note: {photo} is 70x90, not the model's" in output and "--align" in output
 
 
 def test_compare_without_any_threshold_is_a_user_error(image_dir: Path, tmp_path: Path) -> None:
     export_loaded(fresh_model(threshold=None), tmp_path, formats=["safetensors"], progress=False)
     image = next(image_dir.rglob("*.png"))
-    code, output = run("compare", image, image, "-m", tmp_path)
+    code, output = run("compare", tmp_path, image, image)
     assert code == 2
     assert "error:" in output and "--threshold" in output
 
@@ -153,3 +153,24 @@ def test_export_command_reexports_an_export_and_checks_onnx(model_dir: Path, tmp
     assert card["threshold"] == json.loads((model_dir / "model.json").read_text())["threshold"]
     code, output = run("export", model_dir, "-o", out, "--formats", "onnx")
     assert code == 2 and "--overwrite" in output
+
+
+def test_the_old_model_option_still_works_with_a_notice(
+    model_dir: Path, image_dir: Path, tmp_path: Path
+) -> None:
+    """`-m MODEL` of the last release, anywhere among the arguments, is MODEL first, with a notice."""
+    first, second = sorted(image_dir.rglob("*.png"))[:2]
+    runner = CliRunner()
+    new = runner.invoke(main, ["compare", str(model_dir), str(first), str(second)])
+    old = runner.invoke(main, ["compare", str(first), str(second), "-m", str(model_dir)])
+    assert old.exit_code == new.exit_code == 0 and old.stdout == new.stdout
+    notice = old.stderr.splitlines()[0]
+    assert notice == (
+        "note: `facetrain compare ... -m MODEL` is the old spelling, kept for this release only; "
+        "write `facetrain compare MODEL IMG1 IMG2`"
+    )
+    old = runner.invoke(
+        main, ["embed", str(image_dir), f"--model={model_dir}", "-o", str(tmp_path / "x.npy")]
+    )
+    assert old.exit_code == 0 and (tmp_path / "x.npy").is_file()
+    assert old.stderr.startswith("note: `facetrain embed ... -m MODEL` is the old spelling")

@@ -111,11 +111,11 @@ def test_embed_compare_and_export_take_the_import(trained, imported, face_images
     original = trained[0]
     expected = embed_images(original, face_images, SIZE, progress=False)
 
-    code, output = run("embed", *face_images, "-m", imported, "-o", tmp_path / "faces.npy")
+    code, output = run("embed", imported, *face_images, "-o", tmp_path / "faces.npy")
     assert code == 0, output
     np.testing.assert_allclose(np.load(tmp_path / "faces.npy"), expected, atol=1e-6, rtol=0)
 
-    code, output = run("compare", face_images[0], face_images[1], "-m", imported, "--threshold", "0.5")
+    code, output = run("compare", imported, face_images[0], face_images[1], "--threshold", "0.5")
     assert code == 0, output
     assert f"similarity {float(expected[0] @ expected[1]):.4f}" in output
 

@@ -1,33 +1,213 @@
-"""The README's laptop path, run exactly as printed, on a generated folder of a few hundred faces.
+"""The README's commands, checked against the command line and run where a CPU can run them.
 
-`facetrain align` needs real photos (dlib finds no face in a generated one), so generated 112x112 faces,
-the size `align` writes, stand in for its two output folders; every other command of the block runs
-word for word, from a copy of the checkout's configs, with HOME in the test's folder.
+Every `facetrain` command in README.md, docs/*.md and the Makefile (code blocks and inline code, under
+torchrun too) is parsed by the real command line: an option or argument that no longer exists fails
+here. The README's quick start runs on a tiny synthetic set and its laptop path exactly as printed,
+on a generated folder of a few hundred faces: `facetrain align` needs real photos (dlib finds no face
+in a generated one), so generated 112x112 faces, the size `align` writes, stand in for its two output
+folders; every other command of the block runs word for word, from a copy of the checkout's configs,
+with HOME in the test's folder. The dlib block (face-recognition-models' weights, real photos, a
+150x150 ResNet) and the GPU blocks are parsed only.
 """
 
 from __future__ import annotations
 
 import json
 import os
+import re
+import shlex
 import shutil
 import subprocess
 import sys
 import time
 from pathlib import Path
 
+import click
+import cv2
+import numpy as np
 import pytest
+from click.testing import CliRunner
 
+from facetrain.cli import main
+from facetrain.cli.conventions import UnlistedArgument
 from facetrain.config import SynthConfig
 from facetrain.data.synthetic import generate_synthetic
 
 REPO = Path(__file__).resolve().parents[1]
+DOCUMENTS = [REPO / "README.md", *sorted((REPO / "docs").glob("*.md"))]
+CODE_BLOCK = re.compile(r"^```(\w*)\n(.*?)^```", re.M | re.S)
+INLINE_CODE = re.compile(r"(?<!`)`([^`]+)`(?!`)")
+OLD_SPELLINGS = "## Spellings of the last release"  # docs/cli.md's section that shows them, from here on
+# what the quick start's commands add to run in seconds instead of minutes (the block's own words first)
+TINY = {
+    "synth": "--identities 8 --images-per-identity 4 --heldout-identities 6 --heldout-images-per-identity 3 "
+    "--pairs-folds 2 --pairs-per-fold 8 --image-size 32 -q",
+    "train": "--set train.steps=4 --set train.batch_size=8 --set data.image_size=[32,32] --set eval.every=0 "
+    "--set optim.warmup_steps=0 -q",
+    "eval": "-q",
+    "export": "-q",
+}
+
+
+def readme_blocks() -> dict[str, str]:
+    """The README's bash blocks by the section heading above them (a second one under a heading: "#2")."""
+    blocks: dict[str, str] = {}
+    heading = ""
+    for part in re.split(r"^(#+ .*)$", (REPO / "README.md").read_text(), flags=re.M):
+        if part.startswith("#"):
+            heading = part.lstrip("# ").strip()
+            continue
+        for number, (_language, body) in enumerate(
+            match.groups() for match in CODE_BLOCK.finditer(part) if match.group(1) == "bash"
+        ):
+            blocks[heading + (f" #{number + 1}" if number else "")] = body
+    return blocks
+
+
+def block_commands(body: str) -> list[str]:
+    """A code block's command lines, continuation lines joined, a synopsis's indented lines too."""
+    commands: list[str] = []
+    continued = False
+    for line in body.splitlines():
+        stripped = line.strip().removeprefix("$ ")
+        if continued or (
+            commands and line.startswith(" ") and "[" in commands[-1] and stripped.startswith("[")
+        ):
+            commands[-1] = commands[-1].rstrip("\\ ") + " " + stripped
+        elif re.match(r"(\S*/)?facetrain |torchrun |\$\(BIN\)/facetrain ", stripped):
+            commands.append(stripped)
+        continued = (
+            bool(commands) and line.rstrip().endswith("\\") and (continued or stripped in commands[-1])
+        )
+    return commands
+
+
+def documented_commands() -> list[tuple[str, str, bool]]:
+    """(where, command, whole) for every facetrain command in the documents and the Makefile; `whole`:
+    a command of a code block, as typed, rather than a fragment quoted in prose (`eval --pairs`)."""
+    found = []
+    for document in DOCUMENTS:
+        text = document.read_text().split(OLD_SPELLINGS)[0]
+        for _language, body in CODE_BLOCK.findall(text):
+            found += [(document.name, command, True) for command in block_commands(body)]
+        prose = CODE_BLOCK.sub("", text)
+        for span in INLINE_CODE.findall(prose):
+            span = " ".join(span.replace("\\|", "|").split())
+            if re.match(r"(\S*/)?facetrain [a-z]", span):
+                found.append((document.name, span, False))
+    makefile = (REPO / "Makefile").read_text()
+    found += [
+        ("Makefile", line.strip(), True) for line in makefile.splitlines() if "$(BIN)/facetrain " in line
+    ]
+    return found
+
+
+def facetrain_words(command: str) -> list[str]:
+    """The words after `facetrain` (after torchrun's own options for `torchrun ... -m facetrain`)."""
+    words = shlex.split(command.replace("$(BIN)/", ""), comments=True)
+    for stop in ("|", "&&", ";", ">", "2>&1"):
+        words = words[: words.index(stop)] if stop in words else words
+    if words[0] == "torchrun":
+        from torch.distributed.run import get_args_parser
+
+        launched = get_args_parser().parse_args(words[1:])
+        assert launched.module and launched.training_script == "facetrain", command
+        return launched.training_script_args
+    assert words[0].endswith("facetrain"), command
+    return words[1:]
+
+
+def check_parses(command: str, whole: bool = True) -> None:
+    """Resolve the command and parse its words as click would, without running it: unknown options, an
+    option without its value, arguments too many or missing and last release's spellings all fail.
+    A synopsis (`[--option VALUE]`, `A|B`, `PATH...`) or a fragment quoted in prose (`whole` false) has
+    only its option names checked."""
+    words = facetrain_words(command)
+    group, ctx = main, click.Context(main, info_name="facetrain")
+    while isinstance(group, click.Group) and words and re.fullmatch(r"[a-z]+", words[0]):
+        found = group.get_command(ctx, words[0])
+        assert found is not None, f"no command {words[0]!r}"
+        group, words = found, words[1:]
+        ctx = click.Context(group, info_name=group.name, parent=ctx)
+    command_object = group
+    if not words or isinstance(command_object, click.Group):
+        return  # the command named, not invoked
+    if not whole or any(mark in " ".join(words) for mark in ("[", "|", "...")):
+        params = command_object.get_params(ctx)
+        names = {name for param in params for name in param.opts + param.secondary_opts}
+        for option in re.findall(r"(?<![\w-])(--?[a-zA-Z][\w-]*)", " ".join(words)):
+            assert option in names, f"no option {option}"
+        return
+    values, extra, _ = command_object.make_parser(ctx).parse_args(args=list(words))
+    assert not extra, f"unexpected arguments {extra}"
+    for param in command_object.params:
+        given = values.get(param.name) not in (None, ()) and not str(values.get(param.name)).endswith("UNSET")
+        if isinstance(param, UnlistedArgument):
+            assert not given, f"{param.name}: last release's spelling"
+        elif param.required:
+            assert given, f"{param.human_readable_name} missing"
+
+
+def test_every_documented_command_parses():
+    commands = documented_commands()
+    assert len(commands) > 100 and any(where == "Makefile" for where, _, _ in commands)
+    failures = []
+    for where, command, whole in commands:
+        try:
+            check_parses(command, whole)
+        except (AssertionError, click.ClickException) as error:
+            failures.append(f"{where}: {command}\n    {error}")
+    assert not failures, "\n".join(failures)
+
+
+def test_the_readme_blocks_are_parsed_run_or_named_here():
+    blocks = readme_blocks()
+    assert set(blocks) == {
+        "Quick start",  # run on tiny data below
+        "On a laptop (CPU)",  # run exactly as printed below
+        "On a laptop (CPU) #2",  # dlib: parsed only
+        "On GPUs",
+        "On GPUs #2",
+        "On GPUs #3",  # torchrun on GPUs: parsed only
+    }, "a new README block: run it here if a CPU can, else parse it"
+    targets = set(re.findall(r"^([a-z]+):", (REPO / "Makefile").read_text(), re.M))
+    make_lines = re.findall(r"^make (\w+)", (REPO / "README.md").read_text(), re.M)
+    assert {"demo", "test", "install"} <= set(make_lines) <= targets  # test_demo.py runs the demo
+    for heading in ("On GPUs", "On GPUs #2", "On GPUs #3", "On a laptop (CPU) #2"):
+        assert block_commands(blocks[heading]), heading
+
+
+@pytest.mark.slow
+def test_the_readme_quick_start_runs_on_tiny_data(tmp_path, monkeypatch):
+    """The quick start's commands as printed, each with TINY's options after its own, from `synth` to
+    `compare` of two pictures of yours (a.png and b.png, here two random ones). They run in this process
+    (`--nproc 2` still starts two ranks), which spares each its own import of torch."""
+    lines = [line for line in readme_blocks()["Quick start"].splitlines() if line.strip()]
+    assert lines[0].startswith("make install ") and lines[1] == ". .venv/bin/activate"
+    commands = [shlex.split(line, comments=True) for line in lines[2:]]
+    assert [words[:2] for words in commands] == [
+        ["facetrain", verb] for verb in ("synth", "train", "eval", "export", "compare")
+    ]
+    shutil.copytree(REPO / "configs", tmp_path / "configs")
+    rng = np.random.default_rng(0)
+    for name in ("a.png", "b.png"):
+        cv2.imwrite(str(tmp_path / name), rng.integers(0, 256, (32, 32, 3), dtype=np.uint8))
+    monkeypatch.chdir(tmp_path)
+    started = time.perf_counter()
+    for words in commands:
+        result = CliRunner().invoke(main, words[1:] + TINY.get(words[1], "").split())
+        assert result.exit_code == 0, f"{shlex.join(words)}\n{result.output[-3000:]}"
+        assert "note:" not in result.stderr  # no old spelling
+    print(f"README quick start on tiny data: {time.perf_counter() - started:.0f} s")
+    assert json.loads((tmp_path / "runs" / "demo" / "eval" / "pairs.json").read_text())["num_pairs"] == 32
+    assert (tmp_path / "runs" / "demo" / "export" / "model.onnx").is_file()
+    verdict = r"similarity -?\d\.\d{4}  threshold -?\d\.\d{4}  -> (same person|different people)"
+    assert re.search(verdict, result.stdout)
 
 
 def laptop_commands() -> list[str]:
     """The commands of the README's first code block under "On a laptop (CPU)"."""
-    section = (REPO / "README.md").read_text().split("### On a laptop (CPU)\n", 1)[1]
-    block = section.split("```bash\n", 1)[1].split("```", 1)[0]
-    return [line for line in block.splitlines() if line.strip()]
+    return [line for line in readme_blocks()["On a laptop (CPU)"].splitlines() if line.strip()]
 
 
 def write_aligned_stand_ins(home: Path) -> None:

@@ -127,13 +127,13 @@ def test_synth_overwrite_replaces_only_its_own_set(tmp_path):
     small = ["--identities", "2", "--images-per-identity", "2", "--heldout-identities", "2"]
     small += ["--heldout-images-per-identity", "2", "--pairs-folds", "1", "--pairs-per-fold", "1"]
     small += ["--image-size", "16"]
-    assert run_cli("synth", str(out), *small).returncode == 0
+    assert run_cli("synth", "-o", str(out), *small).returncode == 0
     (out / "photos").mkdir()
     (out / "photos" / "me.jpg").write_bytes(b"\xff\xd8 mine")
     (out / "thesis.txt").write_text("four years of work")
     (out / "train" / "id00000" / "notes.txt").write_text("which one is me")
     before = tree(out)
-    result = run_cli("synth", str(out), *small, "--seed", "1", "--overwrite")
+    result = run_cli("synth", "-o", str(out), *small, "--seed", "1", "--overwrite")
     assert result.returncode == 2
     assert error_lines(result.stderr) == [
         f"error: {out / 'photos'} was not written by facetrain synth, and --overwrite replaces only a "
@@ -148,7 +148,7 @@ def test_synth_overwrite_replaces_only_its_own_set(tmp_path):
         shutil.rmtree(out / foreign) if (out / foreign).is_dir() else (out / foreign).unlink()
         before = tree(out)
 
-    result = run_cli("synth", str(out), *small, "--seed", "1", "--overwrite")
+    result = run_cli("synth", "-o", str(out), *small, "--seed", "1", "--overwrite")
     assert result.returncode == 0, result.stderr
     assert tree(out) != before and sorted(p.name for p in tmp_path.iterdir()) == ["usersyn"]
 

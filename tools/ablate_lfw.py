@@ -11,7 +11,7 @@ OUT/rows.jsonl.
 
 The photos are the aligned copy that `facetrain align` makes (the default --lfw); make it once:
 
-    .venv/bin/facetrain align ../shared/data/lfw_dev runs/lfw_dev_aligned --fallback center
+    .venv/bin/facetrain align ../shared/data/lfw_dev -o runs/lfw_dev_aligned --fallback center
     .venv/bin/python tools/ablate_lfw.py recipe --folds 2 3 --seeds 0 1
     .venv/bin/python tools/ablate_lfw.py wider --folds 2 --seeds 0 --set model.backbone=small_wide
 
@@ -19,7 +19,7 @@ A pretrained model is scored on the same folds without training by --zero-shot (
 chips of `facetrain align --template dlib`):
 
     .venv/bin/facetrain import dlib -o runs/dlib_resnet
-    .venv/bin/facetrain align ../shared/data/lfw_dev runs/lfw_dev_dlib --template dlib --fallback center
+    .venv/bin/facetrain align ../shared/data/lfw_dev -o runs/lfw_dev_dlib --template dlib --fallback center
     .venv/bin/python tools/ablate_lfw.py dlib_zero_shot --lfw runs/lfw_dev_dlib --zero-shot runs/dlib_resnet
 """
 
@@ -126,7 +126,7 @@ def main() -> None:
         sys.exit("--folds: View 2 has folds 1-10, and 2-10 are for development")
     if not args.lfw.is_dir():
         sys.exit(
-            f"{args.lfw} does not exist: make it with `facetrain align ../shared/data/lfw_dev {args.lfw}`"
+            f"{args.lfw} does not exist: make it with `facetrain align ../shared/data/lfw_dev -o {args.lfw}`"
         )
     if (args.out / args.name).exists():
         sys.exit(f"{args.out / args.name} exists; pick another row name or remove it")

@@ -38,7 +38,7 @@ step "1/5 synthetic dataset in $DATA"
 if [[ -f "$PAIRS" ]]; then
     echo "found $PAIRS; keeping the existing dataset (delete $DATA to generate it again)"
 else
-    "$FACETRAIN" synth "$DATA" "${SYNTH_ARGS[@]}"
+    "$FACETRAIN" synth -o "$DATA" "${SYNTH_ARGS[@]}"
 fi
 
 step "2/5 training on 2 CPU ranks into $RUN"
@@ -46,24 +46,24 @@ step "2/5 training on 2 CPU ranks into $RUN"
     --set "train.output_dir=$RUN" --set "data.path=$DATA" --set "eval.pairs=$PAIRS" "${TRAIN_ARGS[@]}"
 
 step "3/5 verification on the held-out identities"
-"$FACETRAIN" eval "$RUN/checkpoints/best" --pairs "$PAIRS" --device cpu --out "$RUN/eval" --quiet
+"$FACETRAIN" eval "$RUN/checkpoints/best" --pairs "$PAIRS" --device cpu -o "$RUN/eval" -q
 
 # The evaluation report goes into the model card, so `compare` decides at the threshold just printed.
 step "4/5 export (safetensors, TorchScript, ONNX)"
 "$FACETRAIN" export "$RUN/checkpoints/best" -o "$RUN/export" --formats safetensors,torchscript,onnx \
-    --evaluation "$RUN/eval/pairs.json" --quiet
+    --evaluation "$RUN/eval/pairs.json" -q
 
 step "5/5 comparing held-out faces with the exported model"
 mapfile -t people < <(find "$DATA/heldout" -mindepth 1 -maxdepth 1 -type d | sort | head -n 2)
 mapfile -t first_person < <(find "${people[0]}" -type f | sort | head -n 2)
 second_person=$(find "${people[1]}" -type f | sort | head -n 1)
 echo "same person:      ${first_person[0]} ${first_person[1]}"
-"$FACETRAIN" compare "${first_person[0]}" "${first_person[1]}" -m "$RUN/export" --device cpu
+"$FACETRAIN" compare "$RUN/export" "${first_person[0]}" "${first_person[1]}" --device cpu
 echo "different people: ${first_person[0]} $second_person"
-"$FACETRAIN" compare "${first_person[0]}" "$second_person" -m "$RUN/export" --device cpu
+"$FACETRAIN" compare "$RUN/export" "${first_person[0]}" "$second_person" --device cpu
 
 step "done in $((SECONDS - started)) s; outputs:"
 echo "  training log and checkpoints  $RUN/ ($RUN/checkpoints/best is the best one)"
 echo "  evaluation table and ROC      $RUN/eval/pairs.json, $RUN/eval/pairs_roc.png"
 echo "  exported model and its card   $RUN/export/ (model.onnx, model.safetensors, model.json)"
-echo "  try: $FACETRAIN compare IMG1 IMG2 -m $RUN/export"
+echo "  try: $FACETRAIN compare $RUN/export IMG1 IMG2"

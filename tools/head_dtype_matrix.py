@@ -62,7 +62,7 @@ def orl_recipe(out: Path, args: argparse.Namespace) -> tuple[Path, list[str]]:
 def synth_recipe(out: Path, args: argparse.Namespace) -> tuple[Path, list[str]]:
     data = out / f"synth{args.image_size}"
     if not (data / "heldout" / "pairs.txt").exists():
-        facetrain("synth", str(data), "--image-size", str(args.image_size), "--overwrite")
+        facetrain("synth", "-o", str(data), "--image-size", str(args.image_size), "--overwrite")
     overrides = [
         f"data.path={data}",
         f"eval.pairs={data / 'heldout' / 'pairs.txt'}",

@@ -111,7 +111,6 @@ def run(
     repeats: int,
     out: Path,
     overwrite: bool,
-    quiet: bool,
     device: str,
 ) -> None:
     """The work of `facetrain bench eval` (its options and help: facetrain/cli/bench_eval.py)."""
@@ -122,7 +121,7 @@ def run(
     result = {
         "benchmark": "eval",
         "embedding": embedding_throughput(
-            backbone, image_size, batch_size, batches, threads, not quiet, device
+            backbone, image_size, batch_size, batches, threads, progress=True, device=device
         ),
         "metrics": metric_time(pairs, repeats),
         "machine": {**machine_info(), "gpu": gpu_info(device)},

@@ -117,10 +117,14 @@ def report_user_error(error: FacetrainError) -> int:
 def main() -> None:
     """facetrain: train face recognition and re-id models whose classifier is sharded over ranks.
 
+    Inputs are positional, a model first (eval, export, embed, compare: MODEL); what a command
+    writes goes to -o/--out; -q/--quiet turns off progress bars (docs/cli.md).
+
     \b
     Examples:
-      facetrain synth data/synth                     # make the built-in dataset
+      facetrain synth -o data/synth                   # make the built-in dataset
       facetrain train -c configs/demo.yaml --nproc 2  # train on 2 CPU processes
       facetrain eval runs/demo/checkpoints/last --pairs data/synth/heldout/pairs.txt
       facetrain export runs/demo/checkpoints/best -o runs/demo/export
+      facetrain compare runs/demo/export a.png b.png
     """

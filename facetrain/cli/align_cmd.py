@@ -7,12 +7,17 @@ from pathlib import Path
 
 import click
 
+from facetrain.cli.conventions import old_positional_out, out_or_old_positional, quiet_option
+
 DEFAULT_WORKERS = max(1, min(8, os.cpu_count() or 1))
 
 
-@click.command()
+@click.command(options_metavar="-o OUT [OPTIONS]")
 @click.argument("source", metavar="SRC", type=click.Path(path_type=Path))
-@click.argument("destination", metavar="DST", type=click.Path(path_type=Path))
+@click.option(
+    "-o", "--out", type=click.Path(path_type=Path), help="Folder for the crops, SRC's tree (required)."
+)
+@old_positional_out("old_destination")
 @click.option(
     "--size",
     default=None,
@@ -50,13 +55,14 @@ DEFAULT_WORKERS = max(1, min(8, os.cpu_count() or 1))
 @click.option(
     "--report",
     type=click.Path(path_type=Path, dir_okay=False),
-    help="Report CSV listing every image and what became of it [default: DST/align_report.csv].",
+    help="Report CSV listing every image and what became of it [default: OUT/align_report.csv].",
 )
-@click.option("--overwrite", is_flag=True, help="Replace crops (and the report) already in DST.")
-@click.option("--quiet", is_flag=True, help="No progress bar.")
+@click.option("--overwrite", is_flag=True, help="Replace crops (and the report) already in OUT.")
+@quiet_option
 def align(
     source: Path,
-    destination: Path,
+    out: Path | None,
+    old_destination: Path | None,
     size: str | None,
     template: str,
     detector: str,
@@ -64,29 +70,29 @@ def align(
     workers: int,
     report: Path | None,
     overwrite: bool,
-    quiet: bool,
 ) -> None:
-    """Align the faces of every image under SRC into crops under DST, keeping the folder tree.
+    """Align the faces of every image under SRC into crops under OUT, keeping the folder tree.
 
     For each photo the largest face is detected, its eye centres, nose tip and mouth corners are
     found with dlib's 68-point landmarks, and the photo is warped by a similarity transform onto
     the ArcFace reference points (the crops insightface-trained models expect). Images without a
     face are skipped, or centre-cropped with --fallback center; both are counted in the summary and
-    listed in the report CSV with unreadable images. Nothing in DST is replaced without
+    listed in the report CSV with unreadable images. Nothing in OUT is replaced without
     --overwrite. --template dlib cuts the chips dlib's face ResNet expects (`facetrain import dlib`)
     instead: dlib's 5-point landmarks placed as `dlib.get_face_chip` places them, 150x150 with
     padding 0.25. Needs the align extra: pip install 'facetrain[align]'.
 
     \b
     Examples:
-      facetrain align photos/ aligned/
-      facetrain align lfw/raw lfw/aligned --workers 4 --fallback center
-      facetrain align faces/ crops_112x96/ --size 112x96 --detector cnn --overwrite
-      facetrain align photos/ chips/ --template dlib
+      facetrain align photos/ -o aligned/
+      facetrain align lfw/raw -o lfw/aligned --workers 4 --fallback center
+      facetrain align faces/ -o crops_112x96/ --size 112x96 --detector cnn --overwrite
+      facetrain align photos/ -o chips/ --template dlib
     """
     from facetrain.align.runner import align_folder
     from facetrain.align.template import parse_crop_size
 
+    destination = out_or_old_positional(out, old_destination, "align", "facetrain align SRC -o OUT")
     summary = align_folder(
         source,
         destination,
@@ -95,7 +101,6 @@ def align(
         fallback=fallback,
         workers=workers,
         overwrite=overwrite,
-        progress=not quiet,
         report=report,
         template=template,
     )

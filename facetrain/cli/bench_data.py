@@ -8,6 +8,7 @@ from pathlib import Path
 import click
 
 from facetrain.cli.bench_options import device_option
+from facetrain.cli.conventions import quiet_option
 
 
 @click.command("data")
@@ -19,6 +20,7 @@ from facetrain.cli.bench_options import device_option
 )
 @click.option("--repeats", type=click.IntRange(min=1), default=3, show_default=True, help="Timed passes.")
 @click.option(
+    "-o",
     "--out",
     type=click.Path(dir_okay=False, path_type=Path),
     default=Path("runs/bench/data.json"),
@@ -32,6 +34,7 @@ from facetrain.cli.bench_options import device_option
 )
 @click.option("--loader-batch", type=click.IntRange(min=1), default=128, show_default=True)
 @device_option("Where --loader-workers deliver the batches (pinned memory on cuda).")
+@quiet_option
 def data_command(**options) -> None:
     """Images/s of one data worker: decode + augment + normalize of 112x112 JPEGs, from a folder and a .rec.
 

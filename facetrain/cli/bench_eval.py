@@ -8,6 +8,7 @@ from pathlib import Path
 import click
 
 from facetrain.cli.bench_options import device_option
+from facetrain.cli.conventions import quiet_option
 
 
 @click.command("eval")
@@ -37,13 +38,14 @@ from facetrain.cli.bench_options import device_option
     "--repeats", type=click.IntRange(min=1), default=5, show_default=True, help="Timed metric runs."
 )
 @click.option(
+    "-o",
     "--out",
     type=click.Path(dir_okay=False, path_type=Path),
     default=Path("runs/bench/eval.json"),
     show_default=True,
 )
 @click.option("--overwrite", is_flag=True, help="Replace the JSON of an earlier run.")
-@click.option("--quiet", is_flag=True, help="No progress bar.")
+@quiet_option
 @device_option("Where the backbone embeds; the metrics always run on the CPU.")
 def eval_command(**options) -> None:
     """Embedding throughput (images/s) on CPU or GPU and the time to compute verification metrics.

@@ -8,6 +8,7 @@ from pathlib import Path
 import click
 
 from facetrain.cli.bench_options import device_option
+from facetrain.cli.conventions import quiet_option
 
 
 @click.command("head")
@@ -61,6 +62,7 @@ from facetrain.cli.bench_options import device_option
     help="Without --capacity: bf16 runs each step under bf16 autocast and times bf16 GEMMs.",
 )
 @click.option(
+    "-o",
     "--out",
     default="runs/bench/head",
     show_default=True,
@@ -68,6 +70,7 @@ from facetrain.cli.bench_options import device_option
     help="Folder for the JSON, PNG and markdown outputs.",
 )
 @click.option("--overwrite", is_flag=True, help="Replace the outputs of an earlier run in --out.")
+@quiet_option
 def head_command(**options) -> None:
     """Compare the sharded margin head with the dense (DDP) and naive model-parallel FC, on CPU or CUDA.
 

@@ -9,6 +9,7 @@ import click
 
 from facetrain.bench.pipeline_settings import DEFAULTS
 from facetrain.cli.bench_options import device_option
+from facetrain.cli.conventions import quiet_option
 
 
 @click.command("pipeline")
@@ -97,6 +98,7 @@ from facetrain.cli.bench_options import device_option
     help="Untimed steps first.",
 )
 @click.option(
+    "-o",
     "--out",
     default="runs/bench/pipeline",
     show_default=True,
@@ -105,6 +107,7 @@ from facetrain.cli.bench_options import device_option
 )
 @click.option("--overwrite", is_flag=True, help="Replace the outputs of an earlier run in --out.")
 @device_option("Where the stages run; cuda: one GPU per stage (nccl), the single device on GPU 0.")
+@quiet_option
 def pipeline_command(**options) -> None:
     """Time single device, model parallel and pipelined training steps of a backbone, on CPU or GPUs.
 

@@ -1,4 +1,4 @@
-"""`facetrain synth` (the built-in synthetic face set) and `facetrain data ...` (dataset inspection)."""
+"""`facetrain synth` (the built-in synthetic face set) and `facetrain data` (dataset inspection)."""
 
 from __future__ import annotations
 
@@ -8,13 +8,21 @@ from pathlib import Path
 import click
 
 from facetrain.choices import STATS_SOURCES
+from facetrain.cli.conventions import (
+    OldSpellings,
+    dropped_verb,
+    old_positional_out,
+    out_or_old_positional,
+    quiet_option,
+)
 from facetrain.config import SynthConfig
 
 _SYNTH_DEFAULTS = SynthConfig()
 
 
-@click.command("synth")
-@click.argument("out", type=click.Path(path_type=Path))
+@click.command("synth", options_metavar="-o OUT [OPTIONS]")
+@click.option("-o", "--out", type=click.Path(path_type=Path), help="Folder to draw the set into (required).")
+@old_positional_out("old_out")
 @click.option(
     "--identities", type=click.IntRange(min=1), default=_SYNTH_DEFAULTS.identities, show_default=True
 )
@@ -62,8 +70,10 @@ _SYNTH_DEFAULTS = SynthConfig()
 @click.option(
     "--overwrite", is_flag=True, help="Replace the synthetic set in OUT (anything else there is refused)."
 )
+@quiet_option
 def synth(
-    out: Path,
+    out: Path | None,
+    old_out: Path | None,
     identities: int,
     images_per_identity: int,
     heldout_identities: int,
@@ -81,12 +91,13 @@ def synth(
 
     \b
     Examples:
-      facetrain synth data/synth
-      facetrain synth data/tiny --identities 20 --images-per-identity 8 --image-size 48
-      facetrain synth data/synth --seed 1 --overwrite
+      facetrain synth -o data/synth
+      facetrain synth -o data/tiny --identities 20 --images-per-identity 8 --image-size 48
+      facetrain synth -o data/synth --seed 1 --overwrite
     """
     from facetrain.data.synthetic import generate_synthetic
 
+    out = out_or_old_positional(out, old_out, "synth", "facetrain synth -o OUT")
     cfg = SynthConfig(
         identities=identities,
         images_per_identity=images_per_identity,
@@ -113,18 +124,7 @@ def synth(
         )
 
 
-@click.group("data")
-def data() -> None:
-    """Inspect datasets before training on them.
-
-    \b
-    Examples:
-      facetrain data stats data/synth/train
-      facetrain data stats /data/faces_emore/train.rec --workers 8
-    """
-
-
-@data.command("stats")
+@click.command("data", cls=OldSpellings, upgrades=[dropped_verb("data", "stats")])
 @click.argument("path", type=click.Path(path_type=Path))
 @click.option(
     "--source",
@@ -140,7 +140,8 @@ def data() -> None:
     show_default=True,
     help="Processes that decode images.",
 )
-def stats(path: Path, source: str | None, no_decode: bool, workers: int) -> None:
+@quiet_option
+def data(path: Path, source: str | None, no_decode: bool, workers: int) -> None:
     """Identities, images, an images-per-identity summary and the corrupt files of the dataset at PATH.
 
     Every image is decoded as training would decode it, so each file listed as corrupt would stop an
@@ -148,10 +149,10 @@ def stats(path: Path, source: str | None, no_decode: bool, workers: int) -> None
 
     \b
     Examples:
-      facetrain data stats data/synth/train
-      facetrain data stats lists/train.csv --no-decode
-      facetrain data stats /data/faces_emore/train.rec --workers 8
-      facetrain data stats /data/Market-1501-v15.09.15 --source market1501
+      facetrain data data/synth/train
+      facetrain data lists/train.csv --no-decode
+      facetrain data /data/faces_emore/train.rec --workers 8
+      facetrain data /data/Market-1501-v15.09.15 --source market1501
     """
     import cv2
 

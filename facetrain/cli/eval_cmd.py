@@ -8,11 +8,12 @@ from pathlib import Path
 import click
 
 from facetrain.choices import DEFAULT_FOLD_SEED, DEFAULT_FOLDS
+from facetrain.cli.conventions import quiet_option
 from facetrain.errors import FacetrainError
 
 
 @click.command()
-@click.argument("model", type=click.Path(path_type=Path))
+@click.argument("model", metavar="MODEL", type=click.Path(path_type=Path))
 @click.option(
     "--pairs",
     "pairs_path",
@@ -51,7 +52,12 @@ from facetrain.errors import FacetrainError
     type=click.Path(path_type=Path),
     help="Market-1501 root with query/ and bounding_box_test/, for re-id retrieval instead of --pairs.",
 )
-@click.option("--no-flip", is_flag=True, help="Skip the flip test (embedding each image's mirror too).")
+@click.option(
+    "--flip/--no-flip",
+    default=True,
+    show_default=True,
+    help="The flip test: add the embedding of each image's mirror.",
+)
 @click.option(
     "--batch-size", type=click.IntRange(min=1), default=128, show_default=True, help="Images per batch."
 )
@@ -60,13 +66,14 @@ from facetrain.errors import FacetrainError
 )
 @click.option("--device", default=None, help="cpu, cuda or cuda:N (default: cuda when available, else cpu).")
 @click.option(
+    "-o",
     "--out",
     "out_dir",
     type=click.Path(path_type=Path),
     help="Report folder (default: MODEL/eval, or eval/ beside a model file).",
 )
 @click.option("--overwrite", is_flag=True, help="Replace an earlier report of the same name in --out.")
-@click.option("--quiet", is_flag=True, help="No progress bars.")
+@quiet_option
 def eval_command(
     model: Path,
     pairs_path: Path | None,
@@ -76,13 +83,12 @@ def eval_command(
     seed: int | None,
     num_folds: int | None,
     market_root: Path | None,
-    no_flip: bool,
+    flip: bool,
     batch_size: int,
     workers: int,
     device: str | None,
     out_dir: Path | None,
     overwrite: bool,
-    quiet: bool,
 ) -> None:
     """Evaluate MODEL: face verification on --pairs or --folder, or person re-id retrieval on --market.
 
@@ -92,7 +98,7 @@ def eval_command(
     else stratified ones), the all-"different" baseline, the threshold to deploy (best balanced
     accuracy) with its FAR and TAR, ROC AUC, EER, TAR at FAR 1e-1/1e-2/1e-3 and XNorm, and writes
     NAME.json, NAME_folds.csv and NAME_roc.png to --out, NAME being the pairs file's stem.
-    --folder makes balanced pairs from a folder of identities (as `facetrain pairs make` does),
+    --folder makes balanced pairs from a folder of identities (as `facetrain pairs` does),
     names the report after the folder and keeps the pairs as NAME.pairs.csv (--pairs NAME.pairs.csv
     later scores them into the same NAME report files).
     Re-id prints CMC rank-1/5/10 and mAP (Market-1501 protocol) and writes market1501.json.
@@ -104,7 +110,7 @@ def eval_command(
       facetrain eval runs/orl/export --folder data/orl_heldout --seed 1
       facetrain eval runs/lfw/export --pairs lfw/pairs.txt --images lfw/aligned --skip-missing
       facetrain eval runs/ms1m/checkpoints/best --pairs faces_emore/agedb_30.bin --no-flip
-      facetrain eval runs/reid/export --market data/Market-1501 --batch-size 256 --out reports/reid
+      facetrain eval runs/reid/export --market data/Market-1501 --batch-size 256 -o reports/reid
     """
     import torch
 
@@ -125,9 +131,8 @@ def eval_command(
     out_dir = out_dir or (model if model.is_dir() else model.parent) / "eval"
     options = {
         "batch_size": batch_size,
-        "flip": not no_flip,
+        "flip": flip,
         "device": device,
-        "progress": not quiet,
         "num_workers": workers,
     }
     extra = {"model": str(model)}

@@ -6,9 +6,12 @@ from pathlib import Path
 
 import click
 
+from facetrain.cli.conventions import OldSpellings, model_option_first, quiet_option
 from facetrain.errors import FacetrainError
 
-MODEL_HELP = "Training checkpoint (dir, last/best, run dir), export directory, or model file."
+# MODEL, first on every command that uses a model: a training checkpoint (a checkpoint directory, a
+# last/best pointer or a run directory), an export directory or an exported model file
+model_argument = click.argument("model_path", metavar="MODEL", type=click.Path(path_type=Path))
 
 
 def _human_size(num_bytes: int) -> str:
@@ -58,7 +61,7 @@ def _parse_formats(value: str) -> list[str]:
 
 
 @click.command()
-@click.argument("checkpoint", type=click.Path(path_type=Path))
+@model_argument
 @click.option("-o", "--out", "out_dir", type=click.Path(path_type=Path), required=True, help="Output folder.")
 @click.option(
     "--formats",
@@ -76,24 +79,24 @@ def _parse_formats(value: str) -> list[str]:
     "--with-head", is_flag=True, help="Also write the full classifier head, gathered from its shards."
 )
 @click.option("--overwrite", is_flag=True, help="Replace model files already in the output folder.")
-@click.option("--quiet", is_flag=True, help="No progress bar.")
+@quiet_option
 def export(
-    checkpoint: Path,
+    model_path: Path,
     out_dir: Path,
     formats: str,
     verification_report: Path | None,
     with_head: bool,
     overwrite: bool,
-    quiet: bool,
 ) -> None:
     """Export a trained backbone for inference, with a JSON model card.
 
-    CHECKPOINT is a checkpoint directory written by any number of ranks, a last/best pointer, or a
-    run directory. Writes OUT/model.safetensors (canonical, loads with `-m OUT`), OUT/model.json
-    (the card: architecture, input size and normalization, training config, evaluation results and
-    threshold), OUT/model.torchscript.pt and OUT/model.onnx (dynamic batch, checked against PyTorch
-    with onnxruntime to 1e-4), and with --with-head OUT/head.safetensors. The card's evaluation
-    results come from the checkpoint (the trainer's last verification) or from --evaluation.
+    MODEL is a checkpoint directory written by any number of ranks, a last/best pointer, or a run
+    directory. Writes OUT/model.safetensors (canonical; OUT is then a MODEL of eval, embed and
+    compare), OUT/model.json (the card: architecture, input size and normalization, training config,
+    evaluation results and threshold), OUT/model.torchscript.pt and OUT/model.onnx (dynamic batch,
+    checked against PyTorch with onnxruntime to 1e-4), and with --with-head OUT/head.safetensors. The
+    card's evaluation results come from the checkpoint (the trainer's last verification) or from
+    --evaluation.
 
     \b
     Examples:
@@ -107,7 +110,12 @@ def export(
 
     with writing_into_run(out_dir, "facetrain export", "wait for it to finish, or choose another -o"):
         result = export_model(
-            checkpoint, out_dir, _parse_formats(formats), with_head, overwrite, not quiet, verification_report
+            model_path,
+            out_dir,
+            _parse_formats(formats),
+            with_head,
+            overwrite,
+            verification_report=verification_report,
         )
     click.echo(
         f"exported {result.card['architecture']} ({result.card['embedding_size']}-d) to {result.out_dir}"
@@ -123,9 +131,9 @@ def export(
         click.echo(f"verification threshold (cosine): {threshold:.4f}{where}")
 
 
-@click.command()
+@click.command(cls=OldSpellings, upgrades=[model_option_first("embed", "MODEL PATH... -o OUT")])
+@model_argument
 @click.argument("paths", nargs=-1, required=True, type=click.Path(path_type=Path))
-@click.option("-m", "--model", "model_path", type=click.Path(path_type=Path), required=True, help=MODEL_HELP)
 @click.option(
     "-o",
     "--out",
@@ -143,9 +151,10 @@ def export(
 @click.option("--overwrite", is_flag=True, help="Replace the output file if it exists.")
 @align_option
 @detector_option
+@quiet_option
 def embed(
-    paths: tuple[Path, ...],
     model_path: Path,
+    paths: tuple[Path, ...],
     out: Path,
     batch_size: int,
     flip: bool | None,
@@ -154,19 +163,20 @@ def embed(
     align: bool,
     detector: str,
 ) -> None:
-    """Write L2-normalized embeddings of images, and of every image under folders.
+    """Write MODEL's L2-normalized embeddings of images, and of every image under folders.
 
-    Rows follow the order of PATHS, folders expanded in sorted order. Tables (.parquet, .csv) have a
-    `path` column then e0, e1, ...; -o X.npy gets the paths in X.paths.txt beside it. With --align,
-    raw photos are aligned to the model's input first (as `facetrain align` does); photos without
-    a face are left out and named on stderr.
+    MODEL is a training checkpoint, an export directory or an exported model file. Rows follow the
+    order of PATHS, folders expanded in sorted order. Tables (.parquet, .csv) have a `path` column
+    then e0, e1, ...; -o X.npy gets the paths in X.paths.txt beside it. With --align, raw photos are
+    aligned to the model's input first (as `facetrain align` does); photos without a face are left
+    out and named on stderr.
 
     \b
     Examples:
-      facetrain embed data/synth/heldout -m runs/demo/export -o embeddings.npy
-      facetrain embed a.jpg b.jpg -m runs/demo/checkpoints/best -o faces.csv
-      facetrain embed raw_photos/ -m runs/demo/export -o faces.npy --align
-      facetrain embed photos/ -m exported/model.torchscript.pt -o faces.parquet --batch-size 128
+      facetrain embed runs/demo/export data/synth/heldout -o embeddings.npy
+      facetrain embed runs/demo/checkpoints/best a.jpg b.jpg -o faces.csv
+      facetrain embed runs/demo/export raw_photos/ -o faces.npy --align
+      facetrain embed exported/model.torchscript.pt photos/ -o faces.parquet --batch-size 128
     """
     from facetrain.eval.embedding import embed_images
     from facetrain.export.compare import default_flip
@@ -195,10 +205,10 @@ def embed(
     )
 
 
-@click.command()
-@click.argument("first", type=click.Path(path_type=Path, exists=True, dir_okay=False))
-@click.argument("second", type=click.Path(path_type=Path, exists=True, dir_okay=False))
-@click.option("-m", "--model", "model_path", type=click.Path(path_type=Path), required=True, help=MODEL_HELP)
+@click.command(cls=OldSpellings, upgrades=[model_option_first("compare", "MODEL IMG1 IMG2")])
+@model_argument
+@click.argument("first", metavar="IMG1", type=click.Path(path_type=Path, exists=True, dir_okay=False))
+@click.argument("second", metavar="IMG2", type=click.Path(path_type=Path, exists=True, dir_okay=False))
 @click.option(
     "--threshold", type=float, help="Cosine similarity to call a pair the same [default: the card's]."
 )
@@ -209,26 +219,27 @@ def embed(
 @align_option
 @detector_option
 def compare(
+    model_path: Path,
     first: Path,
     second: Path,
-    model_path: Path,
     threshold: float | None,
     flip: bool | None,
     device: str | None,
     align: bool,
     detector: str,
 ) -> None:
-    """Say whether two face images show the same person.
+    """Say whether two face images show the same person, by MODEL's embeddings.
 
-    Prints the cosine similarity of their embeddings and the decision at the threshold that
-    evaluation found (stored in the model card, with the false-accept rate it gave there), or at
-    --threshold. With --align the two can be raw photos: each face is found and aligned first.
+    MODEL is a training checkpoint, an export directory or an exported model file. Prints the
+    cosine similarity of their embeddings and the decision at the threshold that evaluation found
+    (stored in the model card, with the false-accept rate it gave there), or at --threshold. With
+    --align the two can be raw photos: each face is found and aligned first.
 
     \b
     Examples:
-      facetrain compare a.jpg b.jpg -m runs/demo/export
-      facetrain compare photo1.jpg photo2.jpg -m runs/demo/export --align
-      facetrain compare a.jpg b.jpg -m runs/demo/checkpoints/best --threshold 0.3
+      facetrain compare runs/demo/export a.jpg b.jpg
+      facetrain compare runs/demo/export photo1.jpg photo2.jpg --align
+      facetrain compare runs/demo/checkpoints/best a.jpg b.jpg --threshold 0.3
     """
     from facetrain.export.compare import compare_images
     from facetrain.export.loading import load_model

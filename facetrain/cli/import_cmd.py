@@ -7,6 +7,7 @@ from pathlib import Path
 import click
 
 from facetrain.choices import IRESNET_DEPTHS
+from facetrain.cli.conventions import quiet_option
 
 
 @click.group("import")
@@ -21,7 +22,7 @@ def import_group() -> None:
 
 
 def destination_options(command):
-    """-o/--out, --overwrite and --quiet: where every import writes its checkpoint, and how."""
+    """-o/--out, --overwrite and -q/--quiet: where every import writes its checkpoint, and how."""
     out = click.option(
         "-o", "--out", "out_dir", type=click.Path(path_type=Path), required=True,
         help="Checkpoint folder to write.",
@@ -31,8 +32,7 @@ def destination_options(command):
         is_flag=True,
         help="Replace OUT if it is an earlier import (never a training checkpoint).",
     )
-    quiet = click.option("--quiet", is_flag=True, help="No progress bar.")
-    return out(overwrite(quiet(command)))
+    return out(overwrite(quiet_option(command)))
 
 
 @import_group.command("insightface")
@@ -45,7 +45,7 @@ def destination_options(command):
     help="The IResNet the file was trained as (insightface's r18/r34/r50/r100/r200).",
 )
 @destination_options
-def insightface(backbone: Path, architecture: str, out_dir: Path, overwrite: bool, quiet: bool) -> None:
+def insightface(backbone: Path, architecture: str, out_dir: Path, overwrite: bool) -> None:
     """Import an insightface arcface_torch BACKBONE.pth as a facetrain checkpoint (without a head).
 
     BACKBONE is the `backbone.pth` that arcface_torch saves and its model zoo publishes (MS1MV3,
@@ -61,12 +61,12 @@ def insightface(backbone: Path, architecture: str, out_dir: Path, overwrite: boo
       facetrain import insightface ms1mv3_r100/backbone.pth --arch iresnet100 -o models/ms1mv3_r100
       facetrain eval models/ms1mv3_r100 --pairs data/lfw.bin
       facetrain export models/ms1mv3_r100 -o models/ms1mv3_r100/export
-      facetrain compare a.jpg b.jpg -m models/ms1mv3_r100 --threshold 0.3
+      facetrain compare models/ms1mv3_r100 a.jpg b.jpg --threshold 0.3
       facetrain import insightface glint360k_r50.pth --arch iresnet50 -o models/glint_r50 --overwrite
     """
     from facetrain.export.insightface_import import import_insightface
 
-    result = import_insightface(backbone, architecture, out_dir, overwrite=overwrite, progress=not quiet)
+    result = import_insightface(backbone, architecture, out_dir, overwrite=overwrite)
     click.echo(
         f"imported {backbone} as {result.architecture} ({result.tensors} tensors, "
         f"{result.embedding_size}-d embeddings) into {result.checkpoint}"
@@ -76,7 +76,7 @@ def insightface(backbone: Path, architecture: str, out_dir: Path, overwrite: boo
 @import_group.command("dlib")
 @click.argument("dat", required=False, type=click.Path(path_type=Path))
 @destination_options
-def dlib(dat: Path | None, out_dir: Path, overwrite: bool, quiet: bool) -> None:
+def dlib(dat: Path | None, out_dir: Path, overwrite: bool) -> None:
     """Import dlib's pretrained face recognition ResNet as a facetrain checkpoint (backbone `dlib_resnet`).
 
     DAT is dlib's `dlib_face_recognition_resnet_model_v1.dat` (128-d embeddings of 150x150 chips);
@@ -92,12 +92,12 @@ def dlib(dat: Path | None, out_dir: Path, overwrite: bool, quiet: bool) -> None:
       facetrain import dlib -o models/dlib
       facetrain align photos/ -o chips/ --template dlib
       facetrain eval models/dlib --folder chips/
-      facetrain compare a.jpg b.jpg -m models/dlib
+      facetrain compare models/dlib a.jpg b.jpg
       facetrain import dlib ~/dlib_face_recognition_resnet_model_v1.dat -o models/dlib --overwrite
     """
     from facetrain.export.dlib_import import import_dlib
 
-    result = import_dlib(dat, out_dir, overwrite=overwrite, progress=not quiet)
+    result = import_dlib(dat, out_dir, overwrite=overwrite)
     click.echo(
         f"imported dlib's face ResNet as {result.architecture} ({result.tensors} tensors, "
         f"{result.embedding_size}-d embeddings) into {result.checkpoint}"

@@ -1,4 +1,4 @@
-"""`facetrain pairs make`: an honest verification pair set from a folder of identities."""
+"""`facetrain pairs`: an honest verification pair set from a folder of identities."""
 
 from __future__ import annotations
 
@@ -7,19 +7,10 @@ from pathlib import Path
 import click
 
 from facetrain.choices import DEFAULT_FOLD_SEED, DEFAULT_FOLDS
+from facetrain.cli.conventions import OldSpellings, dropped_verb
 
 
-@click.group()
-def pairs() -> None:
-    """Verification pair files.
-
-    \b
-    Examples:
-      facetrain pairs make data/heldout -o data/heldout_pairs.csv
-    """
-
-
-@pairs.command()
+@click.command(cls=OldSpellings, upgrades=[dropped_verb("pairs", "make")])
 @click.argument("root", type=click.Path(path_type=Path))
 @click.option(
     "-o", "--out", type=click.Path(path_type=Path, dir_okay=False), required=True, help="Pairs CSV."
@@ -40,7 +31,7 @@ def pairs() -> None:
     help="Cross-validation folds.",
 )
 @click.option("--overwrite", is_flag=True, help="Replace the CSV if it exists.")
-def make(root: Path, out: Path, seed: int, num_folds: int, overwrite: bool) -> None:
+def pairs(root: Path, out: Path, seed: int, num_folds: int, overwrite: bool) -> None:
     """Write balanced verification pairs of the images under ROOT/<identity>/ to a CSV.
 
     Every matched pair (two images of one identity) is written, and as many mismatched pairs,
@@ -51,8 +42,8 @@ def make(root: Path, out: Path, seed: int, num_folds: int, overwrite: bool) -> N
 
     \b
     Examples:
-      facetrain pairs make data/heldout -o data/heldout_pairs.csv
-      facetrain pairs make aligned/test -o pairs.csv --seed 1 --folds 5 --overwrite
+      facetrain pairs data/heldout -o data/heldout_pairs.csv
+      facetrain pairs aligned/test -o pairs.csv --seed 1 --folds 5 --overwrite
     """
     from facetrain.eval.pair_making import folder_pair_set, write_pairs_csv
     from facetrain.files import refuse_to_overwrite

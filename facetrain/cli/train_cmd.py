@@ -9,6 +9,8 @@ from pathlib import Path
 
 import click
 
+from facetrain.cli.conventions import quiet_option
+
 
 @click.command()
 @click.option("-c", "--config", "config_path", type=click.Path(dir_okay=False), help="YAML config file.")
@@ -31,24 +33,38 @@ import click
     help="Start the backbone from this checkpoint, run or export directory (model.init); fresh head.",
 )
 @click.option(
+    "-o",
+    "--out",
+    "output_dir",
+    metavar="DIR",
+    help="Run directory: checkpoints, logs, curves (train.output_dir; the same as --set train.output_dir=DIR).",
+)
+@click.option(
     "--nproc",
     type=click.IntRange(min=1),
     default=1,
     show_default=True,
     help="Start this many local ranks (gloo on CPU, nccl on GPUs). Not needed under torchrun.",
 )
+@quiet_option
 def train(
-    config_path: str | None, overrides: tuple[str, ...], resume: str | None, init: str | None, nproc: int
+    config_path: str | None,
+    overrides: tuple[str, ...],
+    resume: str | None,
+    init: str | None,
+    output_dir: str | None,
+    nproc: int,
 ) -> None:
     """Train a backbone with the class-sharded margin-softmax head.
 
     Every rank holds 1/N of the class weights and the backbone is replicated with DDP. The resolved
-    config is written to the run's output dir and into every checkpoint. SIGTERM or Ctrl-C stops the
+    config is written to the run directory (-o) and into every checkpoint. SIGTERM or Ctrl-C stops the
     run after the current step with a checkpoint, and prints the command that resumes it.
 
     \b
     Examples:
       facetrain train -c configs/demo.yaml --nproc 2
+      facetrain train -c configs/laptop.yaml -o runs/mine --set data.path=~/faces --nproc 2 -q
       facetrain train -c configs/ms1mv3_r100.yaml --set train.batch_size=64 --resume auto
       facetrain train -c configs/finetune_iresnet50.yaml --init runs/imported/ms1mv3_r50
       torchrun --nproc-per-node 8 -m facetrain train -c configs/ms1mv3_r100.yaml
@@ -62,11 +78,16 @@ def train(
     if init is not None:
         config.model.init = os.path.expanduser(init)
         given["model.init"] = "--init"
+    if output_dir is not None:
+        if "train.output_dir" in given:
+            raise click.UsageError("-o and --set train.output_dir both name the run directory; give one")
+        config.train.output_dir = os.path.expanduser(output_dir)
+        given["train.output_dir"] = "-o"
     launching = nproc > 1 and "WORLD_SIZE" not in os.environ
     # a bad config, or a path it names that is not there, fails here, once, before any rank starts
     source = config_source(config_path)
     validate(config, world_size=nproc if launching else None, source=source, given=given)
-    resume_command = _resume_command(config_path, overrides, nproc if launching else 1)
+    resume_command = _resume_command(config_path, overrides, output_dir, nproc if launching else 1)
     if launching:
         from facetrain.parallel.launch import launch_local
         from facetrain.train.run_dir import check_run_dir, check_run_dir_free, find_checkpoint_to_resume
@@ -116,13 +137,17 @@ def _defer_stop_signals() -> None:
     StopSignals().install()
 
 
-def _resume_command(config_path: str | None, overrides: tuple[str, ...], nproc: int) -> str:
+def _resume_command(
+    config_path: str | None, overrides: tuple[str, ...], output_dir: str | None, nproc: int
+) -> str:
     """The command that continues this run (what was typed, with --resume auto)."""
     words = ["facetrain", "train"]
     if config_path:
         words += ["-c", config_path]
     for override in overrides:
         words += ["--set", override]
+    if output_dir is not None:
+        words += ["-o", output_dir]
     if nproc > 1:
         words += ["--nproc", str(nproc)]
     command = shlex.join([*words, "--resume", "auto"])

@@ -47,7 +47,7 @@ def _synthetic(cfg: DataConfig) -> SampleTable:
     train = Path(cfg.path) / "train"
     if not train.is_dir():
         raise FacetrainError(
-            f"no synthetic set at {cfg.path}: run `facetrain synth {cfg.path}` (facetrain train makes it itself)"
+            f"no synthetic set at {cfg.path}: run `facetrain synth -o {cfg.path}` (facetrain train makes it itself)"
         )
     return scan_image_folder(train)
 
