@@ -13,6 +13,9 @@ IRESNET_DEPTHS = {
     "iresnet200": (6, 26, 60, 6),
 }
 
+# what `facetrain import insightface --arch` takes: insightface's IResNets and its MobileFaceNet
+INSIGHTFACE_ARCHITECTURES = (*IRESNET_DEPTHS, "mbf")
+
 # dataset kinds `facetrain data --source` reads
 STATS_SOURCES = ("folder", "list", "recordio", "market1501")
 

@@ -203,3 +203,19 @@ def test_orl_round_trips_through_recordio(shared_data, tmp_path):
     assert len(table.class_names) == 40 and table.labels.tolist() == folder.labels.tolist()
     assert all(table.reader.read(i) == folder.reader.read(i) for i in range(400))
     np.testing.assert_array_equal(decode_image(table.reader.read(123)), decode_image(folder.reader.read(123)))
+
+
+def test_insightface_property_file_is_checked_against_the_set(rec_path):
+    """insightface's `property` (classes,height,width) beside train.rec; the first image is 10x12."""
+    property_file = rec_path.parent / "property"
+    property_file.write_text("3,10,12\n")
+    assert len(scan_recordio(rec_path, progress=False).class_names) == 3
+    for text, message in {
+        "85742,112,112": r"says 85742 classes, but .*train.rec holds 3 identities",
+        "3,112,112": r"says 112x112 images, but .*train.rec record 1 is 10x12",
+        "3;112;112": r"expected insightface's 'classes,height,width'",
+    }.items():
+        property_file.write_text(text)
+        with pytest.raises(FacetrainError, match=message) as error:
+            scan_recordio(rec_path, progress=False)
+        assert "\n" not in str(error.value)

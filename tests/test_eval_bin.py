@@ -198,6 +198,31 @@ def test_misused_allowed_globals_are_refused(tmp_path: Path, case: str):
     assert message in str(refused.value) and "\n" not in str(refused.value)
 
 
+@pytest.mark.parametrize(
+    ("opcodes", "asked_for"),
+    [
+        (
+            call("numpy._core.multiarray", "_reconstruct", (codecs.encode, (0,), b"b")),
+            "reconstruct _codecs.encode",
+        ),
+        (
+            call("numpy.core.numeric", "_frombuffer", (b"ab", np.ndarray, (2,), "C")),
+            "buffer of numpy.ndarray",
+        ),
+        (call("numpy", "dtype", ((np.dtype, 1), False, True)), "dtype (numpy.dtype, 1)"),
+    ],
+    ids=["reconstruct", "frombuffer", "dtype"],
+)
+def test_refusals_name_what_the_file_asked_for(tmp_path: Path, opcodes: bytes, asked_for: str):
+    """Never the reader's own stand-in (`<function _latin1_encode at 0x7f...>`)."""
+    path = tmp_path / "crafted.bin"
+    path.write_bytes(bin_shaped(opcodes))
+    with pytest.raises(FacetrainError, match="refused to load") as refused:
+        read_insightface_bin(path)
+    assert asked_for in str(refused.value)
+    assert "0x" not in str(refused.value) and "<" not in str(refused.value)
+
+
 @pytest.mark.parametrize("protocol", [2, 5])
 def test_code_inside_array_forms_is_refused_without_running(tmp_path: Path, protocol: int):
     """An object array whose item runs code, and a protocol-2 (_codecs) pickle carrying os.system."""

@@ -6,7 +6,7 @@ from pathlib import Path
 
 import click
 
-from facetrain.choices import IRESNET_DEPTHS
+from facetrain.choices import INSIGHTFACE_ARCHITECTURES
 from facetrain.cli.conventions import quiet_option
 
 
@@ -16,7 +16,8 @@ def import_group() -> None:
 
     \b
     Examples:
-      facetrain import insightface ms1mv3_r100/backbone.pth --arch iresnet100 -o models/ms1mv3_r100
+      facetrain import insightface ms1mv3_r100/backbone.pth -o models/ms1mv3_r100
+      facetrain import insightface buffalo_l/w600k_r50.onnx -o models/w600k_r50
       facetrain import dlib -o models/dlib
     """
 
@@ -36,39 +37,65 @@ def destination_options(command):
 
 
 @import_group.command("insightface")
-@click.argument("backbone", type=click.Path(path_type=Path))
+@click.argument("source", type=click.Path(path_type=Path))
 @click.option(
     "--arch",
     "architecture",
-    type=click.Choice(list(IRESNET_DEPTHS)),
-    required=True,
-    help="The IResNet the file was trained as (insightface's r18/r34/r50/r100/r200).",
+    type=click.Choice(list(INSIGHTFACE_ARCHITECTURES)),
+    default=None,
+    help="The network the file was trained as (insightface's r18/r34/r50/r100/r200, mbf); "
+    "by default read from its keys or graph, and checked when given.",
 )
 @destination_options
-def insightface(backbone: Path, architecture: str, out_dir: Path, overwrite: bool) -> None:
-    """Import an insightface arcface_torch BACKBONE.pth as a facetrain checkpoint (without a head).
+def insightface(source: Path, architecture: str | None, out_dir: Path, overwrite: bool) -> None:
+    """Import insightface arcface_torch weights as a facetrain checkpoint.
 
-    BACKBONE is the `backbone.pth` that arcface_torch saves and its model zoo publishes (MS1MV3,
-    Glint360K, WebFace42M): a state dict of tensors, also accepted inside a `state_dict`, `model` or
-    `state_dict_backbone` entry (arcface_torch's checkpoint_gpu_N.pt) and with DDP's `module.`
-    prefix. It is read weights-only (never unpickling an object), every key and shape is checked
-    against --arch, and the first difference is reported. OUT is a checkpoint directory that `eval`,
-    `export`, `embed` and `compare` take as is; inputs are 112x112 RGB normalized to
-    (x - 127.5) / 127.5, as insightface trained them.
+    \b
+    SOURCE is one of:
+      backbone.pth    the state dict arcface_torch saves and its model zoo publishes (MS1MV3,
+                      Glint360K, WebFace42M), also inside a `state_dict`, `model` or
+                      `state_dict_backbone` entry and with DDP's `module.` prefix; read
+                      weights-only (never unpickling an object)
+      MODEL.onnx      a model zoo ONNX file (buffalo_l/w600k_r50.onnx, antelopev2/glintr100.onnx):
+                      its weights are read as data, never run, and the BatchNorms torch2onnx
+                      folded into the convolutions are represented exactly
+      RUN_DIR         the folder an arcface_torch run wrote checkpoint_gpu_0.pt ... _N.pt into:
+                      the backbone, the Partial FC head of every rank, the optimizer state and
+                      the step, for `facetrain train --resume OUT` on any number of ranks
+
+    The architecture (an IResNet depth, or MobileFaceNet `mbf`) is read from the file and checked
+    against --arch when given; every key and shape is checked, and the first difference is
+    reported. OUT is a checkpoint directory that `eval`, `export`, `embed`, `compare` and
+    `train --init` take as is; inputs are 112x112 RGB normalized to (x - 127.5) / 127.5, as
+    insightface trained them.
 
     \b
     Examples:
-      facetrain import insightface ms1mv3_r100/backbone.pth --arch iresnet100 -o models/ms1mv3_r100
+      facetrain import insightface ms1mv3_r100/backbone.pth -o models/ms1mv3_r100
+      facetrain import insightface ~/.insightface/models/buffalo_l/w600k_r50.onnx -o models/w600k_r50
+      facetrain import insightface ms1mv3_mbf/backbone.pth --arch mbf -o models/ms1mv3_mbf
+      facetrain import insightface work_dirs/ms1mv3_r50 -o runs/r50/imported
+      facetrain train -c configs/ms1mv3_r100.yaml --resume runs/r50/imported
       facetrain eval models/ms1mv3_r100 --pairs data/lfw.bin
       facetrain export models/ms1mv3_r100 -o models/ms1mv3_r100/export
-      facetrain compare models/ms1mv3_r100 a.jpg b.jpg --threshold 0.3
+      facetrain compare models/w600k_r50 a.jpg b.jpg --threshold 0.3
       facetrain import insightface glint360k_r50.pth --arch iresnet50 -o models/glint_r50 --overwrite
     """
+    from facetrain.export.insightface_run import import_insightface_run, is_insightface_run
+
+    if is_insightface_run(source):
+        run = import_insightface_run(source, architecture, out_dir, overwrite=overwrite)
+        click.echo(
+            f"imported the arcface_torch run {source} ({run.architecture}, {run.ranks} ranks, "
+            f"{run.num_classes} classes, step {run.step}) into {run.checkpoint}; continue it with "
+            f"`facetrain train ... --resume {run.checkpoint}`"
+        )
+        return
     from facetrain.export.insightface_import import import_insightface
 
-    result = import_insightface(backbone, architecture, out_dir, overwrite=overwrite)
+    result = import_insightface(source, architecture, out_dir, overwrite=overwrite)
     click.echo(
-        f"imported {backbone} as {result.architecture} ({result.tensors} tensors, "
+        f"imported {source} as {result.architecture} ({result.tensors} tensors, "
         f"{result.embedding_size}-d embeddings) into {result.checkpoint}"
     )
 

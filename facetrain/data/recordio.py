@@ -9,7 +9,10 @@ is text, `key<TAB>byte offset` per line.
 
 insightface face sets add bookkeeping records: record 0's label is `[first, end)` of the identity
 records, so images are records `1 .. first-1`, and each identity record's label is the `[a, b)` range
-of its images. Sets without that header simply list every image in the index.
+of its images. Sets without that header simply list every image in the index. Beside `train.rec`
+insightface keeps a `property` file, `classes,height,width` (`85742,112,112` for MS1MV2); when it is
+there, it is checked against the identities the index holds and the size of the first image, since a
+property file copied from another set would have insightface build a head of the wrong size.
 """
 
 from __future__ import annotations
@@ -23,7 +26,7 @@ from pathlib import Path
 import numpy as np
 
 from facetrain.data.dataset import SampleTable
-from facetrain.data.decode import BadImageError
+from facetrain.data.decode import BadImageError, decode_image
 from facetrain.data.folder import scan_image_folder
 from facetrain.errors import FacetrainError
 from facetrain.progress import ProgressBar
@@ -34,6 +37,7 @@ _LENGTH_BITS = 29
 _LENGTH_MASK = (1 << _LENGTH_BITS) - 1
 _RECORD_HEADER = struct.Struct("<II")
 IMAGE_HEADER = struct.Struct("<IfQQ")
+PROPERTY_NAME = "property"
 
 
 @dataclass(frozen=True)
@@ -353,6 +357,46 @@ def scan_recordio(rec_path: str | Path, progress: bool = True) -> SampleTable:
             dtype=np.float64,
         ).astype(np.int64)
     original, dense = np.unique(labels, return_inverse=True)
+    check_property(records, len(original), keys[0])
     return SampleTable(
         RecordImageReader(records, keys), dense, [str(value) for value in original], description=str(rec_path)
     )
+
+
+def read_property(rec_path: Path) -> tuple[int, int, int] | None:
+    """insightface's `property` beside the .rec as (classes, height, width), or None when there is none."""
+    path = rec_path.parent / PROPERTY_NAME
+    if not path.is_file():
+        return None
+    try:
+        text = path.read_text().strip()
+    except (OSError, UnicodeDecodeError) as error:
+        raise FacetrainError(f"cannot read {path}: {getattr(error, 'strerror', None) or error}") from None
+    fields = [field.strip() for field in text.split(",")]
+    if len(fields) != 3 or not all(field.isdigit() and int(field) > 0 for field in fields):
+        raise FacetrainError(
+            f"{path}: expected insightface's 'classes,height,width' (e.g. 85742,112,112), found {text[:40]!r}; "
+            "fix it or remove it"
+        )
+    classes, height, width = (int(field) for field in fields)
+    return classes, height, width
+
+
+def check_property(records: RecordIOFile, class_count: int, first_key: int) -> None:
+    """One line when the property file disagrees with the set: its class count, or its image size."""
+    found = read_property(records.rec_path)
+    if found is None:
+        return
+    classes, height, width = found
+    path = records.rec_path.parent / PROPERTY_NAME
+    if classes != class_count:
+        raise FacetrainError(
+            f"{path} says {classes} classes, but {records.rec_path} holds {class_count} identities; the property "
+            "file belongs to another set: fix it to match or remove it"
+        )
+    image = decode_image(records.read_image_record(first_key)[1], f"{records.rec_path} record {first_key}")
+    if tuple(image.shape[:2]) != (height, width):
+        raise FacetrainError(
+            f"{path} says {height}x{width} images, but {records.rec_path} record {first_key} is "
+            f"{image.shape[0]}x{image.shape[1]}; the property file belongs to another set: fix it to match or remove it"
+        )

@@ -50,7 +50,7 @@ class _Uint8Dtype:
 
     def __setstate__(self, state: object) -> None:
         if not (isinstance(state, tuple) and len(state) >= 2 and _text(state[1]) in UINT8_BYTE_ORDERS):
-            raise Refused(f"the pickle asks for a uint8 dtype with the state {state!r:.80}")
+            raise Refused(f"the pickle asks for a uint8 dtype with the state {_shown(state)}")
 
 
 class _EncodedImage:
@@ -64,7 +64,7 @@ class _EncodedImage:
             raise Refused("the pickle asks for a numpy array with an unknown state")
         _version, shape, dtype, fortran, raw = state
         if not isinstance(dtype, _Uint8Dtype):
-            raise Refused(f"the pickle asks for a numpy array of {type(dtype).__name__}, not uint8")
+            raise Refused(f"the pickle asks for a numpy array of {_asked_for(dtype)}, not uint8")
         if not isinstance(raw, (bytes, bytearray)):
             raise Refused("the pickle asks for a numpy array whose items are objects, not a uint8 buffer")
         self.data = _sized(bytes(raw), shape, bool(fortran))
@@ -73,7 +73,7 @@ class _EncodedImage:
 def _sized(data: bytes, shape: object, fortran: bool = False) -> bytes:
     """The array's bytes in C order (what `ndarray.tobytes()` gives), after checking they fill `shape`."""
     if not (isinstance(shape, tuple) and all(isinstance(side, int) and side >= 0 for side in shape)):
-        raise Refused(f"the pickle asks for a numpy array of shape {shape!r:.80}")
+        raise Refused(f"the pickle asks for a numpy array of shape {_shown(shape)}")
     if math.prod(shape) != len(data):
         raise Refused(f"the pickle asks for a numpy array of shape {shape} from {len(data)} bytes")
     if fortran and len(shape) > 1:
@@ -83,29 +83,31 @@ def _sized(data: bytes, shape: object, fortran: bool = False) -> bytes:
 
 def _dtype(name: object, align: object = False, copy: object = True) -> _Uint8Dtype:
     if _text(name) not in UINT8_NAMES:
-        raise Refused(f"the pickle asks for a numpy array of dtype {_text(name)!r:.40}, not uint8")
+        raise Refused(f"the pickle asks for a numpy array of dtype {_shown(_text(name), 40)}, not uint8")
     return _Uint8Dtype()
 
 
 def _reconstruct(cls: object, shape: object, typecode: object) -> _EncodedImage:
     if cls is not _NdarrayClass:
-        raise Refused(f"the pickle asks numpy to reconstruct {cls!r:.80}, not an ndarray")
+        raise Refused(f"the pickle asks numpy to reconstruct {_asked_for(cls)}, not an ndarray")
     return _EncodedImage()
 
 
 def _frombuffer(buffer: object, dtype: object, shape: object, order: object = "C") -> _EncodedImage:
     if not isinstance(dtype, _Uint8Dtype):
-        raise Refused(f"the pickle asks for a numpy buffer of {type(dtype).__name__}, not uint8")
+        raise Refused(f"the pickle asks for a numpy buffer of {_asked_for(dtype)}, not uint8")
     if isinstance(buffer, pickle.PickleBuffer):
         buffer = buffer.raw()
     if not isinstance(buffer, (bytes, bytearray, memoryview)):
-        raise Refused(f"the pickle asks for a numpy array from a {type(buffer).__name__}, not a byte buffer")
+        raise Refused(f"the pickle asks for a numpy array from {_asked_for(buffer)}, not a byte buffer")
     return _EncodedImage(_sized(bytes(buffer), shape, _text(order) == "F"))
 
 
 def _latin1_encode(text: object, encoding: object = "utf-8") -> bytes:
     if not isinstance(text, str) or _text(encoding) not in LATIN1_NAMES:
-        raise Refused(f"the pickle asks for _codecs.encode with {type(text).__name__} as {encoding!r:.20}")
+        raise Refused(
+            f"the pickle asks for _codecs.encode with {type(text).__name__} as {_shown(encoding, 20)}"
+        )
     return text.encode("latin-1")
 
 
@@ -120,6 +122,34 @@ ALLOWED_GLOBALS: dict[tuple[str, str], Callable | type] = {
 }
 
 
+# What the file asked for, by the stand-in that answered: a refusal names the file's request, never
+# the function or class written here in its place.
+ASKED_FOR = {id(stand_in): f"{module}.{name}" for (module, name), stand_in in ALLOWED_GLOBALS.items()}
+STAND_IN_VALUES = {_Uint8Dtype: "numpy.dtype('uint8')", _EncodedImage: "a numpy uint8 array"}
+
+
+def _asked_for(value: object) -> str:
+    """`value` as the pickle named it: an allowed global by its module and name, a value one of them
+    built by what it is, anything else by its type."""
+    if id(value) in ASKED_FOR:
+        return ASKED_FOR[id(value)]
+    if type(value) in STAND_IN_VALUES:
+        return STAND_IN_VALUES[type(value)]
+    return f"a {type(value).__name__}"
+
+
+def _shown(value: object, limit: int = 80) -> str:
+    """`value`'s repr, with any stand-in inside it shown as what the pickle asked for."""
+    if id(value) in ASKED_FOR or type(value) in STAND_IN_VALUES:
+        text = _asked_for(value)
+    elif isinstance(value, (tuple, list)):
+        items = ", ".join(_shown(item, limit) for item in value)
+        text = f"({items})" if isinstance(value, tuple) else f"[{items}]"
+    else:
+        text = repr(value)
+    return text[:limit]
+
+
 class _DataOnlyUnpickler(pickle.Unpickler):
     def find_class(self, module: str, name: str):
         try:
@@ -128,7 +158,7 @@ class _DataOnlyUnpickler(pickle.Unpickler):
             raise Refused(f"the pickle asks for {module}.{name}") from None
 
     def persistent_load(self, pid):
-        raise Refused(f"the pickle asks for persistent id {pid!r:.80}")
+        raise Refused(f"the pickle asks for persistent id {_shown(pid)}")
 
 
 def read_insightface_bin(path: str | Path) -> tuple[list[bytes], np.ndarray]:

@@ -1,9 +1,12 @@
-"""Importing insightface arcface_torch `backbone.pth` files as facetrain checkpoints.
+"""Importing insightface arcface_torch backbones (`backbone.pth`, or a model zoo `.onnx`) as facetrain
+checkpoints.
 
-The file is read with `torch.load(weights_only=True)`, which restores tensors and plain containers
-but never an arbitrary object, so a tampered file cannot run code. Every key and shape is checked
-against facetrain's IResNet of the requested depth before anything is written, and the first
-difference is reported in one line.
+A `.pth` is read with `torch.load(weights_only=True)`, which restores tensors and plain containers
+but never an arbitrary object, so a tampered file cannot run code; an `.onnx` is parsed as data
+(`facetrain.export.insightface_onnx`), never run. The architecture (an IResNet depth, or MobileFaceNet
+`mbf`) is read from the file's keys or graph, or checked against `--arch`; every key and shape is
+checked against facetrain's model before anything is written, and the first difference is reported
+in one line.
 
 The output is a facetrain checkpoint directory without a head: the backbone's tensors under
 `backbone/...` (the layout of `facetrain.checkpoints`), `config.yaml` naming the architecture, an
@@ -30,8 +33,10 @@ from pathlib import Path
 import torch
 
 from facetrain.checkpoints import holds_checkpoints
+from facetrain.choices import INSIGHTFACE_ARCHITECTURES
 from facetrain.config import Config, ModelConfig, save_config
 from facetrain.errors import FacetrainError
+from facetrain.export.insightface_onnx import read_iresnet_onnx
 from facetrain.files import refuse_to_overwrite
 from facetrain.models import Backbone, build_backbone
 from facetrain.models.iresnet import IRESNET_DEPTHS, IRESNET_INPUT_SIZE
@@ -40,6 +45,11 @@ from facetrain.parallel.checkpoint_io import save_tensors
 from facetrain.progress import ProgressBar
 
 SOURCE_FORMAT = "insightface arcface_torch backbone.pth"
+ONNX_SOURCE_FORMAT = "insightface ONNX model (torch2onnx)"
+# The layer whose rows are the embedding, by architecture; an IResNet's is its `fc`.
+EMBEDDING_WEIGHT = {"mbf": "features.layers.2.weight"}
+MBF_MARKER = "conv_sep.layers.0.weight"
+ONNX_FIRST_BYTE = b"\x08"  # a protobuf ModelProto opens with field 1, ir_version
 # Where insightface and common training scripts keep the backbone's state dict inside a larger file:
 # arcface_torch's resumable checkpoint_gpu_N.pt, and the usual {"state_dict": ...} / {"model": ...}.
 WRAPPER_KEYS = ("state_dict_backbone", "state_dict", "model")
@@ -56,18 +66,30 @@ class ImportResult:
 
 
 def import_insightface(
-    source: str | Path, architecture: str, out_dir: str | Path, overwrite: bool = False, progress: bool = True
+    source: str | Path,
+    architecture: str | None,
+    out_dir: str | Path,
+    overwrite: bool = False,
+    progress: bool = True,
 ) -> ImportResult:
-    """Check `source` against `architecture` and write it as a facetrain checkpoint at `out_dir`."""
+    """Check `source` against `architecture` (None: the one its keys or graph hold) and write it as a
+    facetrain checkpoint at `out_dir`."""
     source, out_dir = Path(source), Path(out_dir)
-    if architecture not in IRESNET_DEPTHS:
+    if architecture is not None and architecture not in INSIGHTFACE_ARCHITECTURES:
         raise FacetrainError(
-            f"--arch {architecture}: insightface backbones import as one of {', '.join(IRESNET_DEPTHS)}"
+            f"--arch {architecture}: insightface backbones import as one of {', '.join(INSIGHTFACE_ARCHITECTURES)}"
         )
     check_destination(out_dir, overwrite)
     with ProgressBar(total=3, desc="import", unit="step", disable=not progress) as bar:
         bar.set_postfix_str("read")
-        state = read_backbone_state(source)
+        source_format, details = SOURCE_FORMAT, {}
+        if is_onnx(source):
+            graph = read_iresnet_onnx(source, architecture)
+            state, architecture = graph.state, graph.architecture
+            source_format, details = ONNX_SOURCE_FORMAT, {"folded_batchnorms": graph.folded_batchnorms}
+        else:
+            state = read_backbone_state(source)
+            architecture = architecture or infer_architecture(state, source)
         bar.update()
         bar.set_postfix_str("check")
         backbone = imported_backbone(state, architecture, source)
@@ -75,15 +97,44 @@ def import_insightface(
         bar.set_postfix_str("write")
         config = imported_config(architecture, backbone.embedding_size)
         meta = {"architecture": architecture, "file": str(source.resolve()), "sha256": file_sha256(source)}
-        write_backbone_checkpoint(backbone, config, out_dir, meta)
+        write_backbone_checkpoint(backbone, config, out_dir, {**meta, **details}, source_format)
         bar.update()
     return ImportResult(out_dir, architecture, backbone.embedding_size, len(backbone.state_dict()))
 
 
+def is_onnx(path: Path) -> bool:
+    """An `.onnx` name, or a protobuf's first byte where a torch file has a zip's or a pickle's."""
+    if path.suffix.lower() == ".onnx":
+        return True
+    try:
+        with path.open("rb") as handle:
+            return handle.read(1) == ONNX_FIRST_BYTE
+    except OSError:
+        return False
+
+
+def infer_architecture(state: Mapping[str, object], path: Path) -> str:
+    """The architecture whose keys `state` has: MobileFaceNet's `conv_sep`, or an IResNet's depth."""
+    if MBF_MARKER in state:
+        return "mbf"
+    depths = tuple(_blocks_in(state, f"layer{index}.") for index in range(1, STAGES + 1))
+    for name, known in IRESNET_DEPTHS.items():
+        if known == depths:
+            return name
+    raise FacetrainError(
+        f"{path}: its keys are neither an IResNet's (layers of {depths} blocks) nor MobileFaceNet's "
+        f"({MBF_MARKER!r}); pass --arch ({', '.join(INSIGHTFACE_ARCHITECTURES)}) to see which keys differ"
+    )
+
+
 def read_backbone_state(path: Path) -> dict[str, torch.Tensor]:
     """The backbone's tensors by name from a weights-only file, unwrapped and without DDP's prefix."""
-    loaded = _load_weights_only(path)
-    state = _unwrap(loaded, path)
+    return backbone_state(load_weights_only(path), path)
+
+
+def backbone_state(loaded: object, path: Path) -> dict[str, torch.Tensor]:
+    """The backbone's tensors by name in what `path` held, unwrapped and without DDP's prefix."""
+    state = unwrap_state(loaded, path)
     if state and all(key.startswith(DDP_PREFIX) for key in state):
         state = {key[len(DDP_PREFIX) :]: value for key, value in state.items()}
     for key, value in state.items():
@@ -117,17 +168,18 @@ def check_weight_values(
 def imported_backbone(state: Mapping[str, torch.Tensor], architecture: str, path: Path) -> Backbone:
     """facetrain's `architecture` holding `state`, after checking every key and shape against it.
 
-    The embedding size is insightface's `num_features`, read from the FC's rows; the input is the
-    112x112 its FC was sized for.
+    The embedding size is insightface's `num_features`, read from the rows of the layer that makes
+    the embedding; the input is the 112x112 that layer was sized for.
     """
-    fc_weight = state.get("fc.weight")
+    key = EMBEDDING_WEIGHT.get(architecture, "fc.weight")
+    fc_weight = state.get(key)
     if fc_weight is None or fc_weight.dim() != 2:
         raise FacetrainError(
-            f"{path}: no 2-D 'fc.weight' entry, so this is not an insightface IResNet backbone"
+            f"{path}: no 2-D {key!r} entry, so this is not an insightface {architecture} backbone"
             + _depth_hint(state, architecture)
         )
     if fc_weight.shape[0] == 0:
-        raise FacetrainError(f"{path}: 'fc.weight' has 0 rows, so the backbone would embed into 0 numbers")
+        raise FacetrainError(f"{path}: {key!r} has 0 rows, so the backbone would embed into 0 numbers")
     backbone = build_backbone(_model_config(architecture, int(fc_weight.shape[0])), IRESNET_INPUT_SIZE)
     check_state_matches(state, backbone.state_dict(), architecture, path)
     check_weight_values(state, backbone.state_dict(), path)
@@ -150,13 +202,27 @@ def imported_config(architecture: str, embedding_size: int) -> Config:
     return dataclasses.replace(config, data=data, model=_model_config(architecture, embedding_size))
 
 
-def write_backbone_checkpoint(backbone: Backbone, config: Config, out_dir: Path, imported_from: dict) -> None:
+def write_backbone_checkpoint(
+    backbone: Backbone, config: Config, out_dir: Path, imported_from: dict, source_format: str = SOURCE_FORMAT
+) -> None:
     """Write a head-less checkpoint beside `out_dir` and move it into place only once it is complete."""
+    entries = {f"backbone/{key}": value.detach().cpu() for key, value in backbone.state_dict().items()}
+    meta = {
+        "embedding_size": backbone.embedding_size,
+        "imported_from": {"format": source_format, **imported_from},
+    }
+    write_imported_checkpoint(entries, meta, config, [], out_dir)
+
+
+def write_imported_checkpoint(
+    entries: dict[str, torch.Tensor], meta: dict, config: Config, class_names: list[str], out_dir: Path
+) -> None:
+    """A checkpoint of `entries` (facetrain's tensor layout), written beside `out_dir` and moved into
+    place only once complete; `meta` overrides the step-0, one-rank, head-less defaults."""
     out_dir.parent.mkdir(parents=True, exist_ok=True)
     tmp = out_dir.with_name(f".{out_dir.name}.tmp-{os.getpid()}")
     shutil.rmtree(tmp, ignore_errors=True)
     try:
-        entries = {f"backbone/{key}": value.detach().cpu() for key, value in backbone.state_dict().items()}
         save_tensors(entries, tmp)
         meta = {
             "step": 0,
@@ -165,14 +231,13 @@ def write_backbone_checkpoint(backbone: Backbone, config: Config, out_dir: Path,
             "best_accuracy": None,
             "best_step": None,
             "world_size": 1,
-            "num_classes": 0,
-            "embedding_size": backbone.embedding_size,
+            "num_classes": len(class_names),
             "evaluation": {},
             "saved_at": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
-            "imported_from": {"format": SOURCE_FORMAT, **imported_from},
+            **meta,
         }
         (tmp / "meta.json").write_text(json.dumps(meta, indent=2))
-        (tmp / "classes.json").write_text("[]")
+        (tmp / "classes.json").write_text(json.dumps(class_names))
         save_config(config, tmp / "config.yaml")
         _replace_directory(tmp, out_dir)
     finally:
@@ -225,7 +290,7 @@ def _replace_directory(complete: Path, out_dir: Path) -> None:
     shutil.rmtree(retired)
 
 
-def _load_weights_only(path: Path) -> object:
+def load_weights_only(path: Path) -> object:
     if not path.is_file():
         raise FacetrainError(f"{path} does not exist or is not a file; pass insightface's backbone.pth")
     try:
@@ -244,20 +309,29 @@ def _load_weights_only(path: Path) -> object:
             f"{_first_reason(error)}), so it was not loaded and nothing in it ran; save `model.state_dict()` "
             "with torch.save and import that"
         ) from None
-    except (RuntimeError, OSError, EOFError, ValueError) as error:
+    except Exception as error:  # torch.load on bytes it did not write fails in many ways, all the same here
         raise FacetrainError(
-            f"{path}: not a readable PyTorch weights file ({_first_reason(error)})"
+            f"{path}: not a readable PyTorch weights file ({_first_reason(error)}); pass the backbone.pth "
+            "that torch.save wrote, or an insightface .onnx"
         ) from None
 
 
 def _first_reason(error: Exception) -> str:
+    """What was wrong with the file, without torch's own advice (to load it with weights_only=False,
+    which would let it run code)."""
+    if not isinstance(error, (RuntimeError, OSError, EOFError, ValueError, pickle.UnpicklingError)):
+        return "its bytes are neither a torch.save archive nor a pickle"
     text = str(error)
     detail = re.search(r"WeightsUnpickler error:\s*([^\n]+)", text)
-    line = detail.group(1) if detail else (text.strip().splitlines() or [type(error).__name__])[0]
+    if detail:
+        return detail.group(1).strip()[:200]
+    line = (text.strip().splitlines() or [""])[0]
+    if not line or "weights_only" in line or "Weights only load failed" in line:
+        return f"{type(error).__name__} while unpickling"
     return line[:200]
 
 
-def _unwrap(loaded: object, path: Path) -> dict[str, object]:
+def unwrap_state(loaded: object, path: Path) -> dict[str, object]:
     if not isinstance(loaded, Mapping):
         raise FacetrainError(f"{path} holds a {type(loaded).__name__}, not a state dict of tensors by name")
     for key in WRAPPER_KEYS:
@@ -279,7 +353,9 @@ def _model_config(architecture: str, embedding_size: int) -> ModelConfig:
 
 
 def _depth_hint(state: Mapping[str, object], architecture: str) -> str:
-    """Name the depth the file's keys have, when it is another IResNet than the one asked for."""
+    """Name the architecture the file's keys have, when it is another than the one asked for."""
+    if MBF_MARKER in state and architecture != "mbf":
+        return "; its keys are MobileFaceNet's: pass --arch mbf"
     depths = tuple(_blocks_in(state, f"layer{index}.") for index in range(1, STAGES + 1))
     matching = [name for name, known in IRESNET_DEPTHS.items() if known == depths]
     if matching and matching[0] != architecture:

@@ -116,8 +116,15 @@ def _load_torchscript(path: Path, device: torch.device | str) -> LoadedModel:
 
 
 def _reject_onnx(path: Path, device: torch.device | str) -> LoadedModel:
+    """facetrain runs its own models in PyTorch; an .onnx is one it exported (the PyTorch weights sit
+    beside it) or one from elsewhere, which `facetrain import insightface` turns into a checkpoint."""
+    if (path.parent / CARD_NAME).is_file():
+        raise FacetrainError(
+            f"{path} is for ONNX runtimes; to use it with facetrain pass its export directory {path.parent}"
+        )
     raise FacetrainError(
-        f"{path} is for ONNX runtimes; to use it with facetrain pass its export directory {path.parent}"
+        f"{path} is an ONNX model, which facetrain does not run; import it first with "
+        f"`facetrain import insightface {path} -o {path.with_suffix('')}` and pass {path.with_suffix('')}"
     )
 
 

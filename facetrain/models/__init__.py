@@ -13,6 +13,7 @@ from facetrain.models import (  # noqa: F401  (fill the registry)
     dlib_resnet,
     face_resnet,
     iresnet,
+    mobilefacenet,
     reid_resnet,
     small,
 )

@@ -1,0 +1,137 @@
+"""An ONNX model read as data: its constant tensors and the nodes that consume each value.
+
+Importing someone else's `.onnx` must never run it. `onnx.load` parses the protobuf only, external
+weight files are refused (a model zoo `.onnx` holds its weights inline, and an external path could
+name any file on the machine), and nothing here hands the graph to a runtime: the weights are read as
+numpy arrays and the graph is walked node by node to find which layer each array belongs to.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import numpy as np
+
+from facetrain.errors import FacetrainError
+
+# Nodes that pass their input through unchanged at inference: torch's export leaves `Identity` for
+# deduplicated weights, a `Cast` to float where a module upcasts (`x.float()`), and `Dropout` when
+# exported in training mode.
+PASS_THROUGH = ("Identity", "Cast", "Dropout")
+
+
+@dataclass
+class OnnxNode:
+    op: str
+    name: str
+    inputs: list[str]
+    outputs: list[str]
+    attributes: dict[str, object] = field(default_factory=dict)
+
+
+class OnnxGraph:
+    """The graph of `path`: constants by value name, and the consumers and producer of every value."""
+
+    def __init__(self, path: Path):
+        self.path = path
+        model = _load(path)
+        from onnx import helper, numpy_helper
+
+        graph = model.graph
+        self.constants: dict[str, np.ndarray] = {}
+        for tensor in graph.initializer:
+            self.constants[tensor.name] = numpy_helper.to_array(tensor)
+        nodes = []
+        for proto in graph.node:
+            attributes = {a.name: helper.get_attribute_value(a) for a in proto.attribute}
+            if proto.op_type == "Constant" and "value" in attributes:
+                self.constants[proto.output[0]] = numpy_helper.to_array(attributes["value"])
+                continue
+            nodes.append(
+                OnnxNode(proto.op_type, proto.name, list(proto.input), list(proto.output), attributes)
+            )
+        self.nodes = self._without_constant_aliases(nodes)
+        initializers = {tensor.name for tensor in graph.initializer}
+        self.inputs = [value.name for value in graph.input if value.name not in initializers]
+        self.outputs = [value.name for value in graph.output]
+        self.consumers: dict[str, list[OnnxNode]] = {}
+        self.producers: dict[str, OnnxNode] = {}
+        for node in self.nodes:
+            for name in node.inputs:
+                self.consumers.setdefault(name, []).append(node)
+            for name in node.outputs:
+                self.producers[name] = node
+
+    def _without_constant_aliases(self, nodes: list[OnnxNode]) -> list[OnnxNode]:
+        """Resolve `Identity` nodes whose input is a constant (torch's export shares equal weights so)."""
+        kept = []
+        for node in nodes:
+            if node.op == "Identity" and node.inputs[0] in self.constants:
+                self.constants[node.outputs[0]] = self.constants[node.inputs[0]]
+            else:
+                kept.append(node)
+        return kept
+
+    def fail(self, what: str) -> FacetrainError:
+        return FacetrainError(f"{self.path}: {what}")
+
+    def constant(self, node: OnnxNode, position: int, role: str) -> np.ndarray:
+        """Input `position` of `node`, which must be a weight stored in the file."""
+        if position >= len(node.inputs) or node.inputs[position] not in self.constants:
+            raise self.fail(f"{node.op} node {node.name!r} has no stored {role}; it is computed in the graph")
+        return np.asarray(self.constants[node.inputs[position]], dtype=np.float32)
+
+    def optional_constant(self, node: OnnxNode, position: int, role: str) -> np.ndarray | None:
+        if position >= len(node.inputs) or not node.inputs[position]:
+            return None
+        return self.constant(node, position, role)
+
+    def users(self, value: str) -> list[OnnxNode]:
+        """The nodes that read `value`, looking through pass-through nodes."""
+        found = []
+        for node in self.consumers.get(value, []):
+            if node.op in PASS_THROUGH:
+                found.extend(self.users(node.outputs[0]))
+            else:
+                found.append(node)
+        return found
+
+    def next_node(self, value: str, expected: tuple[str, ...], after: str) -> OnnxNode:
+        """The one node that reads `value`, which must be one of `expected`."""
+        users = self.users(value)
+        if len(users) != 1 or users[0].op not in expected:
+            found = ", ".join(node.op for node in users) or "nothing"
+            raise self.fail(
+                f"after {after} the graph has {found} where {' or '.join(expected)} belongs; "
+                "it is not a graph of an architecture facetrain imports"
+            )
+        return users[0]
+
+    def source(self, value: str) -> str:
+        """`value`, or the value a chain of pass-through nodes copies it from."""
+        while value in self.producers and self.producers[value].op in PASS_THROUGH:
+            value = self.producers[value].inputs[0]
+        return value
+
+
+def _load(path: Path):
+    if not path.is_file():
+        raise FacetrainError(f"{path} does not exist or is not a file")
+    import onnx
+    from google.protobuf.message import DecodeError
+
+    try:
+        model = onnx.load(str(path), load_external_data=False)
+    except (DecodeError, ValueError, OSError, RuntimeError) as error:
+        reason = str(error).strip().splitlines()[0] if str(error).strip() else type(error).__name__
+        raise FacetrainError(f"{path}: not a readable ONNX model ({reason[:200]})") from None
+    external = [t.name for t in model.graph.initializer if t.data_location == onnx.TensorProto.EXTERNAL]
+    if external:
+        raise FacetrainError(
+            f"{path}: weight {external[0]!r} is stored in a separate file; facetrain imports ONNX models "
+            "that hold their weights inline (as insightface's model zoo files do)"
+        )
+    if not model.graph.node:
+        raise FacetrainError(f"{path}: not a readable ONNX model (it holds no graph)")
+    return model
