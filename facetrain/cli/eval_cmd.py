@@ -53,6 +53,18 @@ from facetrain.errors import FacetrainError
     help="Market-1501 root with query/ and bounding_box_test/, for re-id retrieval instead of --pairs.",
 )
 @click.option(
+    "--ijb",
+    "ijb_root",
+    type=click.Path(path_type=Path),
+    help="IJB-B/IJB-C folder with meta/ and loose_crop/ (insightface's layout), for 1:1 template verification.",
+)
+@click.option(
+    "--ijb-target",
+    type=click.Choice(["IJBC", "IJBB"]),
+    default=None,
+    help="With --ijb: which protocol's meta files to read [default: IJBC].",
+)
+@click.option(
     "--flip/--no-flip",
     default=True,
     show_default=True,
@@ -83,6 +95,8 @@ def eval_command(
     seed: int | None,
     num_folds: int | None,
     market_root: Path | None,
+    ijb_root: Path | None,
+    ijb_target: str | None,
     flip: bool,
     batch_size: int,
     workers: int,
@@ -102,6 +116,11 @@ def eval_command(
     names the report after the folder and keeps the pairs as NAME.pairs.csv (--pairs NAME.pairs.csv
     later scores them into the same NAME report files).
     Re-id prints CMC rank-1/5/10 and mAP (Market-1501 protocol) and writes market1501.json.
+    --ijb runs insightface's IJB-B/IJB-C 1:1 protocol (faces aligned by their 5 landmarks, flip
+    features summed, detector-score weighting, media then template pooling) and prints TAR at FAR
+    1e-6 ... 1e-1, writing ijbc.json, ijbc_roc.png and ijbc_scores.npy (ijbb_* for IJBB).
+    A pairs file of one kind only (all matched, like insightface's small_lfw.bin) gets similarity
+    statistics and the TAR (or FAR) at the model's own threshold instead of accuracy.
     An earlier report of the same name in --out is replaced only with --overwrite.
 
     \b
@@ -111,16 +130,20 @@ def eval_command(
       facetrain eval runs/lfw/export --pairs lfw/pairs.txt --images lfw/aligned --skip-missing
       facetrain eval runs/ms1m/checkpoints/best --pairs faces_emore/agedb_30.bin --no-flip
       facetrain eval runs/reid/export --market data/Market-1501 --batch-size 256 -o reports/reid
+      facetrain eval runs/ms1m/export --ijb IJB_release/IJBC --ijb-target IJBC --workers 8
     """
     import torch
 
     from facetrain.files import refuse_to_overwrite
     from facetrain.train.run_dir import writing_into_run
 
-    if [pairs_path, folder_root, market_root].count(None) != 2:
+    if [pairs_path, folder_root, market_root, ijb_root].count(None) != 3:
         raise click.UsageError(
-            "give exactly one of --pairs or --folder (verification) or --market (re-id retrieval)"
+            "give exactly one of --pairs or --folder (verification), --market (re-id retrieval) or --ijb "
+            "(IJB-B/C template verification)"
         )
+    if ijb_root is None and ijb_target is not None:
+        raise click.UsageError("--ijb-target applies to --ijb only")
     if pairs_path is None and (images_root is not None or skip_missing):
         raise click.UsageError("--images and --skip-missing apply to --pairs only")
     if folder_root is None and (seed is not None or num_folds is not None):
@@ -137,19 +160,27 @@ def eval_command(
     }
     extra = {"model": str(model)}
     if not overwrite:  # before the model is loaded or an image read
-        refuse_to_overwrite(_report_paths(out_dir, pairs_path, folder_root))
+        refuse_to_overwrite(
+            _report_paths(out_dir, pairs_path, folder_root, ijb_root and (ijb_target or "IJBC"))
+        )
     with writing_into_run(
         out_dir, "facetrain eval", "wait for it to finish, or pass --out to write the report elsewhere"
     ):
         written = _evaluate(
             model, out_dir, options, extra, pairs_path, images_root, skip_missing, folder_root, seed,
-            num_folds, market_root,
+            num_folds, market_root, ijb_root, ijb_target or "IJBC",
         )  # fmt: skip
     click.echo("wrote " + ", ".join(str(path) for path in written))
 
 
-def _report_paths(out_dir: Path, pairs_path: Path | None, folder_root: Path | None) -> list[Path]:
+def _report_paths(
+    out_dir: Path, pairs_path: Path | None, folder_root: Path | None, ijb_target: str | None
+) -> list[Path]:
     """The files this evaluation writes into `out_dir` (`eval.report` names them)."""
+    if ijb_target:
+        from facetrain.eval.ijb_report import ijb_report_paths
+
+        return ijb_report_paths(out_dir, ijb_target)
     from facetrain.eval.report import retrieval_report_paths, verification_report_paths
     from facetrain.eval.retrieval import REPORT_NAME
     from facetrain.eval.verify_pairs import KEPT_PAIRS_SUFFIX, report_name
@@ -174,6 +205,8 @@ def _evaluate(
     seed: int | None,
     num_folds: int | None,
     market_root: Path | None,
+    ijb_root: Path | None,
+    ijb_target: str,
 ) -> list[Path]:
     """Run the evaluation MODEL was asked for, print its table and write its report to `out_dir`."""
     from facetrain.eval.report import (
@@ -182,10 +215,22 @@ def _evaluate(
         write_retrieval_report,
         write_verification_report,
     )
+    from facetrain.export.card import card_interpolation
     from facetrain.export.loading import load_model
 
     device = options["device"]
+    if ijb_root is not None:
+        from facetrain.eval.ijb import evaluate_ijb
+        from facetrain.eval.ijb_meta import read_ijb_meta
+        from facetrain.eval.ijb_report import ijb_table, write_ijb_report
+
+        read_ijb_meta(ijb_root, ijb_target)  # a broken protocol file fails before the model loads
+        loaded = load_model(model, device=device)
+        result = evaluate_ijb(loaded.module, ijb_root, ijb_target, loaded.image_size, **options)
+        click.echo(ijb_table(result))
+        return write_ijb_report(result, out_dir, extra)
     if market_root is None:
+        from facetrain.eval.one_kind import one_kind_problem
         from facetrain.eval.pair_making import folder_pair_set, write_pairs_csv
         from facetrain.eval.verify_pairs import KEPT_PAIRS_SUFFIX, load_pairs, verify
 
@@ -202,8 +247,12 @@ def _evaluate(
                 f"skipped {pairs.skipped_pairs} pairs: {len(pairs.missing)} images missing, e.g. {pairs.missing[0]}",
                 err=True,
             )
+        if one_kind_problem(pairs) is not None:
+            return _evaluate_one_kind(model, pairs, out_dir, options, extra)
         loaded = load_model(model, device=device)
-        result = verify(pairs, loaded.module, loaded.image_size, **options)
+        result = verify(
+            pairs, loaded.module, loaded.image_size, interpolation=card_interpolation(loaded.card), **options
+        )
         click.echo(verification_table(result))
         written = write_verification_report(result, out_dir, extra)
         if folder_root is not None:
@@ -217,3 +266,33 @@ def _evaluate(
         click.echo(retrieval_table(result))
         written = write_retrieval_report(result, out_dir, extra)
     return written
+
+
+def _evaluate_one_kind(model: Path, pairs, out_dir: Path, options: dict, extra: dict) -> list[Path]:
+    """A pairs file of one kind only: say so at once (before the model loads), then report what it can."""
+    from facetrain.eval.one_kind import (
+        one_kind_problem,
+        one_kind_table,
+        score_one_kind,
+        write_one_kind_report,
+    )
+    from facetrain.export.card import card_interpolation
+    from facetrain.export.loading import load_model
+
+    click.echo(f"note: {one_kind_problem(pairs)}; reporting the similarity statistics instead", err=True)
+    loaded = load_model(model, device=options["device"])
+    threshold = loaded.threshold
+    source = (
+        "the model's own, from its verification"
+        if threshold is not None
+        else (
+            f"{model} records no threshold (it was never verified on pairs of both kinds); export it with "
+            "--evaluation NAME.json of such a verification to give it one"
+        )
+    )
+    result = score_one_kind(
+        pairs, loaded.module, loaded.image_size, threshold, source,
+        interpolation=card_interpolation(loaded.card), **options,
+    )  # fmt: skip
+    click.echo(one_kind_table(result))
+    return write_one_kind_report(result, out_dir, extra)

@@ -116,14 +116,24 @@ class Registered:
 
 @dataclasses.dataclass(frozen=True)
 class RegisteredSuffix:
-    """A file name whose extension (any case) is a name in a registry, e.g. the pairs formats."""
+    """A file name, or a list of them, whose extension (any case) is a name in a registry, e.g. the
+    pairs formats."""
 
     where: str
 
     def problem(self, value: Any) -> str | None:
+        """A list (of such files) is checked item by item, and the message names the item at fault."""
         names = Registered(self.where).names()
-        suffix = "." + value.rsplit(".", 1)[-1].lower() if "." in value else ""
-        return None if suffix in names else f"must be a file ending in {', '.join(names)}"
+        if isinstance(value, str):
+            return None if self._suffix(value) in names else f"must be a file ending in {', '.join(names)}"
+        if not value:
+            return "must name at least one file, or be null"
+        wrong = next((item for item in value if self._suffix(item) not in names), None)
+        return None if wrong is None else f"{wrong!r} must be a file ending in {', '.join(names)}"
+
+    @staticmethod
+    def _suffix(value: str) -> str:
+        return "." + value.rsplit(".", 1)[-1].lower() if "." in value else ""
 
 
 @dataclasses.dataclass(frozen=True)

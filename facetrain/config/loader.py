@@ -107,6 +107,8 @@ def from_dict(
     for name, value in values.items():
         if is_path_field(fields[name]) and isinstance(value, str):
             values[name] = os.path.expanduser(value)
+        elif is_path_field(fields[name]) and isinstance(value, list):
+            values[name] = [os.path.expanduser(item) for item in value]
     return cls(**values)
 
 
@@ -120,6 +122,8 @@ def _convert(hint: Any, value: Any, source: str, key: str, given: Mapping[str, s
         if value is None and type(None) in args:
             return None
         options = [a for a in args if a is not type(None)]
+        if isinstance(value, list | tuple):  # `str | list[str]`: a list is read as the list option
+            options = [a for a in options if typing.get_origin(a) is list] or options
         return _convert(options[0], value, source, key, given)
     if origin is list:
         if not isinstance(value, list | tuple):

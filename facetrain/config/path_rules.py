@@ -31,13 +31,12 @@ def missing_path(cfg: Config) -> tuple[str, Any, str] | None:
         problem = _data_path_problem(data.source, Path(data.path))
         if problem is not None:
             return "data.path", data.path, problem
-    if cfg.eval.pairs is not None and not _made_by_the_run(cfg, cfg.eval.pairs):
-        if not Path(cfg.eval.pairs).is_file():
-            return (
-                "eval.pairs",
-                cfg.eval.pairs,
-                _absent(cfg.eval.pairs, "file", "set eval.pairs=null or give the file"),
-            )
+    several = isinstance(cfg.eval.pairs, list)
+    for index, pairs in enumerate(cfg.eval.pairs_files()):
+        if not _made_by_the_run(cfg, pairs) and not Path(pairs).is_file():
+            key = f"eval.pairs[{index}]" if several else "eval.pairs"
+            fix = "drop it from eval.pairs" if several else "set eval.pairs=null"
+            return key, pairs, _absent(pairs, "file", f"{fix} or give the file")
     if cfg.eval.images is not None and not _made_by_the_run(cfg, cfg.eval.images):
         if not Path(cfg.eval.images).is_dir():
             return (

@@ -169,13 +169,24 @@ class TrainConfig:
 
 @dataclass
 class EvalConfig:
-    # LFW-format pairs.txt, a pairs CSV, or an insightface .bin
-    pairs: str | None = setting(None, RegisteredSuffix("facetrain.eval.pairs:PAIR_FORMATS"), path=True)
-    # image root for pairs.txt; default: the pairs file's folder
+    # one verification set or a list of them, each an LFW-format pairs.txt, a pairs CSV or an insightface
+    # .bin, e.g. [lfw.bin, cfp_fp.bin, agedb_30.bin]; each set is named by its file's stem (lfw, cfp_fp)
+    pairs: str | list[str] | None = setting(
+        None, RegisteredSuffix("facetrain.eval.pairs:PAIR_FORMATS"), path=True
+    )
+    # image root of the pairs.txt and CSV sets; default: each pairs file's folder
     images: str | None = setting(None, NotEmpty(), path=True)
     every: int = setting(0, at_least(0))  # verify every N steps during training (0: only at the end)
+    # the set whose accuracy keeps best/, by name (cfp_fp for .../cfp_fp.bin); null: the first set
+    best_by: str | None = setting(None, NotEmpty())
     batch_size: int = setting(128, BATCH_SIZE)
     flip: bool = True
+
+    def pairs_files(self) -> list[str]:
+        """`pairs` as a list, whether the config gave one file, several or none."""
+        if self.pairs is None:
+            return []
+        return [self.pairs] if isinstance(self.pairs, str) else list(self.pairs)
 
 
 @dataclass

@@ -252,6 +252,33 @@ def _pipeline_settings(s: Context) -> Problem | None:
     return None
 
 
+def _verification_sets_named(s: Context) -> Problem | None:
+    """Each verification set logs and reports under its file's stem, and `eval.best_by` picks one of
+    them by that name: two sets of one name would be indistinguishable."""
+    from facetrain.eval.set_names import duplicate_name, set_names
+
+    evaluation = s.cfg.eval
+    files = evaluation.pairs_files()
+    clash = duplicate_name(files)
+    if clash is not None:
+        name, paths = clash
+        return (
+            "eval.pairs",
+            evaluation.pairs,
+            f"{' and '.join(paths)} would both be the set {name!r}; rename one (sets are named by the "
+            "file's stem)",
+        )
+    if evaluation.best_by is not None and evaluation.best_by not in set_names(files):
+        if not files:
+            return "eval.best_by", evaluation.best_by, "needs eval.pairs, the sets it chooses from"
+        return (
+            "eval.best_by",
+            evaluation.best_by,
+            f"must be one of the eval.pairs sets: {', '.join(set_names(files))}",
+        )
+    return None
+
+
 def _named_paths_exist(s: Context) -> Problem | None:
     return missing_path(s.cfg)
 
@@ -294,6 +321,7 @@ RULES: list[Rule] = [
     _head_mode_settings,
     _synthetic_pairs_fit,
     _pipeline_settings,
+    _verification_sets_named,
     _head_only_steps_without_pipeline,
     _named_paths_exist,
     _stages_divide_world,

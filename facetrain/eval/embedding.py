@@ -18,7 +18,7 @@ from torch import nn
 from torch.utils.data import DataLoader, Dataset
 
 from facetrain.data.decode import decode_image
-from facetrain.data.transforms import Transform, build_eval_transform
+from facetrain.data.transforms import RESIZE_AREA, Transform, build_eval_transform
 from facetrain.progress import ProgressBar
 
 ImageInput = np.ndarray | str | Path | bytes
@@ -26,7 +26,7 @@ ImageInput = np.ndarray | str | Path | bytes
 
 @dataclass(frozen=True)
 class Embeddings:
-    """L2-normalized embeddings (N, D) float32 and the XNorm of the raw ones."""
+    """Embeddings (N, D) float32, L2-normalized unless asked otherwise, and the XNorm of the raw ones."""
 
     vectors: np.ndarray
     xnorm: float
@@ -60,17 +60,22 @@ def compute_embeddings(
     progress: bool = True,
     num_workers: int = 0,
     label: str = "images",
+    interpolation: str = RESIZE_AREA,
+    normalized: bool = True,
 ) -> Embeddings:
     """Embed decoded uint8 RGB arrays, image paths or encoded image bytes with `module`.
 
     The module runs in eval mode and is put back in its previous mode afterwards, so the trainer can
-    call this mid-training. `device` defaults to the device of the module's parameters.
+    call this mid-training. `device` defaults to the device of the module's parameters. Images of
+    another size are resized by `interpolation` (`facetrain.data.transforms`: the model card says
+    which its model expects). `normalized=False` keeps the (flip-summed) embeddings' norms, which
+    IJB's template pooling weighs faces by.
     """
     if len(images) == 0:
         raise ValueError("no images to embed")
     device = torch.device(device) if device is not None else _module_device(module)
     loader = DataLoader(
-        _ImageDataset(images, build_eval_transform(image_size), label),
+        _ImageDataset(images, build_eval_transform(image_size, interpolation), label),
         batch_size=batch_size,
         num_workers=num_workers,
     )
@@ -93,7 +98,8 @@ def compute_embeddings(
                     )
                 norms.append(raw.float().norm(dim=1).cpu())
                 combined = raw + module(torch.flip(batch, dims=[3])) if flip else raw
-                vectors.append(nn.functional.normalize(combined.float(), dim=1).cpu())
+                combined = combined.float()
+                vectors.append((nn.functional.normalize(combined, dim=1) if normalized else combined).cpu())
                 bar.update(len(batch))
     finally:
         module.train(was_training)

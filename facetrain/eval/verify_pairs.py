@@ -17,24 +17,26 @@ import numpy as np
 import torch
 from torch import nn
 
+from facetrain.data.transforms import RESIZE_AREA
 from facetrain.eval.embedding import compute_embeddings, embed_images
 from facetrain.eval.metrics import VerificationMetrics, verification_metrics
+from facetrain.eval.one_kind import require_both_kinds
 from facetrain.eval.pair_set import PairSet
 from facetrain.eval.pairs import load_pairs
+from facetrain.eval.set_names import KEPT_PAIRS_SUFFIX, report_name
 
 THRESHOLD_RULE = "balanced: best mean of true-accept and true-reject rates on all pairs"
 
-__all__ = ["PairSet", "VerificationResult", "embed_images", "load_pairs", "pair_scores", "verify"]
-
-
-KEPT_PAIRS_SUFFIX = ".pairs"
-
-
-def report_name(pairs_source: str | Path) -> str:
-    """The pairs file's (or `--folder`'s) stem, which names the report files (lfw_pairs.json, ...). The
-    pairs that `eval --folder NAME` keeps, NAME.pairs.csv, name them NAME as that evaluation did:
-    scoring them again (with --overwrite) replaces its report instead of writing a near-twin beside it."""
-    return Path(pairs_source).stem.removesuffix(KEPT_PAIRS_SUFFIX)
+__all__ = [
+    "KEPT_PAIRS_SUFFIX",
+    "PairSet",
+    "VerificationResult",
+    "embed_images",
+    "load_pairs",
+    "pair_scores",
+    "report_name",
+    "verify",
+]
 
 
 @dataclass(frozen=True)
@@ -104,8 +106,14 @@ def verify(
     device: torch.device | str | None = None,
     progress: bool = True,
     num_workers: int = 0,
+    interpolation: str = RESIZE_AREA,
 ) -> VerificationResult:
-    """Embed every image of `pairs` once, score the pairs and compute the verification metrics."""
+    """Embed every image of `pairs` once, score the pairs and compute the verification metrics.
+
+    A set of one kind of pair only (all matched, or all mismatched) is refused before anything is
+    embedded: `facetrain.eval.one_kind` says what can be reported of it.
+    """
+    require_both_kinds(pairs)
     embeddings = compute_embeddings(
         module,
         pairs.images,
@@ -116,6 +124,7 @@ def verify(
         progress,
         num_workers,
         label=Path(pairs.source).name,
+        interpolation=interpolation,
     )
     folds, folds_source = pairs.cross_validation_folds()
     metrics = verification_metrics(pair_scores(embeddings.vectors, pairs), pairs.issame, folds)

@@ -16,7 +16,13 @@ from torch import nn
 
 from facetrain import __version__
 from facetrain.config import Config, from_dict, to_dict
-from facetrain.data.transforms import PIXEL_MEAN, PIXEL_SCALE
+from facetrain.data.transforms import (
+    PIXEL_MEAN,
+    PIXEL_SCALE,
+    RESIZE_AREA,
+    RESIZE_INTERPOLATIONS,
+    RESIZE_LINEAR,
+)
 from facetrain.errors import FacetrainError
 from facetrain.files import atomic_write_text
 
@@ -49,7 +55,7 @@ def build_card(
                 "scale": PIXEL_SCALE,
                 "formula": f"(pixel - {PIXEL_MEAN}) / {PIXEL_SCALE} on 0-255 RGB values",
             },
-            "resize": "to height x width, area interpolation when shrinking (no crop)",
+            **resize_fields(meta),
         },
         "output": {
             "name": "embeddings",
@@ -69,6 +75,34 @@ def build_card(
         "source": str(source),
         "files": {},
     }
+
+
+def resize_fields(meta: dict[str, Any]) -> dict[str, str]:
+    """How inputs of another size are resized: as insightface's inference.py does (bilinear) for a model
+    imported from insightface, whose weights learnt from and are scored on crops resized that way;
+    facetrain's area interpolation when shrinking for the rest."""
+    source = str((meta.get("imported_from") or {}).get("format", ""))
+    if source.lower().startswith("insightface"):
+        return {
+            "interpolation": RESIZE_LINEAR,
+            "resize": "to height x width, bilinear (cv2.INTER_LINEAR, as insightface's inference.py; no crop)",
+        }
+    return {
+        "interpolation": RESIZE_AREA,
+        "resize": "to height x width, area interpolation when shrinking, bilinear when enlarging (no crop)",
+    }
+
+
+def card_interpolation(card: dict[str, Any]) -> str:
+    """The interpolation a model's inputs are resized with; a card from before facetrain recorded it
+    means facetrain's own."""
+    interpolation = (card.get("input") or {}).get("interpolation", RESIZE_AREA)
+    if interpolation not in RESIZE_INTERPOLATIONS:
+        raise FacetrainError(
+            f"model card of {card.get('source', 'the model')}: input.interpolation {interpolation!r} is not "
+            f"one of {', '.join(RESIZE_INTERPOLATIONS)}; re-export the model"
+        )
+    return interpolation
 
 
 def with_verification_report(card: dict[str, Any], report_path: Path) -> dict[str, Any]:

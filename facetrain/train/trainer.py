@@ -159,9 +159,10 @@ class RunLedger:
             self.evaluation_failure, self.verifier = self.verifier.failure, None
             return False
         self.evaluation = outcome
-        log.log_eval(state.step, outcome)
+        log.log_eval(state.step, {**outcome, **self.verifier.tensorboard_scalars(outcome)})
         if self.run.dims.is_primary:
-            tqdm.write(evaluation_line(state.step, outcome))
+            for line in self.verifier.report_lines(outcome):
+                tqdm.write(line)
         if state.best_accuracy is not None and outcome["accuracy"] <= state.best_accuracy:
             return False
         state.best_accuracy, state.best_step = outcome["accuracy"], state.step
@@ -215,6 +216,9 @@ def _finish(run: TrainingRun, gate: StepGate, ledger: RunLedger, train_seconds: 
                 f"done: {state.step} steps{verified}; checkpoints in {run.run_dir / 'checkpoints'}, "
                 f"curves in {curves}"
             )
+            table = ledger.verifier.final_table() if ledger.verifier is not None else None
+            if table is not None:
+                tqdm.write(table)
     if ledger.evaluation_failure is not None:
         raise EveryRankError(
             f"{ledger.evaluation_failure}; training itself finished and its checkpoints are in "

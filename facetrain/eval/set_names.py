@@ -1,0 +1,33 @@
+"""How a verification set is named: by its file's stem, as insightface names lfw.bin "lfw".
+
+Kept free of torch, because the config checks use it (`eval.best_by` must name one of `eval.pairs`'s
+sets) before any process or model exists.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from pathlib import Path
+
+KEPT_PAIRS_SUFFIX = ".pairs"
+
+
+def report_name(pairs_source: str | Path) -> str:
+    """The pairs file's (or `--folder`'s) stem, which names the report files (lfw_pairs.json, ...). The
+    pairs that `eval --folder NAME` keeps, NAME.pairs.csv, name them NAME as that evaluation did:
+    scoring them again (with --overwrite) replaces its report instead of writing a near-twin beside it."""
+    return Path(pairs_source).stem.removesuffix(KEPT_PAIRS_SUFFIX)
+
+
+def set_names(pairs_files: Sequence[str | Path]) -> list[str]:
+    """The name of each verification set, in order (duplicates are left for the caller to refuse)."""
+    return [report_name(path) for path in pairs_files]
+
+
+def duplicate_name(pairs_files: Sequence[str | Path]) -> tuple[str, list[str]] | None:
+    """(name, the files) for the first name two of `pairs_files` share, else None: two sets named alike
+    would log, report and be chosen by `eval.best_by` as one."""
+    by_name: dict[str, list[str]] = {}
+    for path, name in zip(pairs_files, set_names(pairs_files)):
+        by_name.setdefault(name, []).append(str(path))
+    return next(((name, files) for name, files in by_name.items() if len(files) > 1), None)
