@@ -14,7 +14,7 @@ IRESNET_DEPTHS = {
 }
 
 # dataset kinds `facetrain data stats --source` reads
-STATS_SOURCES = ("folder", "list", "recordio", "market1501")
+STATS_SOURCES = ("folder", "list", "recordio", "market1501", "reid")
 
 # cross-validation folds of a pair set without its own, and the seed that deals them
 DEFAULT_FOLDS = 10
