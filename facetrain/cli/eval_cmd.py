@@ -51,6 +51,17 @@ from facetrain.errors import FacetrainError
     type=click.Path(path_type=Path),
     help="Market-1501 root with query/ and bounding_box_test/, for re-id retrieval instead of --pairs.",
 )
+@click.option(
+    "--reid",
+    "reid_sets",
+    nargs=2,
+    type=str,
+    default=None,
+    metavar="QUERY GALLERY",
+    help="Re-id retrieval from QUERY to GALLERY: folders of PID_CAM images or path,pid,camera CSVs; "
+    "FOLDER@N keeps camera N's images.",
+)
+@click.option("--rerank", is_flag=True, help="With --reid or --market: k-reciprocal re-ranking.")
 @click.option("--no-flip", is_flag=True, help="Skip the flip test (embedding each image's mirror too).")
 @click.option(
     "--batch-size", type=click.IntRange(min=1), default=128, show_default=True, help="Images per batch."
@@ -76,6 +87,8 @@ def eval_command(
     seed: int | None,
     num_folds: int | None,
     market_root: Path | None,
+    reid_sets: tuple[str, str] | None,
+    rerank: bool,
     no_flip: bool,
     batch_size: int,
     workers: int,
@@ -95,7 +108,8 @@ def eval_command(
     --folder makes balanced pairs from a folder of identities (as `facetrain pairs make` does),
     names the report after the folder and keeps the pairs as NAME.pairs.csv (--pairs NAME.pairs.csv
     later scores them into the same NAME report files).
-    Re-id prints CMC rank-1/5/10 and mAP (Market-1501 protocol) and writes market1501.json.
+    Re-id prints CMC rank-1/5/10 and mAP (same-person same-camera gallery images removed) and
+    writes NAME.json and the CMC curve NAME_cmc.png, NAME being market1501 or reid_<gallery>.
     An earlier report of the same name in --out is replaced only with --overwrite.
 
     \b
@@ -105,16 +119,19 @@ def eval_command(
       facetrain eval runs/lfw/export --pairs lfw/pairs.txt --images lfw/aligned --skip-missing
       facetrain eval runs/ms1m/checkpoints/best --pairs faces_emore/agedb_30.bin --no-flip
       facetrain eval runs/reid/export --market data/Market-1501 --batch-size 256 --out reports/reid
+      facetrain eval runs/reid_small --reid data/cuhk03/val@1 data/cuhk03/val@2 --rerank
     """
     import torch
 
     from facetrain.files import refuse_to_overwrite
     from facetrain.train.run_dir import writing_into_run
 
-    if [pairs_path, folder_root, market_root].count(None) != 2:
+    if [pairs_path, folder_root, market_root, reid_sets].count(None) != 3:
         raise click.UsageError(
-            "give exactly one of --pairs or --folder (verification) or --market (re-id retrieval)"
+            "give exactly one of --pairs or --folder (verification) or --market or --reid (re-id retrieval)"
         )
+    if rerank and market_root is None and reid_sets is None:
+        raise click.UsageError("--rerank applies to --market and --reid only")
     if pairs_path is None and (images_root is not None or skip_missing):
         raise click.UsageError("--images and --skip-missing apply to --pairs only")
     if folder_root is None and (seed is not None or num_folds is not None):
@@ -131,6 +148,15 @@ def eval_command(
         "num_workers": workers,
     }
     extra = {"model": str(model)}
+    if reid_sets is not None:
+        from facetrain.cli.eval_reid import evaluate_reid_sets, reid_report_paths
+
+        if not overwrite:
+            refuse_to_overwrite(reid_report_paths(out_dir, reid_sets[1]))
+        with writing_into_run(out_dir, "facetrain eval", "wait for it to finish, or pass --out elsewhere"):
+            written = evaluate_reid_sets(model, *reid_sets, rerank, out_dir, options, extra)
+        click.echo("wrote " + ", ".join(str(path) for path in written))
+        return
     if not overwrite:  # before the model is loaded or an image read
         refuse_to_overwrite(_report_paths(out_dir, pairs_path, folder_root))
     with writing_into_run(
@@ -138,7 +164,7 @@ def eval_command(
     ):
         written = _evaluate(
             model, out_dir, options, extra, pairs_path, images_root, skip_missing, folder_root, seed,
-            num_folds, market_root,
+            num_folds, market_root, rerank,
         )  # fmt: skip
     click.echo("wrote " + ", ".join(str(path) for path in written))
 
@@ -169,6 +195,7 @@ def _evaluate(
     seed: int | None,
     num_folds: int | None,
     market_root: Path | None,
+    rerank: bool = False,
 ) -> list[Path]:
     """Run the evaluation MODEL was asked for, print its table and write its report to `out_dir`."""
     from facetrain.eval.report import (
@@ -205,10 +232,14 @@ def _evaluate(
             kept = out_dir / f"{result.name}{KEPT_PAIRS_SUFFIX}.csv"
             written.append(write_pairs_csv(pairs, kept, overwrite=True))
     else:
+        from facetrain.eval.rerank import RerankSettings
         from facetrain.eval.retrieval import evaluate_market1501
 
         loaded = load_model(model, device=device)
-        result = evaluate_market1501(loaded.module, market_root, loaded.image_size, **options)
+        settings = RerankSettings() if rerank else None
+        result = evaluate_market1501(
+            loaded.module, market_root, loaded.image_size, rerank=settings, **options
+        )
         click.echo(retrieval_table(result))
         written = write_retrieval_report(result, out_dir, extra)
     return written
