@@ -17,7 +17,7 @@ IRESNET_DEPTHS = {
 INSIGHTFACE_ARCHITECTURES = (*IRESNET_DEPTHS, "mbf")
 
 # dataset kinds `facetrain data --source` reads
-STATS_SOURCES = ("folder", "list", "recordio", "market1501")
+STATS_SOURCES = ("folder", "list", "recordio", "market1501", "reid")
 
 # cross-validation folds of a pair set without its own, and the seed that deals them
 DEFAULT_FOLDS = 10

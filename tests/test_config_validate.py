@@ -84,6 +84,12 @@ BAD_VALUES = [
     (["head.state_dtype=fp64"], "head.state_dtype", "'fp64'"),
     (["head.sub_centers=0"], "head.sub_centers", "0"),
     (["head.sub_centers=3", "head.mode=tiled"], "head.sub_centers", "3"),
+    # loss
+    (["loss.name=bogus"], "loss.name", "'bogus'"),
+    (["loss.identity_weight=0"], "loss.identity_weight", "0.0"),
+    (["loss.triplet_weight=-1"], "loss.triplet_weight", "-1.0"),
+    (["loss.triplet_margin=0"], "loss.triplet_margin", "0.0"),
+    (["loss.name=margin_triplet"], "loss.name", "'margin_triplet'"),
     # optim
     (["optim.name=bogus"], "optim.name", "'bogus'"),
     (["optim.lr=0"], "optim.lr", "0.0"),
@@ -147,6 +153,7 @@ BAD_TYPES = [
     "data.augment.random_resized_crop",
     "model.activation_checkpointing",
     "model.channels_last",
+    "model.bn_neck",
     "head.fused_optimizer",
     "head.compile_tiles",
     "train.deterministic",
@@ -251,7 +258,7 @@ def test_every_registry_a_check_names_exists():
                     assert Registered(check.where).names(), check.where
 
     walk(Config)
-    assert len(found) == 8
+    assert len(found) == 9
 
 
 def test_bad_values_cover_every_checked_field():

@@ -102,8 +102,9 @@ def test_retrieval_table_and_json(tmp_path: Path):
     result = RetrievalResult("data/Market-1501", metrics, 18.0, False)
     table = retrieval_table(result)
     assert "rank-1" in table and "90.00%" in table and "mAP" in table and "75.00%" in table
-    (path,) = write_retrieval_report(result, tmp_path)
+    path, plot = write_retrieval_report(result, tmp_path)
     figures = json.loads(path.read_text())
-    assert path.name == "market1501.json"
+    assert path.name == "market1501.json" and plot.name == "market1501_cmc.png"
+    assert plot.read_bytes().startswith(b"\x89PNG")
     assert figures["rank1"] == 0.9 and figures["rank10"] == 0.97 and figures["mAP"] == 0.75
     assert figures["num_gallery"] == 19732 and figures["flip"] is False

@@ -65,6 +65,17 @@ from facetrain.errors import FacetrainError
     help="With --ijb: which protocol's meta files to read [default: IJBC].",
 )
 @click.option(
+    "--reid",
+    "reid_sets",
+    nargs=2,
+    type=str,
+    default=None,
+    metavar="QUERY GALLERY",
+    help="Re-id retrieval from QUERY to GALLERY: folders of PID_CAM images or path,pid,camera CSVs; "
+    "FOLDER@N keeps camera N's images.",
+)
+@click.option("--rerank", is_flag=True, help="With --reid or --market: k-reciprocal re-ranking.")
+@click.option(
     "--flip/--no-flip",
     default=True,
     show_default=True,
@@ -97,6 +108,8 @@ def eval_command(
     market_root: Path | None,
     ijb_root: Path | None,
     ijb_target: str | None,
+    reid_sets: tuple[str, str] | None,
+    rerank: bool,
     flip: bool,
     batch_size: int,
     workers: int,
@@ -115,7 +128,8 @@ def eval_command(
     --folder makes balanced pairs from a folder of identities (as `facetrain pairs` does),
     names the report after the folder and keeps the pairs as NAME.pairs.csv (--pairs NAME.pairs.csv
     later scores them into the same NAME report files).
-    Re-id prints CMC rank-1/5/10 and mAP (Market-1501 protocol) and writes market1501.json.
+    Re-id prints CMC rank-1/5/10 and mAP (same-person same-camera gallery images removed) and
+    writes NAME.json and the CMC curve NAME_cmc.png, NAME being market1501 or reid_<gallery>.
     --ijb runs insightface's IJB-B/IJB-C 1:1 protocol (faces aligned by their 5 landmarks, flip
     features summed, detector-score weighting, media then template pooling) and prints TAR at FAR
     1e-6 ... 1e-1, writing ijbc.json, ijbc_roc.png and ijbc_scores.npy (ijbb_* for IJBB).
@@ -131,19 +145,22 @@ def eval_command(
       facetrain eval runs/ms1m/checkpoints/best --pairs faces_emore/agedb_30.bin --no-flip
       facetrain eval runs/reid/export --market data/Market-1501 --batch-size 256 -o reports/reid
       facetrain eval runs/ms1m/export --ijb IJB_release/IJBC --ijb-target IJBC --workers 8
+      facetrain eval runs/reid_small --reid data/cuhk03/val@1 data/cuhk03/val@2 --rerank
     """
     import torch
 
     from facetrain.files import refuse_to_overwrite
     from facetrain.train.run_dir import writing_into_run
 
-    if [pairs_path, folder_root, market_root, ijb_root].count(None) != 3:
+    if [pairs_path, folder_root, market_root, reid_sets, ijb_root].count(None) != 4:
         raise click.UsageError(
-            "give exactly one of --pairs or --folder (verification), --market (re-id retrieval) or --ijb "
-            "(IJB-B/C template verification)"
+            "give exactly one of --pairs or --folder (verification), --market or --reid (re-id retrieval) "
+            "or --ijb (IJB-B/C template verification)"
         )
     if ijb_root is None and ijb_target is not None:
         raise click.UsageError("--ijb-target applies to --ijb only")
+    if rerank and market_root is None and reid_sets is None:
+        raise click.UsageError("--rerank applies to --market and --reid only")
     if pairs_path is None and (images_root is not None or skip_missing):
         raise click.UsageError("--images and --skip-missing apply to --pairs only")
     if folder_root is None and (seed is not None or num_folds is not None):
@@ -159,6 +176,15 @@ def eval_command(
         "num_workers": workers,
     }
     extra = {"model": str(model)}
+    if reid_sets is not None:
+        from facetrain.cli.eval_reid import evaluate_reid_sets, reid_report_paths
+
+        if not overwrite:
+            refuse_to_overwrite(reid_report_paths(out_dir, reid_sets[1]))
+        with writing_into_run(out_dir, "facetrain eval", "wait for it to finish, or pass --out elsewhere"):
+            written = evaluate_reid_sets(model, *reid_sets, rerank, out_dir, options, extra)
+        click.echo("wrote " + ", ".join(str(path) for path in written))
+        return
     if not overwrite:  # before the model is loaded or an image read
         refuse_to_overwrite(
             _report_paths(out_dir, pairs_path, folder_root, ijb_root and (ijb_target or "IJBC"))
@@ -168,7 +194,7 @@ def eval_command(
     ):
         written = _evaluate(
             model, out_dir, options, extra, pairs_path, images_root, skip_missing, folder_root, seed,
-            num_folds, market_root, ijb_root, ijb_target or "IJBC",
+            num_folds, market_root, ijb_root, ijb_target or "IJBC", rerank,
         )  # fmt: skip
     click.echo("wrote " + ", ".join(str(path) for path in written))
 
@@ -207,6 +233,7 @@ def _evaluate(
     market_root: Path | None,
     ijb_root: Path | None,
     ijb_target: str,
+    rerank: bool = False,
 ) -> list[Path]:
     """Run the evaluation MODEL was asked for, print its table and write its report to `out_dir`."""
     from facetrain.eval.report import (
@@ -259,10 +286,14 @@ def _evaluate(
             kept = out_dir / f"{result.name}{KEPT_PAIRS_SUFFIX}.csv"
             written.append(write_pairs_csv(pairs, kept, overwrite=True))
     else:
+        from facetrain.eval.rerank import RerankSettings
         from facetrain.eval.retrieval import evaluate_market1501
 
         loaded = load_model(model, device=device)
-        result = evaluate_market1501(loaded.module, market_root, loaded.image_size, **options)
+        settings = RerankSettings() if rerank else None
+        result = evaluate_market1501(
+            loaded.module, market_root, loaded.image_size, rerank=settings, **options
+        )
         click.echo(retrieval_table(result))
         written = write_retrieval_report(result, out_dir, extra)
     return written

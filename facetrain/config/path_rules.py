@@ -19,6 +19,7 @@ _DATA_PATH_KINDS = {"folder": "folder", "market1501": "folder", "list": "file"}
 _WHAT_DATA_PATH_IS = {
     "folder": "a folder of root/<identity>/<image>",
     "market1501": "the Market-1501 root folder",
+    "reid": "a folder of PID_CAM re-id images or a CSV of path,pid,camera",
     "list": "a CSV/TSV list of path,label",
     "recordio": "insightface's train.rec (its .idx beside it) or their folder",
 }

@@ -70,7 +70,8 @@ class AugmentConfig:
 
 @dataclass
 class DataConfig:
-    # folder | list | recordio | market1501 | synthetic (a folder that `facetrain synth` fills on first use)
+    # folder | list | recordio | market1501 | reid (PID_CAM images, see facetrain/data/reid_images.py) |
+    # synthetic (a folder that `facetrain synth` fills on first use)
     source: str = setting("synthetic", Registered("facetrain.data:SOURCES"))
     path: str = setting("data/synth", NotEmpty(), path=True)
     image_size: list[int] = setting([112, 112], Items(("height", "width"), at_least(8)))
@@ -92,6 +93,9 @@ class ModelConfig:
     backbone: str = setting("r50", Registered("facetrain.models:BACKBONES"))
     embedding_size: int = setting(512, at_least(1))
     dropout: float = setting(0.0, FRACTION)
+    # re-id backbones with a pooled output (small_pooled, reid_r50): a BatchNorm between the features
+    # the triplet loss shapes and the embedding the identity loss and retrieval use; false: none
+    bn_neck: bool = True
     activation_checkpointing: bool = False
     channels_last: bool = False
     # exponential moving average of the weights, verified and exported instead of the last step's; 0: off
@@ -130,6 +134,17 @@ class HeadConfig:
     # updated with stochastic rounding and needs the fused optimizer
     weight_dtype: str = setting("fp32", OneOf(("fp32", "bf16")))
     state_dtype: str = setting("fp32", OneOf(("fp32", "bf16")))
+
+
+@dataclass
+class LossConfig:
+    # margin (the head alone) | margin_triplet (re-id: the head on the BN-neck embeddings plus a
+    # batch-hard triplet loss on the features before the neck; needs data.sampler identity and a
+    # pooled backbone), see facetrain/train/losses.py
+    name: str = setting("margin", Registered("facetrain.train.losses:LOSSES"))
+    identity_weight: float = setting(1.0, above(0))  # margin_triplet's weights
+    triplet_weight: float = setting(1.0, at_least(0))
+    triplet_margin: float | None = setting(0.3, above(0))  # null: soft margin, log(1 + exp(d_ap - d_an))
 
 
 @dataclass
@@ -207,6 +222,7 @@ class Config:
     data: DataConfig = field(default_factory=DataConfig)
     model: ModelConfig = field(default_factory=ModelConfig)
     head: HeadConfig = field(default_factory=HeadConfig)
+    loss: LossConfig = field(default_factory=LossConfig)
     optim: OptimConfig = field(default_factory=OptimConfig)
     train: TrainConfig = field(default_factory=TrainConfig)
     eval: EvalConfig = field(default_factory=EvalConfig)

@@ -106,6 +106,26 @@ def _identity_batches_divide(s: Context) -> Problem | None:
     return None
 
 
+def _metric_loss_settings(s: Context) -> Problem | None:
+    cfg = s.cfg
+    if cfg.loss.name != "margin_triplet":
+        return None
+    if cfg.data.sampler != "identity":
+        return (
+            "loss.name",
+            cfg.loss.name,
+            f"needs data.sampler 'identity', not {cfg.data.sampler!r} (the triplet loss needs K images "
+            "of each identity in a batch)",
+        )
+    if cfg.parallel.pipeline_stages > 1:
+        return (
+            "loss.name",
+            cfg.loss.name,
+            "must be 'margin' when parallel.pipeline_stages > 1 (stages pass one tensor, not the features)",
+        )
+    return None
+
+
 def _margin_takes_params(s: Context) -> Problem | None:
     from facetrain.heads.margins import build_margin
 
@@ -317,6 +337,7 @@ def _cuda_only_settings(s: Context) -> Problem | None:
 RULES: list[Rule] = [
     _min_lr_at_most_lr,
     _identity_batches_divide,
+    _metric_loss_settings,
     _margin_takes_params,
     _head_mode_settings,
     _synthetic_pairs_fit,

@@ -14,6 +14,7 @@ from facetrain.data.folder import scan_image_folder
 from facetrain.data.listfile import scan_list_file
 from facetrain.data.market1501 import scan_market1501_train
 from facetrain.data.recordio import scan_recordio
+from facetrain.data.reid_images import scan_reid_train
 from facetrain.data.samplers import IdentitySampler, ResumableDistributedSampler
 from facetrain.data.transforms import build_train_transform
 from facetrain.errors import EveryRankError, FacetrainError
@@ -40,6 +41,11 @@ def _recordio(cfg: DataConfig) -> SampleTable:
 @SOURCES.register("market1501")
 def _market(cfg: DataConfig) -> SampleTable:
     return scan_market1501_train(cfg.path)
+
+
+@SOURCES.register("reid")
+def _reid(cfg: DataConfig) -> SampleTable:
+    return scan_reid_train(cfg.path)
 
 
 @SOURCES.register("synthetic")

@@ -1,6 +1,7 @@
 """List-file source: a CSV or TSV with columns path, label and optionally camera.
 
-A header row naming the columns is optional; without one the columns are taken in that order.
+A header row naming the columns is optional; without one the columns are taken in that order. A
+header may say `pid` for `label`, as re-id lists do.
 Relative paths resolve against the list file's folder so a dataset can be moved as a whole.
 """
 
@@ -34,7 +35,7 @@ def read_list_file(list_path: str | Path) -> pd.DataFrame:
         raise FacetrainError(f"list file {list_path} is empty; expected lines of path,label[,camera]")
     separator = _separator(list_path, text_lines[0])
     first_fields = [field.strip().lower() for field in text_lines[0].split(separator)]
-    has_header = "path" in first_fields and "label" in first_fields
+    has_header = "path" in first_fields and bool({"label", "pid"} & set(first_fields))
     try:
         frame = pd.read_csv(
             list_path,
@@ -48,6 +49,7 @@ def read_list_file(list_path: str | Path) -> pd.DataFrame:
         raise FacetrainError(f"list file {list_path}: {str(error).strip()}") from None
     if has_header:
         frame.columns = [str(column).strip().lower() for column in frame.columns]
+        frame = frame.rename(columns={"pid": "label"})
     else:
         if frame.shape[1] > len(COLUMNS):
             raise FacetrainError(f"list file {list_path} line 1: expected path,label[,camera] columns")

@@ -1,7 +1,7 @@
 """Evaluation reports: a table for the terminal and files for later (JSON, per-fold CSV, ROC plot).
 
 Files are named after what was evaluated (`lfw_pairs.json`, `lfw_pairs_folds.csv`,
-`lfw_pairs_roc.png`, `market1501.json`), so several pair sets can share one report folder; the CLI
+`lfw_pairs_roc.png`, `market1501.json`, `market1501_cmc.png`), so several pair sets can share one report folder; the CLI
 replaces an earlier report of the same name only with --overwrite. Each file is written to a temporary name first and
 then renamed, so an interrupted run never leaves a truncated report.
 """
@@ -62,6 +62,7 @@ def retrieval_table(result: RetrievalResult) -> str:
         ("queries", f"{metrics.num_queries} scored, {metrics.num_unscored_queries} without a true match"),
         ("gallery", str(metrics.num_gallery)),
         ("flip test", "on" if result.flip else "off"),
+        ("re-ranking", "k-reciprocal" if metrics.reranked else "off"),
         *((f"rank-{rank}", f"{100 * rate:.2f}%") for rank, rate in metrics.cmc.items()),
         ("mAP", f"{100 * metrics.mean_ap:.2f}%"),
         ("XNorm", f"{result.xnorm:.3f}"),
@@ -87,17 +88,19 @@ def verification_report_paths(out_dir: Path, name: str) -> list[Path]:
 
 
 def retrieval_report_paths(out_dir: Path, name: str) -> list[Path]:
-    return [out_dir / f"{name}.json"]
+    return [out_dir / f"{name}.json", out_dir / f"{name}_cmc.png"]
 
 
 def write_retrieval_report(
     result: RetrievalResult, out_dir: str | Path, extra: dict[str, Any] | None = None
 ) -> list[Path]:
+    """`<name>.json` and the CMC curve `<name>_cmc.png` in `out_dir`; `extra` joins the JSON."""
     out_dir = Path(out_dir)
     out_dir.mkdir(parents=True, exist_ok=True)
-    [path] = retrieval_report_paths(out_dir, result.name)
-    write_json(path, {**(extra or {}), **result.as_dict()})
-    return [path]
+    paths = retrieval_report_paths(out_dir, result.name)
+    write_json(paths[0], {**(extra or {}), **result.as_dict()})
+    _write_bytes(paths[1], _png(cmc_figure(result)))
+    return paths
 
 
 def write_json(path: Path, content: dict[str, Any]) -> None:
@@ -124,9 +127,33 @@ def _folds_csv(result: VerificationResult) -> str:
 
 
 def _roc_png(result: VerificationResult) -> bytes:
+    return _png(roc_figure(result))
+
+
+def _png(figure: Figure) -> bytes:
     buffer = io.BytesIO()
-    roc_figure(result).savefig(buffer, format="png")
+    figure.savefig(buffer, format="png")
     return buffer.getvalue()
+
+
+def cmc_figure(result: RetrievalResult) -> Figure:
+    """The share of queries whose first true match is within rank r, r = 1 up to 50, with mAP."""
+    metrics = result.metrics
+    curve = metrics.cmc_curve or tuple(metrics.cmc.values())
+    ranks = range(1, len(curve) + 1) if metrics.cmc_curve else tuple(metrics.cmc)
+    figure = Figure(figsize=(5, 4), dpi=100)
+    axes = figure.add_subplot()
+    label = f"rank-1 {100 * curve[0]:.1f}%, mAP {100 * metrics.mean_ap:.1f}%"
+    axes.plot(list(ranks), [100 * rate for rate in curve], marker=".", label=label)
+    axes.set_xlabel("rank")
+    axes.set_ylabel("matched within rank (%)")
+    reranked = ", re-ranked" if metrics.reranked else ""
+    axes.set_title(f"{result.name}: CMC, {metrics.num_queries} queries{reranked}")
+    axes.set_ylim(0, 100.5)
+    axes.grid(True, alpha=0.3)
+    axes.legend(loc="lower right", fontsize="small")
+    figure.tight_layout()
+    return figure
 
 
 def roc_figure(result: VerificationResult) -> Figure:

@@ -4,6 +4,11 @@ For each query the gallery is ranked by cosine similarity, then gallery images o
 identity taken by the query's own camera are removed (finding them is trivial), junk images (pid -1)
 are removed, and distractors (pid 0) stay in as wrong matches. Queries left with no true match are
 not scored. AP is the mean of the precision at each true match, as in open-reid and torchreid.
+With re-ranking the gallery is ranked by k-reciprocal distances instead (`facetrain.eval.rerank`),
+and the same images are removed.
+
+Two layouts are read: Market-1501's root (`evaluate_market1501`) and any two re-id image sets, a query
+and a gallery, named `PID_CAM...` or listed in a CSV (`evaluate_reid`, see `data/reid_images.py`).
 """
 
 from __future__ import annotations
@@ -17,11 +22,14 @@ import torch
 from torch import nn
 
 from facetrain.data.market1501 import load_market1501_split
+from facetrain.data.reid_images import load_reid_selection
 from facetrain.errors import FacetrainError
 from facetrain.eval.embedding import compute_embeddings
+from facetrain.eval.rerank import RerankSettings, k_reciprocal_distances
 
 JUNK_PID = -1
 CMC_RANKS = (1, 5, 10)
+CMC_CURVE_RANKS = 50  # how far the CMC plot goes
 QUERY_CHUNK = 256
 
 
@@ -32,9 +40,12 @@ class RetrievalMetrics:
     num_queries: int
     num_unscored_queries: int
     num_gallery: int
+    # the share of queries matched within rank 1, 2, ..., up to CMC_CURVE_RANKS (or the gallery's size)
+    cmc_curve: tuple[float, ...] = ()
+    reranked: bool = False
 
 
-REPORT_NAME = "market1501"  # names the report file
+REPORT_NAME = "market1501"  # names the report file of evaluate_market1501
 
 
 @dataclass(frozen=True)
@@ -43,10 +54,7 @@ class RetrievalResult:
     metrics: RetrievalMetrics
     xnorm: float
     flip: bool
-
-    @property
-    def name(self) -> str:
-        return REPORT_NAME
+    name: str = REPORT_NAME
 
     def as_dict(self) -> dict[str, Any]:
         metrics = self.metrics
@@ -56,9 +64,11 @@ class RetrievalResult:
             "num_unscored_queries": metrics.num_unscored_queries,
             "num_gallery": metrics.num_gallery,
             "flip": self.flip,
+            "rerank": metrics.reranked,
             **{f"rank{rank}": rate for rank, rate in metrics.cmc.items()},
             "mAP": metrics.mean_ap,
             "xnorm": self.xnorm,
+            "cmc": list(metrics.cmc_curve),
         }
 
 
@@ -70,17 +80,14 @@ def retrieval_metrics(
     gallery_pids: np.ndarray,
     gallery_camids: np.ndarray,
     ranks: tuple[int, ...] = CMC_RANKS,
+    rerank: RerankSettings | None = None,
 ) -> RetrievalMetrics:
-    """CMC at `ranks` and mAP from L2-normalized features, ranking by cosine similarity."""
+    """CMC at `ranks` and mAP from L2-normalized features, ranking by cosine similarity (or, with
+    `rerank`, by k-reciprocal distance)."""
     query_pids, query_camids = np.asarray(query_pids), np.asarray(query_camids)
     gallery_pids, gallery_camids = np.asarray(gallery_pids), np.asarray(gallery_camids)
-    gallery = torch.from_numpy(np.ascontiguousarray(gallery_features, dtype=np.float32))
     first_match_ranks, average_precisions = [], []
-    for start in range(0, len(query_pids), QUERY_CHUNK):
-        queries = torch.from_numpy(
-            np.ascontiguousarray(query_features[start : start + QUERY_CHUNK], dtype=np.float32)
-        )
-        orders = torch.argsort(queries @ gallery.T, dim=1, descending=True, stable=True).numpy()
+    for start, orders in _gallery_orders(query_features, gallery_features, rerank):
         for offset, order in enumerate(orders):
             pid, camid = query_pids[start + offset], query_camids[start + offset]
             ranked_pids = gallery_pids[order]
@@ -94,13 +101,30 @@ def retrieval_metrics(
             "no query has a true match in the gallery from another camera; check the query and gallery sets"
         )
     first = np.array(first_match_ranks)
+    curve_ranks = np.arange(1, min(CMC_CURVE_RANKS, len(gallery_pids)) + 1)
     return RetrievalMetrics(
         cmc={rank: float(np.mean(first < rank)) for rank in ranks},
         mean_ap=float(np.mean(average_precisions)),
         num_queries=len(first),
         num_unscored_queries=len(query_pids) - len(first),
         num_gallery=len(gallery_pids),
+        cmc_curve=tuple(float(np.mean(first < rank)) for rank in curve_ranks),
+        reranked=rerank is not None,
     )
+
+
+def _gallery_orders(query_features: np.ndarray, gallery_features: np.ndarray, rerank: RerankSettings | None):
+    """(first query, gallery indices best first for each query) in chunks of queries."""
+    if rerank is not None:
+        distances = k_reciprocal_distances(query_features, gallery_features, rerank)
+        yield 0, np.argsort(distances, axis=1, kind="stable")
+        return
+    gallery = torch.from_numpy(np.ascontiguousarray(gallery_features, dtype=np.float32))
+    for start in range(0, len(query_features), QUERY_CHUNK):
+        queries = torch.from_numpy(
+            np.ascontiguousarray(query_features[start : start + QUERY_CHUNK], dtype=np.float32)
+        )
+        yield start, torch.argsort(queries @ gallery.T, dim=1, descending=True, stable=True).numpy()
 
 
 def evaluate_market1501(
@@ -112,22 +136,51 @@ def evaluate_market1501(
     device: torch.device | str | None = None,
     progress: bool = True,
     num_workers: int = 0,
+    rerank: RerankSettings | None = None,
 ) -> RetrievalResult:
     """Embed Market-1501's `query` and `bounding_box_test` folders and score the retrieval."""
     query = load_market1501_split(root, "query")
     gallery = load_market1501_split(root, "gallery")
+    embedding = {"image_size": image_size, "batch_size": batch_size, "flip": flip, "device": device}
+    embedding |= {"progress": progress, "num_workers": num_workers}
+    return _score(module, query, gallery, embedding, rerank, str(root), REPORT_NAME)
+
+
+def evaluate_reid(
+    module: nn.Module,
+    query_images: str | Path,
+    gallery_images: str | Path,
+    image_size: tuple[int, int],
+    batch_size: int = 128,
+    flip: bool = True,
+    device: torch.device | str | None = None,
+    progress: bool = True,
+    num_workers: int = 0,
+    rerank: RerankSettings | None = None,
+) -> RetrievalResult:
+    """Score retrieval from a query set to a gallery set, each a PID_CAM folder or a CSV, optionally
+    cut to some cameras (`val@1`, see `data/reid_images.py`).
+
+    The report is named after the gallery (`reid_<gallery folder>[_cam<cameras>]`), so evaluations on
+    several sets can share a report folder.
+    """
+    query, gallery = load_reid_selection(query_images), load_reid_selection(gallery_images)
+    embedding = {"image_size": image_size, "batch_size": batch_size, "flip": flip, "device": device}
+    embedding |= {"progress": progress, "num_workers": num_workers}
+    where = f"{query_images} -> {gallery_images}"
+    return _score(module, query, gallery, embedding, rerank, where, reid_report_name(gallery_images))
+
+
+def reid_report_name(gallery_images: str | Path) -> str:
+    path, _, cameras = str(gallery_images).rpartition("@")
+    if not path or Path(gallery_images).exists() or not cameras.replace(",", "").isdigit():
+        return f"reid_{Path(gallery_images).resolve().stem}"
+    return f"reid_{Path(path).resolve().stem}_cam{cameras.replace(',', '-')}"
+
+
+def _score(module, query, gallery, embedding: dict, rerank, where: str, name: str) -> RetrievalResult:
     embedded = {
-        split: compute_embeddings(
-            module,
-            list(frame["path"]),
-            image_size,
-            batch_size,
-            flip,
-            device,
-            progress,
-            num_workers,
-            label=split,
-        )
+        split: compute_embeddings(module, list(frame["path"]), label=split, **embedding)
         for split, frame in (("query", query), ("gallery", gallery))
     }
     metrics = retrieval_metrics(
@@ -137,5 +190,6 @@ def evaluate_market1501(
         embedded["gallery"].vectors,
         gallery["pid"].to_numpy(),
         gallery["camid"].to_numpy(),
+        rerank=rerank,
     )
-    return RetrievalResult(str(root), metrics, embedded["query"].xnorm, flip)
+    return RetrievalResult(where, metrics, embedded["query"].xnorm, embedding["flip"], name)

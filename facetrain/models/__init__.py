@@ -18,6 +18,7 @@ from facetrain.models import (  # noqa: F401  (fill the registry)
     small,
 )
 from facetrain.models.backbone import Backbone, ConvStage
+from facetrain.models.embedding import PooledEmbedding
 from facetrain.models.registry import BACKBONES
 
 __all__ = ["BACKBONES", "Backbone", "ConvStage", "build_backbone"]
@@ -33,6 +34,14 @@ def build_backbone(cfg: ModelConfig, image_size: tuple[int, int] | list[int] | N
     if size is not None and min(size) < 8:
         raise FacetrainError(f"image size {size[0]}x{size[1]} is too small for a backbone; use at least 8x8")
     backbone = factory(cfg.embedding_size, cfg.dropout, size)
+    if not cfg.bn_neck:
+        output = getattr(backbone, "output", None)
+        if not isinstance(output, PooledEmbedding):
+            raise FacetrainError(
+                f"model.bn_neck: false needs a backbone with a pooled re-id output (small_pooled, "
+                f"reid_r50), not {cfg.backbone}; remove model.bn_neck"
+            )
+        output.remove_neck()
     backbone.set_activation_checkpointing(cfg.activation_checkpointing)
     backbone.set_channels_last(cfg.channels_last)
     return backbone

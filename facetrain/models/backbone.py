@@ -57,6 +57,15 @@ class Backbone(nn.Sequential):
             if isinstance(module, ConvStage) and module.checkpointable:
                 module.checkpointing = enabled
 
+    def set_metric_features(self, enabled: bool) -> bool:
+        """Training forwards return `(embeddings, features before the BN neck)` for a metric loss.
+
+        Only pooled re-id outputs have such features; False when this backbone has none."""
+        outputs = [module for module in self.modules() if hasattr(module, "metric_features")]
+        for module in outputs:
+            module.metric_features = enabled
+        return bool(outputs)
+
     def set_channels_last(self, enabled: bool) -> None:
         """NHWC weights and activations, which CPU oneDNN and CUDA tensor cores run faster."""
         self.to(memory_format=torch.channels_last if enabled else torch.contiguous_format)

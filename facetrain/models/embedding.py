@@ -58,7 +58,11 @@ class PooledEmbedding(nn.Sequential):
     """The re-id output: global average pooling, then a BN neck.
 
     Pedestrian crops are not aligned, so position is pooled away; the BN neck separates the space the
-    metric losses shape from the one the classifier sees (Luo et al., "Bag of Tricks" for re-id).
+    metric losses shape from the one the classifier sees (Luo et al., "Bag of Tricks" for re-id): the
+    triplet loss pulls and pushes the features before the neck, the identity loss and retrieval use
+    them after it. With `metric_features` on, a training forward returns both, `(embeddings,
+    features)`, for a loss that needs the features (`facetrain.train.losses`); evaluation and export
+    always get the embeddings alone.
     """
 
     def __init__(self, channels: int, embedding_size: int, dropout: float):
@@ -71,3 +75,15 @@ class PooledEmbedding(nn.Sequential):
         )
         self.neck = nn.BatchNorm1d(embedding_size)
         self.neck.bias.requires_grad_(False)
+        self.metric_features = False
+
+    def remove_neck(self) -> None:
+        """Embed with the pooled features themselves (the BN-neck ablation)."""
+        self.neck = nn.Identity()
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor | tuple[torch.Tensor, torch.Tensor]:
+        features = self.reduce(self.dropout(self.flatten(self.pool(x))))
+        embeddings = self.neck(features)
+        if self.metric_features and self.training:
+            return embeddings, features
+        return embeddings

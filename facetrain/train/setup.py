@@ -35,6 +35,7 @@ from facetrain.parallel.pipeline import PipelineRuntime
 from facetrain.train.checkpoint import TrainState, load_checkpoint
 from facetrain.train.device_defaults import apply_device_defaults, resolve_device_defaults, tile_classes
 from facetrain.train.init_weights import load_initial_backbone
+from facetrain.train.losses import LossFn, build_loss
 from facetrain.train.notices import nothing_left_to_train
 from facetrain.train.optim import build_fused_optimizer, build_lr_scheduler, build_optimizer
 from facetrain.train.run_dir import check_run_dir, claim_run_dir, find_checkpoint_to_resume, write_run_config
@@ -53,6 +54,7 @@ class TrainingRun:
     model: nn.Module | None  # what the step calls without a pipeline (DDP or the backbone)
     pipeline: PipelineRuntime | None
     head: ShardedMarginHead | None  # None on pipeline stages before the last
+    loss: LossFn | None  # loss.name around the head (the head itself for 'margin'); None where head is
     optimizer: torch.optim.Optimizer
     scheduler: torch.optim.lr_scheduler.LRScheduler
     scaler: torch.amp.GradScaler
@@ -100,6 +102,7 @@ def build_training_run(cfg: Config, dims: ParallelDims, resume: str | None) -> T
         backbone, dims, cfg.parallel, batch_shape, broadcast_buffers=device_defaults.broadcast_buffers
     )
     head = build_head(cfg, dataset.num_classes, dims, backbone) if dims.is_last_stage else None
+    loss = build_loss(cfg.loss, head, local) if head is not None else None
     loader, sampler = build_train_loader(
         dataset, cfg.data, cfg.train.batch_size, dims.dp_rank, dims.dp, cfg.train.seed
     )
@@ -123,7 +126,7 @@ def build_training_run(cfg: Config, dims: ParallelDims, resume: str | None) -> T
         channels_last=cfg.model.channels_last,
     )
     return TrainingRun(
-        cfg, dims, run_dir, dataset, loader, sampler, local, model, pipeline, head,
+        cfg, dims, run_dir, dataset, loader, sampler, local, model, pipeline, head, loss,
         optimizer, scheduler, scaler, step_settings, state, checkpoint,
     )  # fmt: skip
 

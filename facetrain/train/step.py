@@ -9,7 +9,7 @@ stay on the device, so a step never waits for the host; read them at log interva
 from __future__ import annotations
 
 import contextlib
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from typing import NamedTuple
 
@@ -64,14 +64,18 @@ def train_step(
     settings: StepSettings,
     pipeline: PipelineRuntime | None = None,
     train_backbone: bool = True,
+    loss_fn: Callable[..., tuple[torch.Tensor, torch.Tensor]] | None = None,
 ) -> StepResult:
     """Consume `settings.accumulation` batches and take one optimizer step.
 
     `model` is the backbone as parallelized for data parallelism (DDP or plain); with a `pipeline` it is
     unused and the pipeline runs this rank's stage. `head` maps (embeddings, labels) to (loss, accuracy);
-    it is None on pipeline stages that do not hold it. With `train_backbone=False` (fine-tuning's first
-    steps, optim.head_only_steps) the backbone runs without autograd, so only the head learns.
+    it is None on pipeline stages that do not hold it. `loss_fn` maps the model's outputs and labels
+    to (loss, accuracy) when that is more than the head (`facetrain.train.losses`, e.g. the head plus
+    a triplet loss); None: the head. With `train_backbone=False` (fine-tuning's first steps,
+    optim.head_only_steps) the backbone runs without autograd, so only the head learns.
     """
+    criterion = head if loss_fn is None else loss_fn
     fused = getattr(head, "fused_optimizer", None)
     if fused is not None:  # the tiled head updates itself inside the backward, at the schedule's rate
         fused.param_groups[0]["lr"] = head_learning_rate(optimizer)
@@ -82,13 +86,13 @@ def train_step(
         images = images.to(settings.device, non_blocking=True, memory_format=settings.memory_format)
         labels = labels.to(settings.device, non_blocking=True)
         if pipeline is not None:
-            loss, accuracy = pipeline.step(images, labels, head)
+            loss, accuracy = pipeline.step(images, labels, criterion)
         else:
             with _sync_unless(model, micro_step == settings.accumulation - 1):
                 with settings.autocast():
                     with torch.set_grad_enabled(train_backbone):
-                        embeddings = model(images)
-                    loss, accuracy = head(embeddings, labels)
+                        outputs = model(images)
+                    loss, accuracy = criterion(outputs, labels)
                 scaler.scale(loss / settings.accumulation).backward()
         loss_sum += loss.detach()
         accuracy_sum += accuracy.detach()

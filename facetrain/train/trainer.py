@@ -96,7 +96,7 @@ def _train(run: TrainingRun) -> dict:
                 run.head.margin = margin_at_step(full_margin, state.step, cfg.head.margin_warmup_steps)
             result = train_step(
                 iter(step_batches), run.model, run.head, run.optimizer, run.scaler, run.step_settings, run.pipeline,
-                train_backbone,
+                train_backbone, run.loss,
             )  # fmt: skip
             run.scheduler.step()
             if ledger.ema is not None:

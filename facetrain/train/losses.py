@@ -1,0 +1,66 @@
+"""Training losses by name (`loss.name`): what the step minimises, given the model's outputs.
+
+`margin` is the sharded margin head alone, the face recipe. `margin_triplet` is re-id's "Bag of
+Tricks" recipe: the same head as the identity loss on the BN-neck embeddings, plus a batch-hard
+triplet loss on the features before the neck, both on the same PK batch, weighted by
+`loss.identity_weight` and `loss.triplet_weight`.
+
+With several data-parallel ranks the triplet loss is per rank: each rank's PK batch holds whole
+identities (the identity sampler deals P identities x K images to every rank), so a rank finds its
+positives and negatives in its own batch and needs no gather; DDP then averages the gradients, which
+makes the objective the mean of the ranks' triplet losses. The identity loss sees the global batch
+through the sharded head as always.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+
+import torch
+
+from facetrain.config.schema import LossConfig
+from facetrain.errors import FacetrainError
+from facetrain.models import Backbone
+from facetrain.registry import Registry
+from facetrain.train.triplet import batch_hard_triplet_loss
+
+LossFn = Callable[[object, torch.Tensor], tuple[torch.Tensor, torch.Tensor]]
+LOSSES: Registry[LossFn] = Registry("loss")
+
+
+class MarginTripletLoss:
+    """Identity loss (the margin head) on the embeddings plus batch-hard triplet on the features."""
+
+    def __init__(self, head: LossFn, identity_weight: float, triplet_weight: float, margin: float | None):
+        self.head = head
+        self.identity_weight, self.triplet_weight, self.margin = identity_weight, triplet_weight, margin
+
+    def __call__(
+        self, outputs: tuple[torch.Tensor, torch.Tensor] | torch.Tensor, labels: torch.Tensor
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        if isinstance(outputs, torch.Tensor):  # a frozen backbone (optim.head_only_steps): the head alone
+            return self.head(outputs, labels)
+        embeddings, features = outputs
+        identity, accuracy = self.head(embeddings, labels)
+        triplet = batch_hard_triplet_loss(features, labels, self.margin)
+        return self.identity_weight * identity + self.triplet_weight * triplet, accuracy
+
+
+@LOSSES.register("margin")
+def _margin(cfg: LossConfig, head: LossFn, backbone: Backbone) -> LossFn:
+    return head
+
+
+@LOSSES.register("margin_triplet")
+def _margin_triplet(cfg: LossConfig, head: LossFn, backbone: Backbone) -> LossFn:
+    if not backbone.set_metric_features(True):
+        raise FacetrainError(
+            "loss.name 'margin_triplet' needs a backbone with a pooled re-id output (small_pooled, "
+            "reid_r50), whose features before the BN neck the triplet loss uses; set model.backbone"
+        )
+    return MarginTripletLoss(head, cfg.identity_weight, cfg.triplet_weight, cfg.triplet_margin)
+
+
+def build_loss(cfg: LossConfig, head: LossFn, backbone: Backbone) -> LossFn:
+    """The loss `cfg.name` around `head`; a metric loss switches `backbone` to return its features."""
+    return LOSSES.build(cfg.name, cfg, head, backbone)

@@ -1,0 +1,102 @@
+"""The re-id recipe: batch-hard triplet loss, the BN neck's two outputs, and a tiny run that learns."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+import torch
+
+from facetrain.config.schema import LossConfig, ModelConfig
+from facetrain.errors import FacetrainError
+from facetrain.models import build_backbone
+from facetrain.train.losses import MarginTripletLoss, build_loss
+from facetrain.train.triplet import batch_hard_triplet_loss
+from tests.reid_helpers import reid_config, write_cuhk03_style
+from tests.train_helpers import run_cli
+
+
+def naive_batch_hard(features: torch.Tensor, labels: list[int], margin: float | None) -> float:
+    losses = []
+    for a in range(len(labels)):
+        distance = [float(torch.dist(features[a], features[j])) for j in range(len(labels))]
+        positives = [distance[j] for j in range(len(labels)) if labels[j] == labels[a] and j != a]
+        negatives = [distance[j] for j in range(len(labels)) if labels[j] != labels[a]]
+        if positives and negatives:
+            gap = max(positives) - min(negatives)
+            losses.append(
+                float(torch.nn.functional.softplus(torch.tensor(gap)))
+                if margin is None
+                else max(0.0, gap + margin)
+            )
+    return sum(losses) / len(losses) if losses else 0.0
+
+
+@pytest.mark.parametrize("margin", [0.3, 2.0, None])
+def test_batch_hard_triplet_matches_a_loop(margin: float | None):
+    generator = torch.Generator().manual_seed(0)
+    features = torch.randn(12, 5, generator=generator)
+    labels = [0, 0, 0, 1, 1, 1, 2, 2, 3, 3, 3, 4]  # identity 4 has no positive: not an anchor
+    got = batch_hard_triplet_loss(features, torch.tensor(labels), margin)
+    assert float(got) == pytest.approx(naive_batch_hard(features, labels, margin), rel=1e-5)
+
+
+def test_triplet_without_positives_is_zero_with_a_graph():
+    features = torch.randn(4, 3, requires_grad=True)
+    loss = batch_hard_triplet_loss(features, torch.tensor([0, 1, 2, 3]))
+    loss.backward()
+    assert float(loss.detach()) == 0.0 and torch.equal(features.grad, torch.zeros(4, 3))
+
+
+def test_bn_neck_gives_features_to_the_triplet_and_embeddings_to_the_head():
+    backbone = build_backbone(ModelConfig(backbone="small_pooled", embedding_size=24), (32, 16))
+    seen = {}
+
+    def head(embeddings, labels):
+        seen["embeddings"] = embeddings
+        return embeddings.pow(2).mean(), torch.tensor(0.5)
+
+    loss_fn = build_loss(LossConfig(name="margin_triplet", triplet_weight=2.0), head, backbone)
+    assert isinstance(loss_fn, MarginTripletLoss)
+    images, labels = torch.randn(8, 3, 32, 16), torch.tensor([0, 0, 1, 1, 2, 2, 3, 3])
+    embeddings, features = backbone(images)
+    loss, accuracy = loss_fn((embeddings, features), labels)
+    assert seen["embeddings"] is embeddings
+    assert torch.allclose(embeddings, backbone.output.neck(features))  # the neck sits between them
+    expected = embeddings.pow(2).mean() + 2.0 * batch_hard_triplet_loss(features, labels)
+    assert torch.allclose(loss, expected) and float(accuracy) == 0.5
+    backbone.eval()  # evaluation and export see the embeddings alone
+    assert backbone(images).shape == (8, 24)
+
+
+def test_bn_neck_off_and_its_errors():
+    plain = build_backbone(ModelConfig(backbone="small_pooled", embedding_size=24, bn_neck=False), (32, 16))
+    assert isinstance(plain.output.neck, torch.nn.Identity)
+    assert not any(isinstance(m, torch.nn.BatchNorm1d) for m in plain.output.modules())
+    with pytest.raises(FacetrainError, match="model.bn_neck: false needs a backbone with a pooled"):
+        build_backbone(ModelConfig(backbone="small", embedding_size=24, bn_neck=False), (32, 32))
+    face = build_backbone(ModelConfig(backbone="small", embedding_size=24), (32, 32))
+    with pytest.raises(FacetrainError, match="margin_triplet' needs a backbone with a pooled"):
+        build_loss(LossConfig(name="margin_triplet"), lambda e, y: (e.sum(), e.sum()), face)
+
+
+def test_tiny_reid_run_beats_chance(tmp_path: Path):
+    """Train the recipe (PK batches, BN neck, CosFace + triplet, erasing, warmup) on 16 synthetic people,
+    then rank 12 other people's camera-B shots for their camera-A shots through `facetrain eval`.
+
+    Chance rank-1 is 3 true matches among 36 gallery images, 8.3 %. Measured when written: rank-1 and
+    mAP 100 % after 60 steps (5 s on one core); the same model after one step (untrained) scores
+    rank-1 83 % and mAP 82 %, so the mAP bound below needs the training, not just the architecture.
+    """
+    train = write_cuhk03_style(tmp_path / "train", range(16), shots_per_camera=3)
+    val = write_cuhk03_style(tmp_path / "val", range(16, 28), shots_per_camera=3)
+    trained = run_cli("train", "-c", str(reid_config(tmp_path, train, steps=60)))
+    assert trained.returncode == 0, trained.stderr
+    result = run_cli("eval", str(tmp_path / "run"), "--reid", f"{val}@1", f"{val}@2", "--quiet")
+    assert result.returncode == 0, result.stderr
+    figures = json.loads((tmp_path / "run" / "eval" / "reid_val_cam2.json").read_text())
+    chance = 3 / 36
+    assert figures["num_queries"] == 36 and figures["num_gallery"] == 36
+    assert figures["rank1"] >= chance + 0.8, figures
+    assert figures["mAP"] >= 0.95, figures
