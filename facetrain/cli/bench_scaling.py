@@ -7,6 +7,8 @@ from pathlib import Path
 
 import click
 
+from facetrain.cli.conventions import quiet_option
+
 
 @click.command("scaling")
 @click.option(
@@ -42,6 +44,7 @@ import click
 )
 @click.option("--cases-only", is_flag=True, help="Only evaluate the user cases (no measurement: instant).")
 @click.option(
+    "-o",
     "--out",
     default="runs/bench/scaling",
     show_default=True,
@@ -49,6 +52,7 @@ import click
     help="Folder for the JSON, PNG and markdown outputs.",
 )
 @click.option("--overwrite", is_flag=True, help="Replace the outputs of an earlier run in --out.")
+@quiet_option
 def scaling_command(**options) -> None:
     """The sharded head's per-rank memory, compute and bytes on the wire as functions of C, D, b and N.
 
