@@ -145,6 +145,7 @@ BAD_TYPES = [
     "head.fused_optimizer",
     "head.compile_tiles",
     "train.deterministic",
+    "train.remap_classes",
     "eval.flip",
 ]
 

@@ -165,6 +165,9 @@ class TrainConfig:
     max_nonfinite_steps: int = setting(
         20, at_least(0)
     )  # fp16 scaler skips tolerated in a row before stopping
+    # resuming on data whose classes differ from the checkpoint's (by name, in order) is refused; true:
+    # head rows follow their class by name, new classes start fresh, classes no longer there are dropped
+    remap_classes: bool = False
 
 
 @dataclass
