@@ -110,6 +110,8 @@ def plan_tasks(source: Path, destination: Path) -> list[Task]:
     """
     if not source.is_dir():
         raise FacetrainError(f"SRC {source} is not a folder; pass a folder of images or of identity folders")
+    if destination.exists() and not destination.is_dir():
+        raise FacetrainError(f"DST {destination} is a file, not a folder; choose a folder for the crops")
     source_abs, destination_abs = source.resolve(), destination.resolve()
     if destination_abs == source_abs or source_abs in destination_abs.parents:
         raise FacetrainError(f"DST {destination} is inside SRC {source}; choose a destination outside it")

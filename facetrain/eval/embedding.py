@@ -93,7 +93,7 @@ def compute_embeddings(
     device = torch.device(device) if device is not None else _module_device(module)
     loader = DataLoader(
         _ImageDataset(images, build_eval_transform(image_size), label, skip_unreadable),
-        batch_size=batch_size,
+        batch_size=min(batch_size, len(images)),  # no batch is larger; a huge --batch-size is no overflow
         num_workers=num_workers,
         collate_fn=_collate,
     )

@@ -47,6 +47,8 @@ def balanced_pair_plan(
     When fewer mismatched pairs exist than matched ones (one or two large identities), all of them
     are taken and the set stays unbalanced; the report's baseline shows it.
     """
+    if seed < 0:
+        raise FacetrainError(f"--seed {seed}: a seed is a whole number of 0 or more")
     labels = np.asarray(labels, dtype=np.int64)
     matched_left, matched_right = _matched_pairs(labels)
     if len(matched_left) == 0:

@@ -244,9 +244,11 @@ def _load_weights_only(path: Path) -> object:
             f"{_first_reason(error)}), so it was not loaded and nothing in it ran; save `model.state_dict()` "
             "with torch.save and import that"
         ) from None
-    except (RuntimeError, OSError, EOFError, ValueError) as error:
+    except (
+        Exception
+    ) as error:  # garbage bytes read as pickle opcodes fail in any way (IndexError, KeyError...)
         raise FacetrainError(
-            f"{path}: not a readable PyTorch weights file ({_first_reason(error)})"
+            f"{path}: not a readable PyTorch weights file ({type(error).__name__}: {_first_reason(error)})"
         ) from None
 
 
