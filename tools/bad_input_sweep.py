@@ -29,6 +29,7 @@ import sys
 import tempfile
 import time
 import traceback
+import types
 import typing
 from pathlib import Path
 
@@ -65,7 +66,8 @@ def config_keys() -> list[tuple[str, type]]:
             if dataclasses.is_dataclass(hint):
                 walk(hint, f"{prefix}{field.name}.")
                 continue
-            kinds = [k for k in (typing.get_args(hint) or (hint,)) if k is not type(None)]
+            union = typing.get_origin(hint) in (typing.Union, types.UnionType)
+            kinds = [k for k in (typing.get_args(hint) if union else (hint,)) if k is not type(None)]
             kind = typing.get_origin(kinds[0]) or kinds[0]
             keys.append((prefix + field.name, kind if kind in BAD_VALUES else str))
 
