@@ -83,10 +83,10 @@ class DataConfig:
     # page-locked batches, so copies to the GPU overlap the step; null: on when training on CUDA
     pin_memory: bool | None = None
     persistent_workers: bool = False
-    prefetch_factor: int = setting(2, at_least(1))
+    prefetch_factor: int = setting(2, Within(1, 1024))
     # distributed | identity (P identities x K images)
     sampler: str = setting("distributed", Registered("facetrain.data:SAMPLERS"))
-    images_per_identity: int = setting(4, at_least(1))  # K of the identity sampler
+    images_per_identity: int = setting(4, BATCH_SIZE)  # K of the identity sampler
     augment: AugmentConfig = field(default_factory=AugmentConfig)
     synth: SynthConfig = field(default_factory=SynthConfig)
 
@@ -94,7 +94,7 @@ class DataConfig:
 @dataclass
 class ModelConfig:
     backbone: str = setting("r50", Registered("facetrain.models:BACKBONES"))
-    embedding_size: int = setting(512, at_least(1))
+    embedding_size: int = setting(512, Within(1, 2**16))
     dropout: float = setting(0.0, FRACTION)
     activation_checkpointing: bool = False
     channels_last: bool = False
@@ -118,7 +118,7 @@ class HeadConfig:
     margin_warmup_steps: int = setting(0, at_least(0))
     # sub-center ArcFace: K centres a class, a class's cosine is its nearest centre's; K > 1 lets a class
     # with noisy or varied photos keep its outliers on a centre of their own (untiled head only)
-    sub_centers: int = setting(1, at_least(1))
+    sub_centers: int = setting(1, Within(1, 1024))
     # untiled (fastest: one B x C/N logit buffer) | tiled (B x tile_classes logits at a time) | auto:
     # untiled when its weight, gradient, optimizer state and logits fit in half the free device memory
     mode: str = setting("auto", OneOf(("auto", "untiled", "tiled")))
@@ -159,7 +159,7 @@ class OptimConfig:
 class TrainConfig:
     output_dir: str = setting("runs/default", NotEmpty(), path=True)
     batch_size: int = setting(128, BATCH_SIZE)  # per rank
-    steps: int = setting(1000, at_least(1))  # optimizer steps
+    steps: int = setting(1000, Within(1, 10**9))  # optimizer steps; 1e20 would never end
     seed: int = setting(0, SEED)
     precision: str = setting("fp32", OneOf(PRECISIONS))  # fp16 needs CUDA
     deterministic: bool = False
@@ -193,7 +193,7 @@ class ParallelConfig:
     # by at most this
     timeout_s: float = setting(300.0, TIMEOUT_S)
     pipeline_stages: int = setting(1, at_least(1))  # and dividing the world size
-    microbatches: int = setting(4, at_least(1))  # and dividing train.batch_size
+    microbatches: int = setting(4, BATCH_SIZE)  # and dividing train.batch_size
     schedule: str = setting("gpipe", Registered("facetrain.parallel.pipeline:PIPELINE_SCHEDULES"))  # | 1f1b
     split_points: list[str] = setting([], EachNotEmpty())  # module names; empty: balance by cost
 
