@@ -74,3 +74,16 @@ def refuse_to_overwrite(paths: Iterable[Path], flag: str = "--overwrite") -> Non
     existing = [path for path in paths if path.exists()]
     if existing:
         raise FacetrainError(f"{existing[0]} already exists; pass {flag} to replace it")
+
+
+def make_output_folder(path: Path, option: str) -> None:
+    """Create the output folder `path` (given as `option`), or say in one line why it cannot be: a file
+    of that name, a file where a parent folder belongs, no permission."""
+    try:
+        path.mkdir(parents=True, exist_ok=True)
+    except FileExistsError:
+        raise FacetrainError(f"{option} {path} is a file, not a folder; choose another {option}") from None
+    except OSError as error:
+        raise FacetrainError(
+            f"cannot create {option} {path}: {error.strerror or error}; choose another {option}"
+        ) from None

@@ -157,6 +157,7 @@ BAD_TYPES = [
     "head.fused_optimizer",
     "head.compile_tiles",
     "train.deterministic",
+    "train.remap_classes",
     "eval.flip",
 ]
 
@@ -457,7 +458,7 @@ def test_a_python_tag_is_one_line_with_the_line_number_and_runs_nothing(tmp_path
 
 
 def test_validate_names_no_file_when_none_is_given():
-    with pytest.raises(FacetrainError, match=r"^config: train.steps = 0: must be >= 1$"):
+    with pytest.raises(FacetrainError, match=r"^config: train.steps = 0: must be in \[1, 1000000000\]$"):
         validate(load_config(overrides=["train.steps=0"]))
 
 

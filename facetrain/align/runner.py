@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import multiprocessing
 import os
+import sys
 from pathlib import Path
 from typing import NamedTuple
 
@@ -31,7 +32,7 @@ from facetrain.align.report import (
     write_report,
 )
 from facetrain.align.transform import center_crop
-from facetrain.data.decode import IMAGE_EXTENSIONS, BadImageError, decode_image
+from facetrain.data.decode import IMAGE_EXTENSIONS, BadImageError, decode_image, left_out_warnings
 from facetrain.errors import FacetrainError
 from facetrain.files import atomic_target, refuse_to_overwrite
 from facetrain.progress import ProgressBar
@@ -109,6 +110,8 @@ def plan_tasks(source: Path, destination: Path) -> list[Task]:
     """
     if not source.is_dir():
         raise FacetrainError(f"SRC {source} is not a folder; pass a folder of images or of identity folders")
+    if destination.exists() and not destination.is_dir():
+        raise FacetrainError(f"DST {destination} is a file, not a folder; choose a folder for the crops")
     source_abs, destination_abs = source.resolve(), destination.resolve()
     if destination_abs == source_abs or source_abs in destination_abs.parents:
         raise FacetrainError(f"DST {destination} is inside SRC {source}; choose a destination outside it")
@@ -143,7 +146,8 @@ def align_folder(
     """Align every image under `source` into the same tree under `destination` and write the report.
 
     Images without a face are skipped (`fallback="skip"`) or centre-cropped (`"center"`); both are
-    listed in the report CSV (default `destination/align_report.csv`), as are unreadable images.
+    listed in the report CSV (default `destination/align_report.csv`), as are unreadable images
+    (corrupt, not images, over the pixel limit), which are also named on stderr.
     """
     source, destination = Path(source), Path(destination)
     report_path = Path(report) if report is not None else destination / REPORT_NAME
@@ -166,6 +170,9 @@ def align_folder(
             if outcome.status != ALIGNED:
                 not_aligned += 1
                 bar.set_postfix_str(f"{not_aligned} not aligned")
+    unreadable = sorted(outcome for outcome in outcomes if outcome.status == UNREADABLE)
+    for line in left_out_warnings([outcome.message for outcome in unreadable]):
+        ProgressBar.write(line, file=sys.stderr)
     report_path.parent.mkdir(parents=True, exist_ok=True)
     write_report(outcomes, report_path)
     return summarize(outcomes, destination, report_path)

@@ -21,6 +21,8 @@ from facetrain.errors import FacetrainError
 from facetrain.registry import Registry
 
 TEMPLATE_HEIGHT = 112
+SMALLEST_CROP = 16
+LARGEST_CROP = 4096
 ARCFACE_TEMPLATE_112 = np.array(
     [
         [38.2946, 51.6963],
@@ -44,13 +46,17 @@ def reference_points(size: tuple[int, int]) -> np.ndarray:
 
 
 def parse_crop_size(text: str) -> tuple[int, int]:
-    """`112` (square) or `HEIGHTxWIDTH` such as `112x96`."""
+    """`112` (square) or `HEIGHTxWIDTH` such as `112x96`; each side at most LARGEST_CROP, as a crop of
+    100000x100000 would take 30 GB for every face."""
     parts = text.lower().split("x")
-    if len(parts) in (1, 2) and all(part.strip().isdigit() and int(part) >= 16 for part in parts):
+    if len(parts) in (1, 2) and all(
+        part.strip().isdigit() and SMALLEST_CROP <= int(part) <= LARGEST_CROP for part in parts
+    ):
         height = int(parts[0])
         return height, int(parts[-1])
     raise FacetrainError(
-        f"--size {text!r}: give one number for a square crop (112) or HEIGHTxWIDTH (112x96), each >= 16"
+        f"--size {text!r}: give one number for a square crop (112) or HEIGHTxWIDTH (112x96), each from "
+        f"{SMALLEST_CROP} to {LARGEST_CROP}"
     )
 
 

@@ -159,6 +159,11 @@ def read_meta(checkpoint: Path) -> dict:
     return _read(checkpoint, "meta.json")
 
 
+def read_classes(checkpoint: Path) -> list[str]:
+    """The class names of the head's rows, in row order."""
+    return [str(name) for name in _read(checkpoint, "classes.json")]
+
+
 def read_config(checkpoint: Path) -> Config:
     path = checkpoint / "config.yaml"
     return from_dict(Config, _read(checkpoint, "config.yaml"), source=str(path))
@@ -205,6 +210,30 @@ def read_class_rows(checkpoint: Path, index: dict, prefix: str, start: int, coun
             f"checkpoint {checkpoint} does not cover classes {start}..{start + count} of {prefix}"
         )
     return rows
+
+
+def read_class_rows_at(checkpoint: Path, index: dict, prefix: str, rows: list[int]) -> torch.Tensor:
+    """Rows `rows`, in that order, of a per-class tensor stored as range shards under `prefix`; each
+    shard holding any of them is read once."""
+    wanted = torch.as_tensor(rows, dtype=torch.long)
+    found = torch.zeros(len(rows), dtype=torch.bool)
+    gathered = None
+    for key in index:
+        if not (is_range_key(key) and key.rsplit("/", 1)[0] == prefix):
+            continue
+        start, count = parse_range_key(key)
+        inside = (wanted >= start) & (wanted < start + count)
+        if not inside.any():
+            continue
+        shard = load_tensors(checkpoint, [key], index)[key]
+        if gathered is None:
+            gathered = shard.new_empty((len(rows), *shard.shape[1:]))
+        gathered[inside] = shard[wanted[inside] - start]
+        found |= inside
+    if gathered is None or not found.all():
+        missing = int(wanted[~found][0]) if len(rows) else 0
+        raise FacetrainError(f"checkpoint {checkpoint} does not cover class {missing} of {prefix}")
+    return gathered
 
 
 def load_backbone_weights(

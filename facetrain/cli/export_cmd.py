@@ -178,8 +178,8 @@ def embed(
       facetrain embed runs/demo/export raw_photos/ -o faces.npy --align
       facetrain embed exported/model.torchscript.pt photos/ -o faces.parquet --batch-size 128
     """
-    from facetrain.eval.embedding import embed_images
     from facetrain.export.compare import default_flip
+    from facetrain.export.embed_paths import embed_paths
     from facetrain.export.embedding_files import embeddings_writer
     from facetrain.export.inputs import collect_images
     from facetrain.export.loading import load_model
@@ -188,20 +188,13 @@ def embed(
     images = collect_images(paths)
     model = load_model(model_path, device=_resolve_device(device))
     flip = default_flip(model.card) if flip is None else flip
-    aligner = _aligner(align, detector, model.image_size)
-    embedded, inputs = images, images
-    if aligner is not None:
-        from facetrain.align.batch import align_images
-
-        embedded, inputs, faceless = align_images(aligner, images)
-        if faceless:
-            click.echo(f"left out {len(faceless)} images without a face, e.g. {faceless[0]}", err=True)
-        if not embedded:
-            raise FacetrainError("no face found in any of the images; nothing to embed")
-    vectors = embed_images(model.module, inputs, model.image_size, batch_size=batch_size, flip=flip)
-    written = write([str(path) for path in embedded], vectors)
+    result = embed_paths(model, images, batch_size, flip, _aligner(align, detector, model.image_size))
+    for line in result.warnings():
+        click.echo(line, err=True)
+    written = write([str(path) for path in result.paths], result.vectors)
     click.echo(
-        f"wrote {len(embedded)} embeddings of size {vectors.shape[1]} to {', '.join(map(str, written))}"
+        f"wrote {len(result.paths)} embeddings of size {result.vectors.shape[1]} to "
+        f"{', '.join(map(str, written))}{result.left_out()}"
     )
 
 

@@ -12,6 +12,7 @@ import copy
 import dataclasses
 import importlib
 import math
+import os
 from collections.abc import Iterable
 from typing import Any, Protocol
 
@@ -24,11 +25,12 @@ class Check(Protocol):
 
 
 def setting(default: Any, *checks: Check, path: bool = False) -> Any:
-    """A dataclass field with its checks; `path` marks a path whose `~` the loader expands.
+    """A dataclass field with its checks; `path` marks a path whose `~` the loader expands, and which
+    the file system must be able to name (`PathName`).
 
     A list or dict default is copied for every instance, as dataclasses require of mutable defaults.
     """
-    metadata = {CHECKS: checks, IS_PATH: path}
+    metadata = {CHECKS: (*checks, PathName()) if path else checks, IS_PATH: path}
     if isinstance(default, list | dict):
         return dataclasses.field(default_factory=lambda: copy.deepcopy(default), metadata=metadata)
     return dataclasses.field(default=default, metadata=metadata)
@@ -50,6 +52,14 @@ def _finite(value: Any) -> bool:
     return isinstance(value, int | float) and not isinstance(value, bool) and math.isfinite(value)
 
 
+# The largest float32: settings become float32 tensors and optimizer arguments, where 1e308 overflows
+FLOAT32_MAX = 3.4028234663852886e38
+
+
+def _fits_float32(value: Any) -> bool:
+    return not isinstance(value, float) or abs(value) <= FLOAT32_MAX
+
+
 @dataclasses.dataclass(frozen=True)
 class Within:
     """A finite number between bounds; `brackets` says which ends are included, as in "[0, 1)"."""
@@ -66,7 +76,7 @@ class Within:
         return f"in {self.brackets[0]}{_number(self.low)}, {_number(self.high)}{self.brackets[1]}"
 
     def accepts(self, value: Any) -> bool:
-        if not _finite(value):
+        if not (_finite(value) and _fits_float32(value)):
             return False
         if self.low is not None and not (value >= self.low if self.brackets[0] == "[" else value > self.low):
             return False
@@ -75,6 +85,8 @@ class Within:
     def problem(self, value: Any) -> str | None:
         if self.accepts(value):
             return None
+        if _finite(value) and not _fits_float32(value) and self.high is None:
+            return f"must be {self.describe()}, and within float32's range (at most {FLOAT32_MAX:.3g})"
         return f"must be {'' if _finite(value) else 'a finite number '}{self.describe()}"
 
 
@@ -140,6 +152,22 @@ class RegisteredSuffix:
 class NotEmpty:
     def problem(self, value: Any) -> str | None:
         return None if len(value) else "must not be empty"
+
+
+@dataclasses.dataclass(frozen=True)
+class PathName:
+    """A path the file system can look up: no NUL byte, and no part longer than a file name may be
+    (255 bytes on Linux, macOS and Windows' NTFS), which os.stat would raise on, not merely miss."""
+
+    longest: int = 255
+
+    def problem(self, value: Any) -> str | None:
+        if "\0" in value:
+            return "must not contain a NUL character"
+        too_long = next((part for part in value.split("/") if len(os.fsencode(part)) > self.longest), None)
+        if too_long is None:
+            return None
+        return f"a path part of {len(os.fsencode(too_long))} bytes is longer than a file name may be ({self.longest})"
 
 
 @dataclasses.dataclass(frozen=True)

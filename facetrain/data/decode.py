@@ -1,7 +1,9 @@
 """Image decoding shared by every source: one place that turns bytes or a path into RGB pixels.
 
 OpenCV is used because it decodes JPEG/PNG several times faster than PIL on one core, which is what
-lets a single DataLoader worker keep up with a training step.
+lets a single DataLoader worker keep up with a training step. Its own log lines (`[ WARN:0@0.1] global
+grfmt_png.cpp ... PNG input buffer is incomplete`) are silenced for the whole process: facetrain says
+what is wrong with an image in one line of its own, which they would otherwise precede.
 """
 
 from __future__ import annotations
@@ -11,9 +13,13 @@ from pathlib import Path
 import cv2
 import numpy as np
 
+from facetrain.data.image_header import HEADER_BYTES, image_format, oversize_problem
 from facetrain.errors import FacetrainError
 
+cv2.utils.logging.setLogLevel(cv2.utils.logging.LOG_LEVEL_SILENT)
+
 IMAGE_EXTENSIONS = (".jpg", ".jpeg", ".png", ".bmp", ".pgm", ".ppm", ".webp")
+LEFT_OUT_NAMED = 5  # unreadable images named one by one; the rest are counted
 
 _WORKER_MESSAGE_START = "Caught "
 _WORKER_TRACEBACK_MARK = "Original Traceback"
@@ -66,8 +72,45 @@ def decode_image(data: bytes | str | Path, name: str | None = None) -> np.ndarra
         data = read_file_bytes(data)
     else:
         label = name or "<image bytes>"
-    buffer = np.frombuffer(data, dtype=np.uint8)
-    image = cv2.imdecode(buffer, cv2.IMREAD_COLOR) if buffer.size else None
+    too_large = oversize_problem(data, label)
+    if too_large is not None:
+        raise BadImageError(too_large)
+    if not data or _cut_short_png(data):
+        raise BadImageError(f"image {label} is corrupt or not an image")
+    image = cv2.imdecode(np.frombuffer(data, dtype=np.uint8), cv2.IMREAD_COLOR)
     if image is None:
         raise BadImageError(f"image {label} is corrupt or not an image")
     return cv2.cvtColor(image, cv2.COLOR_BGR2RGB)
+
+
+def _cut_short_png(data: bytes) -> bool:
+    """A PNG without its closing IEND chunk (a download or copy cut short): refused before libpng,
+    which would print a line of its own to stderr that no log level silences."""
+    return image_format(data) == "png" and data.rfind(b"IEND") == -1
+
+
+def image_file_problem(path: str | Path) -> str | None:
+    """Why the file at `path` is not an image facetrain can decode, or None; cheap enough for every file
+    of a folder. Its header is read, and only a file whose format the header reader does not know (a
+    text file named .jpg, an empty one, a TIFF) is decoded in full."""
+    try:
+        with open(path, "rb") as handle:
+            head = handle.read(HEADER_BYTES)
+    except OSError as error:
+        return f"cannot read image {path}: {error.strerror}"
+    if image_format(head) is not None:
+        return oversize_problem(head, str(path))
+    try:
+        decode_image(path)
+    except BadImageError as error:
+        return str(error)
+    return None
+
+
+def left_out_warnings(problems: list[str]) -> list[str]:
+    """Warning lines for images a command left out because they cannot be read: the first few named
+    (each problem names its file), the rest counted, so a folder of thousands does not flood the terminal."""
+    lines = [f"warning: left out {problem}" for problem in problems[:LEFT_OUT_NAMED]]
+    if len(problems) > LEFT_OUT_NAMED:
+        lines.append(f"warning: left out {len(problems) - LEFT_OUT_NAMED} more unreadable images")
+    return lines

@@ -9,7 +9,7 @@ drives it up and a collapse shows there first.
 from __future__ import annotations
 
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 
 import numpy as np
@@ -17,7 +17,7 @@ import torch
 from torch import nn
 from torch.utils.data import DataLoader, Dataset
 
-from facetrain.data.decode import decode_image
+from facetrain.data.decode import BadImageError, decode_image
 from facetrain.data.transforms import RESIZE_AREA, Transform, build_eval_transform
 from facetrain.progress import ProgressBar
 
@@ -26,28 +26,47 @@ ImageInput = np.ndarray | str | Path | bytes
 
 @dataclass(frozen=True)
 class Embeddings:
-    """Embeddings (N, D) float32, L2-normalized unless asked otherwise, and the XNorm of the raw ones."""
+    """Embeddings (N, D) float32, L2-normalized unless asked otherwise, and the XNorm of the raw ones;
+    with `skip_unreadable`, `unreadable` maps the position of each image left out to why, and `vectors`
+    holds the others' rows."""
 
     vectors: np.ndarray
     xnorm: float
+    unreadable: dict[int, str] = field(default_factory=dict)
 
 
 class _ImageDataset(Dataset):
     """Decodes (paths or encoded bytes) and preprocesses lazily, so DataLoader workers can share the work."""
 
-    def __init__(self, images: Sequence[ImageInput], transform: Transform, label: str):
+    def __init__(self, images: Sequence[ImageInput], transform: Transform, label: str, skip_unreadable: bool):
         self.images = images
         self.transform = transform
         self.label = label
+        self.skip_unreadable = skip_unreadable
 
     def __len__(self) -> int:
         return len(self.images)
 
-    def __getitem__(self, index: int) -> torch.Tensor:
+    def __getitem__(self, index: int) -> tuple[int, torch.Tensor | str]:
+        """The image's position and its tensor, or (skip_unreadable) why it cannot be read."""
         image = self.images[index]
         if not isinstance(image, np.ndarray):
-            image = decode_image(image, name=f"{self.label}[{index}]" if isinstance(image, bytes) else None)
-        return self.transform(image)
+            try:
+                image = decode_image(
+                    image, name=f"{self.label}[{index}]" if isinstance(image, bytes) else None
+                )
+            except BadImageError as error:
+                if not self.skip_unreadable:
+                    raise
+                return index, str(error)
+        return index, self.transform(image)
+
+
+def _collate(items: list[tuple[int, torch.Tensor | str]]) -> tuple[torch.Tensor | None, dict[int, str]]:
+    """The batch of readable images (None when there is none) and the reasons of the others."""
+    tensors = [item for _, item in items if torch.is_tensor(item)]
+    unreadable = {index: item for index, item in items if not torch.is_tensor(item)}
+    return (torch.stack(tensors) if tensors else None), unreadable
 
 
 def compute_embeddings(
@@ -62,6 +81,7 @@ def compute_embeddings(
     label: str = "images",
     interpolation: str = RESIZE_AREA,
     normalized: bool = True,
+    skip_unreadable: bool = False,
 ) -> Embeddings:
     """Embed decoded uint8 RGB arrays, image paths or encoded image bytes with `module`.
 
@@ -69,19 +89,22 @@ def compute_embeddings(
     call this mid-training. `device` defaults to the device of the module's parameters. Images of
     another size are resized by `interpolation` (`facetrain.data.transforms`: the model card says
     which its model expects). `normalized=False` keeps the (flip-summed) embeddings' norms, which
-    IJB's template pooling weighs faces by.
+    IJB's template pooling weighs faces by. An image that cannot be read stops the whole batch (an
+    evaluation needs every image of its pairs), or with `skip_unreadable` is left out and named in
+    the result, so one bad file of thousands costs nothing embedded before it.
     """
     if len(images) == 0:
         raise ValueError("no images to embed")
     device = torch.device(device) if device is not None else _module_device(module)
     loader = DataLoader(
-        _ImageDataset(images, build_eval_transform(image_size, interpolation), label),
-        batch_size=batch_size,
+        _ImageDataset(images, build_eval_transform(image_size, interpolation), label, skip_unreadable),
+        batch_size=min(batch_size, len(images)),  # no batch is larger; a huge --batch-size is no overflow
         num_workers=num_workers,
+        collate_fn=_collate,
     )
     was_training = module.training
     module.eval()
-    vectors, norms = [], []
+    vectors, norms, unreadable = [], [], {}
     try:
         with (
             torch.no_grad(),
@@ -89,7 +112,11 @@ def compute_embeddings(
                 total=len(images), desc=f"embedding {label}", unit="img", disable=not progress
             ) as bar,
         ):
-            for batch in loader:
+            for batch, left_out in loader:
+                unreadable.update(left_out)
+                bar.update(len(left_out))
+                if batch is None:
+                    continue
                 batch = batch.to(device)
                 raw = module(batch)
                 if raw.ndim != 2:
@@ -103,7 +130,9 @@ def compute_embeddings(
                 bar.update(len(batch))
     finally:
         module.train(was_training)
-    return Embeddings(torch.cat(vectors).numpy(), float(torch.cat(norms).mean()))
+    if not vectors:
+        return Embeddings(np.zeros((0, 0), np.float32), float("nan"), unreadable)
+    return Embeddings(torch.cat(vectors).numpy(), float(torch.cat(norms).mean()), unreadable)
 
 
 def embed_images(

@@ -11,17 +11,20 @@ from __future__ import annotations
 import csv
 import io
 import os
+import sys
 from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
 
+from facetrain.data.decode import image_file_problem, left_out_warnings
 from facetrain.data.folder import scan_image_folder
 from facetrain.errors import FacetrainError
 from facetrain.eval.folds import DEFAULT_FOLD_SEED, DEFAULT_FOLDS, FOLDS_STRATIFIED, stratified_folds
 from facetrain.eval.pair_set import PairSet
 from facetrain.files import atomic_write_text, refuse_to_overwrite
+from facetrain.progress import ProgressBar
 
 SAMPLING_BATCH = 4096
 
@@ -44,6 +47,8 @@ def balanced_pair_plan(
     When fewer mismatched pairs exist than matched ones (one or two large identities), all of them
     are taken and the set stays unbalanced; the report's baseline shows it.
     """
+    if seed < 0:
+        raise FacetrainError(f"--seed {seed}: a seed is a whole number of 0 or more")
     labels = np.asarray(labels, dtype=np.int64)
     matched_left, matched_right = _matched_pairs(labels)
     if len(matched_left) == 0:
@@ -84,12 +89,24 @@ def balanced_pair_set(
 def folder_pair_set(
     root: str | Path, seed: int = DEFAULT_FOLD_SEED, num_folds: int = DEFAULT_FOLDS
 ) -> PairSet:
-    """Balanced pairs over an image folder `root/<identity>/<image>`."""
+    """Balanced pairs over an image folder `root/<identity>/<image>`.
+
+    Files named like images that are not (a text file called .jpg, an empty download, a photo over
+    facetrain's pixel limit) are left out with a warning naming them: in the pair set they would stop
+    its evaluation half-way, after the model had embedded everything before them.
+    """
     root = Path(root)
     if not root.is_dir():
         raise FacetrainError(f"{root} is not a folder; pass a folder of identities, ROOT/<identity>/<image>")
     table = scan_image_folder(root)
-    return balanced_pair_set(table.reader.paths, table.labels, os.path.abspath(root), seed, num_folds)
+    problems = [image_file_problem(path) for path in table.reader.paths]
+    kept = [index for index, problem in enumerate(problems) if problem is None]
+    for line in left_out_warnings([problem for problem in problems if problem is not None]):
+        ProgressBar.write(line, file=sys.stderr)
+    if not kept:
+        raise FacetrainError(f"none of the {len(problems)} files under {root} is a readable image")
+    paths = [table.reader.paths[index] for index in kept]
+    return balanced_pair_set(paths, table.labels[kept], os.path.abspath(root), seed, num_folds)
 
 
 def write_pairs_csv(pairs: PairSet, out: str | Path, overwrite: bool = False) -> Path:

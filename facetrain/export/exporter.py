@@ -15,7 +15,7 @@ from facetrain.export.card import CARD_NAME, with_verification_report, write_car
 from facetrain.export.formats import DEFAULT_FORMATS, export_format
 from facetrain.export.loading import LoadedModel, load_model
 from facetrain.export.safetensors_format import HEAD_NAME, write_head
-from facetrain.files import atomic_target, refuse_to_overwrite
+from facetrain.files import atomic_target, make_output_folder, refuse_to_overwrite
 from facetrain.progress import ProgressBar
 
 CLASSES_NAME = "classes.json"
@@ -68,7 +68,7 @@ def export_loaded(
         targets += [out_dir / HEAD_NAME, out_dir / CLASSES_NAME]
     if not overwrite:
         refuse_to_overwrite(targets)
-    out_dir.mkdir(parents=True, exist_ok=True)
+    make_output_folder(out_dir, "-o")
 
     card = dict(loaded.card, files={})
     if verification_report is not None:

@@ -311,8 +311,8 @@ def load_weights_only(path: Path) -> object:
         ) from None
     except Exception as error:  # torch.load on bytes it did not write fails in many ways, all the same here
         raise FacetrainError(
-            f"{path}: not a readable PyTorch weights file ({_first_reason(error)}); pass the backbone.pth "
-            "that torch.save wrote, or an insightface .onnx"
+            f"{path}: not a readable PyTorch weights file ({type(error).__name__}: {_first_reason(error)}); "
+            "pass the backbone.pth that torch.save wrote, or an insightface .onnx"
         ) from None
 
 

@@ -25,6 +25,7 @@ from facetrain.checkpoints import (
     load_backbone_weights,
     range_key,
     read_class_rows,
+    read_class_rows_at,
     read_config,
     read_meta,
     resolve_checkpoint,
@@ -234,6 +235,7 @@ def load_checkpoint(
     optimizer: torch.optim.Optimizer,
     scaler: torch.amp.GradScaler | None,
     optimizer_name: str | None = None,
+    class_rows: list[int | None] | None = None,
 ) -> TrainState:
     """Restore everything into already-built objects; the head is resharded by class range.
 
@@ -241,7 +243,9 @@ def load_checkpoint(
     and `head` None on a stage without one. A run resumed with another `optimizer_name` (optim.name)
     than the checkpoint's starts that optimizer's state fresh, with a warning: one optimizer's state
     (SGD's momentum) means nothing to another (AdamW's moments), and the weights, step and schedule
-    are what a run continues from.
+    are what a run continues from. `class_rows` (train.remap_classes, see
+    `facetrain.train.class_remap`) gives, for each class of this run, its row in the checkpoint or None:
+    the head's rows are then taken by class, and its optimizer state starts fresh.
     """
     checkpoint = resolve_checkpoint(path)
     meta = read_meta(checkpoint)
@@ -253,10 +257,8 @@ def load_checkpoint(
             f"{optimizer_name}: {trained_with}'s state cannot seed {optimizer_name}'s, so {optimizer_name} "
             f"starts with fresh state; the weights, step {meta['step']} and the schedule carry on"
         )
-    if head is not None and (meta["num_classes"], meta["embedding_size"]) != (
-        head.num_classes,
-        head.embedding_size,
-    ):
+    classes_fit = head is None or class_rows is not None or meta["num_classes"] == head.num_classes
+    if head is not None and not (classes_fit and meta["embedding_size"] == head.embedding_size):
         raise FacetrainError(
             f"checkpoint {checkpoint} has {meta['num_classes']} classes x {meta['embedding_size']} dims, "
             f"but this run has {head.num_classes} x {head.embedding_size}; is it the same dataset and model?"
@@ -271,7 +273,9 @@ def load_checkpoint(
     for key, value in load_tensors(checkpoint, backbone_keys if keep_state else [], index).items():
         restored.setdefault(named[_param_name(key)], {})[key.rsplit("/", 1)[1]] = value
     restore_optimizer_state(optimizer, restored)
-    if head is not None:
+    if head is not None and class_rows is not None:
+        _load_head_by_class(checkpoint, index, head, class_rows)
+    elif head is not None:
         head_state = _load_head(checkpoint, index, head, keep_state)
         if head_state:
             restore_optimizer_state(head.fused_optimizer or optimizer, {head.weight: head_state})
@@ -364,6 +368,26 @@ def _load_head(
         else:
             values[state_key] = load_tensors(checkpoint, [key], index)[key]
     return values
+
+
+def _load_head_by_class(
+    checkpoint: Path, index: dict, head: ShardedMarginHead, class_rows: list[int | None]
+) -> None:
+    """Fill this rank's rows of classes the checkpoint has from their rows there; the others keep
+    their fresh initialisation."""
+    mine = class_rows[head.class_start : head.class_stop]
+    positions = [position for position, row in enumerate(mine) if row is not None]
+    if not positions:
+        return
+    weight = read_class_rows_at(checkpoint, index, "head/weight", [mine[p] for p in positions])
+    rows = head.per_class(head.weight)
+    if weight.shape[1] != rows.shape[1]:
+        raise FacetrainError(
+            f"{checkpoint}: its head has {weight.shape[1] // head.embedding_size} sub-centers a class, "
+            f"this run {head.sub_centers}; set head.sub_centers to match"
+        )
+    with torch.no_grad():
+        rows[torch.tensor(positions, device=rows.device)] = weight.to(rows.device, rows.dtype)
 
 
 def restore_optimizer_state(

@@ -33,6 +33,7 @@ from facetrain.parallel.dims import ParallelDims
 from facetrain.parallel.parallelize import parallelize_backbone
 from facetrain.parallel.pipeline import PipelineRuntime
 from facetrain.train.checkpoint import TrainState, load_checkpoint
+from facetrain.train.class_remap import match_classes
 from facetrain.train.device_defaults import apply_device_defaults, resolve_device_defaults, tile_classes
 from facetrain.train.init_weights import load_initial_backbone
 from facetrain.train.losses import LossFn, build_loss
@@ -87,6 +88,9 @@ def build_training_run(cfg: Config, dims: ParallelDims, resume: str | None) -> T
     # host-side waits go through the CPU group; every rank scans the data at once, not after rank 0
     comm.primary_first(lambda: prepare_train_data(cfg.data), also_others=False, group=dims.control_group)
     dataset = comm.on_every_rank(lambda: build_train_dataset(cfg.data), group=dims.control_group)
+    remap = None
+    if checkpoint is not None:  # before classes.json is replaced: the run's record of what its rows mean
+        remap = match_classes(checkpoint, dataset.class_names, cfg.data.path, cfg.train.remap_classes)
     if dims.is_primary:
         (run_dir / "classes.json").write_text(json.dumps(dataset.class_names))
 
@@ -112,9 +116,14 @@ def build_training_run(cfg: Config, dims: ParallelDims, resume: str | None) -> T
 
     state = TrainState()
     if checkpoint is not None:
-        state = load_checkpoint(checkpoint, dims, local, head, optimizer, scaler, cfg.optim.name)
+        class_rows = None if remap is None else remap.rows
+        state = load_checkpoint(checkpoint, dims, local, head, optimizer, scaler, cfg.optim.name, class_rows)
+        if remap is not None:  # the sample position belongs to the data the checkpoint was trained on
+            state.consumed = 0
         if dims.is_primary:
             tqdm.write(f"resumed from {checkpoint} at step {state.step}")
+            if remap is not None:
+                tqdm.write(remap.describe())
             if (note := nothing_left_to_train(state.step, cfg.train.steps)) is not None:
                 tqdm.write(note)
     scheduler = build_lr_scheduler(optimizer, cfg.optim, cfg.train.steps, start_step=state.step)
