@@ -12,7 +12,7 @@ from pathlib import Path
 
 import torch
 
-from facetrain.checkpoints import resolve_checkpoint
+from facetrain.checkpoints import is_range_key, parse_range_key, resolve_checkpoint
 from facetrain.parallel.checkpoint_io import load_tensors, tensor_index
 from tests.train_helpers import REPO
 
@@ -102,3 +102,34 @@ def kill_all(process: subprocess.Popen) -> None:
     if process.poll() is None:
         signal_group(process, signal.SIGKILL)
     process.communicate()
+
+
+def is_weight_or_optimizer_state(key: str) -> bool:
+    """What training computes from the gradients; not batch-norm's running statistics (each replica's
+    own average of the batches it saw) nor the per-rank RNG streams."""
+    return not key.startswith("rng/") and not key.endswith(
+        ("running_mean", "running_var", "num_batches_tracked")
+    )
+
+
+def trained_tensors(path: Path) -> dict[str, torch.Tensor]:
+    """The weights and optimizer state of a checkpoint on any world size: class-range shards joined."""
+    shards: dict[str, list[tuple[int, torch.Tensor]]] = {}
+    for key, tensor in checkpoint_tensors(path).items():
+        if is_weight_or_optimizer_state(key):
+            name, start = (key.rsplit("/", 1)[0], parse_range_key(key)[0]) if is_range_key(key) else (key, 0)
+            shards.setdefault(name, []).append((start, tensor))
+    return {
+        name: torch.cat([t for _, t in sorted(parts, key=lambda part: part[0])])
+        for name, parts in shards.items()
+    }
+
+
+def assert_same_weights(actual: Path, expected: Path, tolerance: float = 1e-5) -> None:
+    """Equal to `tolerance` (fp32), whatever world sizes wrote them: a run that changed its world size
+    sums each gradient in another order (over ranks or over micro-batches, the head's softmax over
+    other class shards), which float addition does not keep bit for bit."""
+    got, want = trained_tensors(actual), trained_tensors(expected)
+    assert sorted(got) == sorted(want)
+    for key, tensor in want.items():
+        assert torch.allclose(got[key].double(), tensor.double(), rtol=0, atol=tolerance), f"{key} differs"

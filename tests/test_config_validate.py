@@ -28,6 +28,8 @@ BAD_VALUES = [
     (["data.num_workers=-1"], "data.num_workers", "-1"),
     (["train.log_every=0"], "train.log_every", "0"),
     (["train.checkpoint_every=0"], "train.checkpoint_every", "0"),
+    (["train.checkpoint_every_minutes=0"], "train.checkpoint_every_minutes", "0.0"),
+    (["train.global_batch=0"], "train.global_batch", "0"),
     (["optim.grad_accumulation=0"], "optim.grad_accumulation", "0"),
     (["optim.momentum=-0.5"], "optim.momentum", "-0.5"),
     # absurdly large: bounded, not an overflow inside a rank (issue 25)

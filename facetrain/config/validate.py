@@ -158,6 +158,28 @@ def fused_optimizer_conflict(cfg: Config) -> Problem | None:
     return None
 
 
+def _global_batch_fits(s: Context) -> Problem | None:
+    """train.global_batch is made of whole micro-batches (train.batch_size) on every data-parallel rank."""
+    train, stages = s.cfg.train, s.cfg.parallel.pipeline_stages
+    if train.global_batch is None:
+        return None
+    if stages > 1:
+        return (
+            "train.global_batch",
+            train.global_batch,
+            "must be unset when parallel.pipeline_stages > 1 (a pipeline cannot accumulate micro-batches)",
+        )
+    per_round = train.batch_size * (s.world_size or 1)
+    if train.global_batch % per_round:
+        ranks = f" x {s.world_size} ranks" if s.world_size else ""
+        return (
+            "train.global_batch",
+            train.global_batch,
+            f"must be a multiple of train.batch_size ({train.batch_size}){ranks} = {per_round}",
+        )
+    return None
+
+
 def _head_mode_settings(s: Context) -> Problem | None:
     """bf16 storage needs the fused optimizer (it alone rounds updates stochastically); a head that will
     certainly use it must not be given settings it cannot honour. head.mode auto with fp32 storage
@@ -339,6 +361,7 @@ RULES: list[Rule] = [
     _identity_batches_divide,
     _metric_loss_settings,
     _margin_takes_params,
+    _global_batch_fits,
     _head_mode_settings,
     _synthetic_pairs_fit,
     _pipeline_settings,

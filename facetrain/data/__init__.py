@@ -78,10 +78,21 @@ def build_train_dataset(cfg: DataConfig) -> FaceDataset:
     return FaceDataset(table, build_train_transform(cfg.image_size, cfg.augment), cfg.skip_bad_images)
 
 
-def _distributed(dataset, cfg: DataConfig, batch_size: int, rank: int, world_size: int, seed: int):
+def _distributed(
+    dataset, cfg: DataConfig, batch_size: int, rank: int, world_size: int, seed: int, accumulation: int = 1
+):
     if len(dataset) // world_size < batch_size:
         raise EveryRankError(no_full_batch(len(dataset), world_size, batch_size))
-    return ResumableDistributedSampler(len(dataset), rank, world_size, seed=seed)
+    step_samples = batch_size * world_size * accumulation
+    if len(dataset) < step_samples:
+        raise EveryRankError(
+            f"the training set gives no full step: {len(dataset)} images, fewer than the {step_samples} of "
+            f"one step (train.batch_size {batch_size} x {_ranks(world_size)} x {accumulation} accumulated "
+            "micro-batches); lower train.global_batch or optim.grad_accumulation, or add images"
+        )
+    return ResumableDistributedSampler(
+        len(dataset), rank, world_size, seed=seed, batch_size=batch_size, step_samples=step_samples
+    )
 
 
 def no_full_batch(images: int, ranks: int, batch_size: int) -> str:
@@ -101,7 +112,9 @@ def _ranks(count: int) -> str:
     return f"{count} rank{'s' if count > 1 else ''}"
 
 
-def _identity(dataset, cfg: DataConfig, batch_size: int, rank: int, world_size: int, seed: int):
+def _identity(
+    dataset, cfg: DataConfig, batch_size: int, rank: int, world_size: int, seed: int, accumulation: int = 1
+):
     return IdentitySampler(dataset.labels, batch_size, cfg.images_per_identity, rank, world_size, seed)
 
 
@@ -114,10 +127,17 @@ def _single_threaded_worker(worker_id: int) -> None:
 
 
 def build_train_loader(
-    dataset: FaceDataset, cfg: DataConfig, batch_size: int, rank: int, world_size: int, seed: int
+    dataset: FaceDataset,
+    cfg: DataConfig,
+    batch_size: int,
+    rank: int,
+    world_size: int,
+    seed: int,
+    accumulation: int = 1,
 ) -> tuple[DataLoader, ResumableDistributedSampler | IdentitySampler]:
-    """A loader of this rank's full batches and its sampler (whose `set_epoch(epoch, consumed)` resumes)."""
-    sampler = SAMPLERS[cfg.sampler](dataset, cfg, batch_size, rank, world_size, seed)
+    """A loader of this rank's full batches and its sampler (whose `set_epoch(epoch, consumed)` resumes);
+    `accumulation` micro-batches a rank make one optimizer step, and an epoch ends on a whole step."""
+    sampler = SAMPLERS[cfg.sampler](dataset, cfg, batch_size, rank, world_size, seed, accumulation)
     workers = cfg.num_workers
     loader = DataLoader(
         dataset,

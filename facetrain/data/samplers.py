@@ -1,7 +1,9 @@
 """Samplers that split each epoch over ranks and resume from a global position mid-epoch.
 
 Positions are global (samples consumed by all ranks together), so a checkpoint written on N ranks
-resumes on M ranks with the same remaining order. Each sample comes as a `SampleKey` whose augmentation
+resumes on M ranks with the same remaining order. The distributed sampler deals each epoch in blocks of
+one micro-batch and ends it on a whole optimizer step, so with a global batch held constant
+(train.global_batch) every micro-batch holds the same images on any number of ranks. Each sample comes as a `SampleKey` whose augmentation
 seed derives from its global position, so its augmentation is the same on any number of ranks and
 workers, resumed or not. Ranks are plain integers: no torch.distributed here.
 """
@@ -19,10 +21,13 @@ from facetrain.errors import FacetrainError
 
 
 class ResumableDistributedSampler(Sampler[SampleKey]):
-    """Each epoch: a seeded permutation, minus its first `consumed` entries, dealt round-robin to ranks.
+    """Each epoch: a seeded permutation, minus its first `consumed` entries, dealt to ranks in blocks.
 
-    With `drop_last` every rank gets the same count (the tail that cannot be split evenly is dropped),
-    so no rank waits for another at the end of an epoch.
+    Block k of `batch_size` consecutive entries goes to rank k mod world_size, so micro-batch k of the
+    epoch is the same images whichever rank takes it and however many ranks there are. With
+    `drop_last` the epoch ends on a whole step of `step_samples` images (the global batch of one
+    optimizer step; one block a rank by default), so every rank gets the same count, no rank waits for
+    another at the end of an epoch, and a step never spans two epochs. `batch_size` 1 deals round-robin.
     """
 
     def __init__(
@@ -33,12 +38,16 @@ class ResumableDistributedSampler(Sampler[SampleKey]):
         seed: int = 0,
         shuffle: bool = True,
         drop_last: bool = True,
+        batch_size: int = 1,
+        step_samples: int | None = None,
     ):
         if not 0 <= rank < world_size:
             raise ValueError(f"rank {rank} is outside [0, {world_size})")
         self.num_samples = num_samples
         self.rank, self.world_size = rank, world_size
         self.seed, self.shuffle, self.drop_last = seed, shuffle, drop_last
+        self.batch_size = batch_size
+        self.step_samples = step_samples or batch_size * world_size
         self.epoch, self.consumed = 0, 0
 
     def set_epoch(self, epoch: int, consumed: int = 0) -> None:
@@ -53,15 +62,19 @@ class ResumableDistributedSampler(Sampler[SampleKey]):
 
     def _remaining(self) -> torch.Tensor:
         remaining = self._order()[self.consumed :]
-        if self.drop_last:
-            return remaining[: len(remaining) - len(remaining) % self.world_size]
-        padding = (-len(remaining)) % self.world_size
+        if (
+            self.drop_last
+        ):  # whole steps from here: from the epoch's start when resumed at a step of this size
+            return remaining[: len(remaining) - len(remaining) % self.step_samples]
+        round_ = self.batch_size * self.world_size  # one block for every rank
+        padding = (-len(remaining)) % round_
         return torch.cat([remaining, remaining[:padding]]) if padding else remaining
 
     def __iter__(self) -> Iterator[SampleKey]:
         remaining = self._remaining().numpy()
         positions = self.consumed + np.arange(len(remaining))
-        mine = slice(self.rank, None, self.world_size)
+        block = np.arange(len(remaining)) // self.batch_size
+        mine = block % self.world_size == self.rank
         return iter(sample_keys(remaining[mine], self.seed, self.epoch, positions[mine]))
 
     def __len__(self) -> int:

@@ -24,6 +24,7 @@ import torch.distributed as dist
 from torch.distributed.device_mesh import DeviceMesh, init_device_mesh
 
 from facetrain.errors import EveryRankError, FacetrainError
+from facetrain.parallel.attempt_store import attempt_store
 from facetrain.parallel.failures import join_failure_error
 
 
@@ -141,7 +142,7 @@ def _join_process_group(
     bound = {"device_id": device} if backend == "nccl" else {}
     try:
         if init_method is None and "TORCHELASTIC_RESTART_COUNT" in os.environ:
-            rendezvous = {"store": _attempt_store(rank, world_size, timeout)}
+            rendezvous = {"store": attempt_store(rank, world_size, timeout)}
         else:
             rendezvous = {"init_method": init_method or "env://"}
         dist.init_process_group(
@@ -149,24 +150,6 @@ def _join_process_group(
         )
     except dist.DistError as error:
         raise join_failure_error(error, rank, world_size, backend) from error
-
-
-def _attempt_store(rank: int, world_size: int, timeout: timedelta) -> dist.Store:
-    """The rendezvous store of torchrun's agent, with this attempt's keys apart from earlier attempts'.
-
-    When torchrun (`--max-restarts`) restarts the workers, the agent's store still holds the first
-    attempt's addresses, and gloo's plain env:// join then tries to connect to the dead workers and
-    fails; a prefix per restart keeps each attempt to its own keys.
-    """
-    agent_hosts_it = os.environ.get("TORCHELASTIC_USE_AGENT_STORE") == str(True)
-    store = dist.TCPStore(
-        os.environ["MASTER_ADDR"],
-        int(os.environ["MASTER_PORT"]),
-        world_size,
-        is_master=rank == 0 and not agent_hosts_it,
-        timeout=timeout,
-    )
-    return dist.PrefixStore(f"facetrain/attempt_{os.environ['TORCHELASTIC_RESTART_COUNT']}", store)
 
 
 def init_parallel(

@@ -177,10 +177,15 @@ def restarted_by_elastic_agent(run_dir: Path) -> bool:
     return meta.get("elastic_run_id") == os.environ.get("TORCHELASTIC_RUN_ID")
 
 
-def find_checkpoint_to_resume(run_dir: Path, resume: str | None) -> tuple[Path | None, list[str]]:
+def find_checkpoint_to_resume(
+    run_dir: Path, resume: str | None, restarted: bool | None = None
+) -> tuple[Path | None, list[str]]:
     """What to resume from and notes on checkpoints passed over, refusing to silently train over an
-    earlier run's checkpoints or to resume from a damaged one."""
-    if resume is None and restarted_by_elastic_agent(run_dir):
+    earlier run's checkpoints or to resume from a damaged one. `restarted`: whether torchrun restarted
+    the job on some rank (`restarted_by_elastic_agent` on this one when None)."""
+    if restarted is None:
+        restarted = restarted_by_elastic_agent(run_dir)
+    if resume is None and restarted:
         resume = "auto"
     try:
         if resume is None:

@@ -15,6 +15,7 @@ import torch
 from torch import nn
 from tqdm import tqdm
 
+from facetrain.checkpoints import read_meta
 from facetrain.config import Config
 from facetrain.config.validate import fused_optimizer_conflict
 from facetrain.data import build_train_dataset, build_train_loader, prepare_train_data
@@ -35,11 +36,18 @@ from facetrain.parallel.pipeline import PipelineRuntime
 from facetrain.train.checkpoint import TrainState, load_checkpoint
 from facetrain.train.class_remap import match_classes
 from facetrain.train.device_defaults import apply_device_defaults, resolve_device_defaults, tile_classes
+from facetrain.train.elastic import last_logged_step, membership_line
 from facetrain.train.init_weights import load_initial_backbone
 from facetrain.train.losses import LossFn, build_loss
 from facetrain.train.notices import nothing_left_to_train
 from facetrain.train.optim import build_fused_optimizer, build_lr_scheduler, build_optimizer
-from facetrain.train.run_dir import check_run_dir, claim_run_dir, find_checkpoint_to_resume, write_run_config
+from facetrain.train.run_dir import (
+    check_run_dir,
+    claim_run_dir,
+    find_checkpoint_to_resume,
+    restarted_by_elastic_agent,
+    write_run_config,
+)
 from facetrain.train.step import StepSettings
 
 
@@ -72,7 +80,7 @@ class TrainingRun:
 def build_training_run(cfg: Config, dims: ParallelDims, resume: str | None) -> TrainingRun:
     run_dir = Path(cfg.train.output_dir)
     comm.primary_first(lambda: claim_run_dir(run_dir), also_others=False, group=dims.control_group)
-    checkpoint, notes = find_checkpoint_to_resume(run_dir, resume)
+    checkpoint, notes = find_checkpoint_to_resume(run_dir, resume, _job_restarted(run_dir, dims))
     check_run_dir(run_dir)
     device_defaults = resolve_device_defaults(dims.device.type, cfg)
     cfg = apply_device_defaults(device_defaults, cfg)
@@ -108,7 +116,13 @@ def build_training_run(cfg: Config, dims: ParallelDims, resume: str | None) -> T
     head = build_head(cfg, dataset.num_classes, dims, backbone) if dims.is_last_stage else None
     loss = build_loss(cfg.loss, head, local) if head is not None else None
     loader, sampler = build_train_loader(
-        dataset, cfg.data, cfg.train.batch_size, dims.dp_rank, dims.dp, cfg.train.seed
+        dataset,
+        cfg.data,
+        cfg.train.batch_size,
+        dims.dp_rank,
+        dims.dp,
+        cfg.train.seed,
+        cfg.optim.grad_accumulation,
     )
     optimizer = build_optimizer(cfg.optim, local, head, grad_scaling=cfg.train.precision == "fp16")
     scaler = torch.amp.GradScaler(dims.device.type, enabled=cfg.train.precision == "fp16")
@@ -124,6 +138,16 @@ def build_training_run(cfg: Config, dims: ParallelDims, resume: str | None) -> T
             tqdm.write(f"resumed from {checkpoint} at step {state.step}")
             if remap is not None:
                 tqdm.write(remap.describe())
+            written_by = read_meta(checkpoint)["world_size"]
+            if written_by != dims.world_size or resume is None:  # resize, or torchrun restarted the job
+                line = membership_line(
+                    written_by,
+                    dims.world_size,
+                    state.step,
+                    last_logged_step(run_dir),
+                    cfg.optim.grad_accumulation,
+                )
+                tqdm.write(line)
             if (note := nothing_left_to_train(state.step, cfg.train.steps)) is not None:
                 tqdm.write(note)
     scheduler = build_lr_scheduler(optimizer, cfg.optim, cfg.train.steps, start_step=state.step)
@@ -138,6 +162,15 @@ def build_training_run(cfg: Config, dims: ParallelDims, resume: str | None) -> T
         cfg, dims, run_dir, dataset, loader, sampler, local, model, pipeline, head, loss,
         optimizer, scheduler, scaler, step_settings, state, checkpoint,
     )  # fmt: skip
+
+
+def _job_restarted(run_dir: Path, dims: ParallelDims) -> bool:
+    """Whether torchrun restarted this job on any rank. A node that joins a running job (it grows back)
+    runs its agent's first attempt, while the nodes it joins have restarted: all resume together."""
+    mine = torch.tensor(
+        [int(restarted_by_elastic_agent(run_dir))], device=comm.collective_device(dims.control_group)
+    )
+    return bool(comm.all_reduce_(mine, "max", dims.control_group))
 
 
 def build_head(

@@ -6,7 +6,11 @@ became unreadable mid-run) is caught while fetching. Either may reach one rank o
 stops alone leaves the others waiting in a collective, so before each step the ranks all-reduce two
 flags and all stop together, at the same step, able to write one last checkpoint together.
 
-The agreement is a two-integer all-reduce on a gloo group over the CPU (`ParallelDims.control_group`):
+The same all-reduce carries a third flag: rank 0's clock says a checkpoint is due
+(`train.checkpoint_every_minutes`). Clocks differ between hosts, so rank 0 alone decides and every rank
+learns it before the step, at no extra collective; all then write that checkpoint after the step.
+
+The agreement is a three-integer all-reduce on a gloo group over the CPU (`ParallelDims.control_group`):
 a few tens of microseconds per step, and on GPUs it synchronizes the hosts but never the device
 streams, so it does not stall the GPU queue the way a device all-reduce read back each step would.
 """
@@ -14,6 +18,7 @@ streams, so it does not stall the GPU queue the way a device all-reduce read bac
 from __future__ import annotations
 
 import signal
+import time
 from collections.abc import Iterator
 
 import torch
@@ -71,8 +76,18 @@ class StopSignals:
 class StepGate:
     """Fetches each step's micro-batches ahead of the step and holds the ranks' verdict on it."""
 
-    def __init__(self, batches: Iterator, accumulation: int, state: TrainState, dims: ParallelDims):
+    def __init__(
+        self,
+        batches: Iterator,
+        accumulation: int,
+        state: TrainState,
+        dims: ParallelDims,
+        checkpoint_every_s: float | None = None,
+    ):
         self.batches, self.accumulation, self.state, self.dims = batches, accumulation, state, dims
+        self.checkpoint_every_s = checkpoint_every_s
+        self.last_checkpoint_at = time.monotonic()
+        self.checkpoint_due = False  # after the step the gate let through, by rank 0's clock
         self.stop_signal: signal.Signals | None = None
         self.data_error: DataError | None = None  # this rank's, when its data failed
         self.data_failed = False  # on some rank
@@ -80,6 +95,16 @@ class StepGate:
     @property
     def stopped(self) -> bool:
         return self.stop_signal is not None or self.data_failed
+
+    def checkpoint_written(self) -> None:
+        """Restart the checkpoint clock: a checkpoint was just written, for whatever reason."""
+        self.last_checkpoint_at = time.monotonic()
+
+    def _clock_says_checkpoint(self) -> bool:
+        every = self.checkpoint_every_s
+        return (
+            self.dims.is_primary and every is not None and time.monotonic() - self.last_checkpoint_at >= every
+        )
 
     def next_step(self, signals: StopSignals) -> list | None:
         """The next step's micro-batches, or None when the ranks agreed to stop before it.
@@ -94,10 +119,15 @@ class StepGate:
                 micro_batches.append(next(self.batches))
         except DataError as error:
             self.data_error = error
-        local = [int(signals.received or 0), int(self.data_error is not None)]
+        local = [
+            int(signals.received or 0),
+            int(self.data_error is not None),
+            int(self._clock_says_checkpoint()),
+        ]
         flags = torch.tensor(local, dtype=torch.int64, device=comm.collective_device(self.dims.control_group))
         comm.all_reduce_(flags, "max", self.dims.control_group)
-        signal_number, data_failed = flags.tolist()
+        signal_number, data_failed, checkpoint_due = flags.tolist()
+        self.checkpoint_due = bool(checkpoint_due)
         if not (signal_number or data_failed):
             return micro_batches
         self.stop_signal = signal.Signals(signal_number) if signal_number else None

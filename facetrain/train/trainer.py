@@ -31,6 +31,7 @@ from facetrain.parallel.failures import collective_failure_error, is_collective_
 from facetrain.progress import ProgressBar as tqdm  # plain lines when not on a terminal
 from facetrain.train.checkpoint import TrainState, load_ema_weights, save_checkpoint
 from facetrain.train.curves import write_run_curves
+from facetrain.train.elastic import hold_global_batch
 from facetrain.train.ema import WeightEma
 from facetrain.train.evaluation import TrainingVerifier
 from facetrain.train.metrics_log import MetricsLog
@@ -47,6 +48,7 @@ def train(cfg: Config, resume: str | None = None) -> dict:
     owns_group = not is_initialized()  # a caller that set up the group keeps it
     dims = init_parallel(cfg.parallel.pipeline_stages, cfg.parallel.backend, cfg.parallel.timeout_s)
     run = None
+    cfg = hold_global_batch(cfg, dims.dp)
     try:
         try:
             validate(cfg, dims.world_size, device_type=dims.device.type)
@@ -74,7 +76,14 @@ def _train(run: TrainingRun) -> dict:
     cfg, dims, state = run.cfg, run.dims, run.state
     ledger = RunLedger(run)
     log = MetricsLog(run.run_dir, enabled=dims.is_primary)
-    gate = StepGate(_batches(run, state), run.step_settings.accumulation, state, dims)
+    minutes = cfg.train.checkpoint_every_minutes
+    gate = StepGate(
+        _batches(run, state),
+        run.step_settings.accumulation,
+        state,
+        dims,
+        None if minutes is None else 60 * minutes,
+    )
     progress = tqdm(
         total=cfg.train.steps, initial=state.step, desc="train", unit="step", disable=not dims.is_primary
     )
@@ -119,9 +128,10 @@ def _train(run: TrainingRun) -> dict:
                 )  # fmt: skip
                 window.reset()
             is_best = ledger.verify_if_due(final_step, log)
-            if state.step % cfg.train.checkpoint_every == 0 or final_step or is_best:
+            if state.step % cfg.train.checkpoint_every == 0 or final_step or is_best or gate.checkpoint_due:
                 window.check_finite(tolerated, ledger.last_checkpoint)  # never save a diverged model
                 ledger.save(is_best, final_step)
+                gate.checkpoint_written()
         if gate.stopped and ledger.saved_step != state.step and state.step > 0:
             window.check_finite(tolerated, ledger.last_checkpoint)
             ledger.save(is_best=False, final_step=False)
