@@ -495,3 +495,12 @@ def test_absurd_sizes_and_timeouts_are_refused_by_the_launcher_before_any_rank_s
     assert result.returncode == 2
     assert result.stderr.strip() == f"error: --set: {allowed}"
     assert not (tmp_path / "run").exists()
+
+
+def test_a_list_of_pairs_files_is_checked_file_by_file(base_config):
+    long_part = "x" * 300
+    line = one_error_line(
+        run_config("-c", str(base_config), "--set", f"eval.pairs=[a.csv, {long_part}/b.csv]")
+    )
+    assert line.startswith("error: --set: eval.pairs = "), line
+    assert "a path part of 300 bytes is longer than a file name may be (255)" in line

@@ -157,11 +157,14 @@ class NotEmpty:
 @dataclasses.dataclass(frozen=True)
 class PathName:
     """A path the file system can look up: no NUL byte, and no part longer than a file name may be
-    (255 bytes on Linux, macOS and Windows' NTFS), which os.stat would raise on, not merely miss."""
+    (255 bytes on Linux, macOS and Windows' NTFS), which os.stat would raise on, not merely miss.
+    A list of paths (`eval.pairs`) is checked path by path."""
 
     longest: int = 255
 
     def problem(self, value: Any) -> str | None:
+        if isinstance(value, list):
+            return next(filter(None, (self.problem(path) for path in value)), None)
         if "\0" in value:
             return "must not contain a NUL character"
         too_long = next((part for part in value.split("/") if len(os.fsencode(part)) > self.longest), None)
