@@ -3,9 +3,9 @@
 Positions are global (samples consumed by all ranks together), so a checkpoint written on N ranks
 resumes on M ranks with the same remaining order. The distributed sampler deals each epoch in blocks of
 one micro-batch and ends it on a whole optimizer step, so with a global batch held constant
-(train.global_batch) every micro-batch holds the same images on any number of ranks. Each sample comes as a `SampleKey` whose augmentation
-seed derives from its global position, so its augmentation is the same on any number of ranks and
-workers, resumed or not. Ranks are plain integers: no torch.distributed here.
+(train.global_batch) every micro-batch holds the same images on any number of ranks. Each sample comes
+as a `SampleKey` whose augmentation seed derives from its global position, so its augmentation is the
+same on any number of ranks and workers, resumed or not. Ranks are plain integers: no torch.distributed here.
 """
 
 from __future__ import annotations
@@ -62,9 +62,7 @@ class ResumableDistributedSampler(Sampler[SampleKey]):
 
     def _remaining(self) -> torch.Tensor:
         remaining = self._order()[self.consumed :]
-        if (
-            self.drop_last
-        ):  # whole steps from here: from the epoch's start when resumed at a step of this size
+        if self.drop_last:  # whole steps from here; from the epoch's start when resumed at such a step
             return remaining[: len(remaining) - len(remaining) % self.step_samples]
         round_ = self.batch_size * self.world_size  # one block for every rank
         padding = (-len(remaining)) % round_
