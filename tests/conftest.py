@@ -22,3 +22,11 @@ def one_thread():
     torch.set_num_threads(1)
     yield
     torch.set_num_threads(threads)
+
+
+@pytest.fixture(autouse=True)
+def no_quiet_from_an_earlier_test(monkeypatch):
+    """`-q` sets FACETRAIN_QUIET for the command's lifetime and its context's close restores it; a
+    test that only parses a command line (click's make_context, tests/test_readme.py) never closes
+    that context, so each test starts and ends without the variable."""
+    monkeypatch.delenv("FACETRAIN_QUIET", raising=False)

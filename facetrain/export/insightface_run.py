@@ -101,6 +101,7 @@ def import_insightface_run(
                 )
         config = _run_config(imported_config(architecture, backbone.embedding_size), optimizer)
         meta = {
+            "num_classes": num_classes,
             "step": _count(shards[0], "global_step", first),
             "epoch": _count(shards[0], "epoch", first),
             "world_size": len(paths),
@@ -114,9 +115,9 @@ def import_insightface_run(
                 "backbone_format": SOURCE_FORMAT,
             },
         }
-        write_imported_checkpoint(
-            entries, meta, config, [str(label) for label in range(num_classes)], out_dir
-        )
+        # arcface_torch keeps no class names: row k is label k of the set it trained on, which the resume
+        # cannot check by name (train.remap_classes has nothing to map), only by count
+        write_imported_checkpoint(entries, meta, config, [], out_dir)
         bar.update()
     return RunImportResult(
         out_dir, architecture, backbone.embedding_size, num_classes, len(paths), meta["step"]
