@@ -87,8 +87,21 @@ def train_peer(list_csv: Path, seconds: float, args: argparse.Namespace, seed: i
     optimizer = torch.optim.SGD(
         [*model.parameters(), *loss_fn.parameters()], lr=args.lr, momentum=0.9, weight_decay=5e-4
     )
+    return train_within(model, loss_fn, optimizer, loader, seconds, args.warmup_steps)
+
+
+def train_within(
+    model: nn.Module,
+    loss_fn,
+    optimizer: torch.optim.Optimizer,
+    loader: DataLoader,
+    seconds: float,
+    warmup: int,
+) -> tuple[nn.Module, dict]:
+    """Train for a wall-time budget as a PyTorch user would: linear warmup, then cosine decay laid over
+    the steps the budget holds, re-estimated from the measured speed every TIMED_STEPS steps.
+    `loss_fn(model(images), labels)` is the loss; the peers of tools/ differ only in it."""
     total_steps = None  # known once the first steps are timed
-    warmup = args.warmup_steps
 
     def lr_factor(step: int) -> float:
         if step < warmup:

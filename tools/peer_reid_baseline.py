@@ -20,9 +20,7 @@ from __future__ import annotations
 
 import argparse
 import json
-import math
 import sys
-import time
 from pathlib import Path
 
 import numpy as np
@@ -33,6 +31,7 @@ from torch.utils.data import DataLoader, Dataset
 from torchvision.transforms import v2
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
+from peer_baseline import train_within  # noqa: E402
 from protocol import REPO, SHARED_DATA, append_row, summarize  # noqa: E402
 
 from facetrain.data.decode import decode_image  # noqa: E402
@@ -40,7 +39,6 @@ from facetrain.data.reid_images import scan_reid_train  # noqa: E402
 from facetrain.eval.rerank import RerankSettings  # noqa: E402
 from facetrain.eval.retrieval import evaluate_reid  # noqa: E402
 
-TIMED_STEPS = 10
 METRICS = ["rank1", "rank5", "mAP", "rank1_rerank", "mAP_rerank"]
 
 
@@ -93,42 +91,13 @@ def train_peer(train: Path, args: argparse.Namespace, seed: int) -> tuple[nn.Mod
     optimizer = torch.optim.Adam(
         [*model.parameters(), *classifier.parameters()], lr=args.lr, weight_decay=5e-4
     )
-    total_steps = None  # known once the first steps are timed
 
-    def lr_factor(step: int) -> float:
-        if step < args.warmup_steps:
-            return (step + 1) / args.warmup_steps
-        if total_steps is None:
-            return 1.0
-        progress = min(1.0, (step - args.warmup_steps) / max(1, total_steps - args.warmup_steps))
-        return 0.5 * (1 + math.cos(math.pi * progress))
+    def loss_fn(features: torch.Tensor, labels: torch.Tensor) -> torch.Tensor:
+        return cross_entropy(classifier(features), labels) + triplet(
+            features, labels, miner(features, labels)
+        )
 
-    schedule = torch.optim.lr_scheduler.LambdaLR(optimizer, lr_factor)
-    model.train()
-    step, started, losses = 0, time.perf_counter(), []
-    while total_steps is None or step < total_steps:
-        for images, labels in loader:
-            features = model(images)
-            loss = cross_entropy(classifier(features), labels) + triplet(
-                features, labels, miner(features, labels)
-            )
-            optimizer.zero_grad(set_to_none=True)
-            loss.backward()
-            optimizer.step()
-            schedule.step()
-            losses.append(loss.item())
-            step += 1
-            if step % TIMED_STEPS == 0:  # the machine's speed may change: lay the schedule anew
-                spent = time.perf_counter() - started
-                total_steps = max(step + 1, int(args.seconds * step / spent))
-                if step == TIMED_STEPS:
-                    print(
-                        f"peer: {spent / step:.2f} s a step, ~{total_steps} steps fit in {args.seconds:.0f} s"
-                    )
-            if total_steps is not None and step >= total_steps:
-                break
-    elapsed = time.perf_counter() - started
-    return model.eval(), {"steps": step, "train_s": elapsed, "final_loss": float(np.mean(losses[-20:]))}
+    return train_within(model, loss_fn, optimizer, loader, args.seconds, args.warmup_steps)
 
 
 def main() -> None:
