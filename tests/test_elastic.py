@@ -9,13 +9,14 @@ import threading
 import time
 from datetime import timedelta
 
+import numpy as np
 import pytest
 import torch
 import torch.distributed as dist
 
 from facetrain.config import Config
 from facetrain.config.validate import validate
-from facetrain.data.samplers import ResumableDistributedSampler
+from facetrain.data.samplers import IdentitySampler, ResumableDistributedSampler
 from facetrain.errors import FacetrainError
 from facetrain.parallel.attempt_store import ATTEMPT_KEY, agree_on_prefix
 from facetrain.parallel.dims import ParallelDims, init_parallel
@@ -28,13 +29,17 @@ from tests.test_elastic_nodes import free_port
 IMAGES, BATCH, GLOBAL = 100, 4, 16
 
 
-def micro_batches(world_size: int, epoch: int = 0, consumed: int = 0) -> list[list[int]]:
+def micro_batches(world_size: int, epoch: int = 0, consumed: int = 0, pk: bool = False) -> list[list[int]]:
     """The epoch's micro-batches in step order: micro-step a of rank r is micro-batch a x world + r."""
     per_rank = []
     for rank in range(world_size):
-        sampler = ResumableDistributedSampler(
-            IMAGES, rank, world_size, seed=3, batch_size=BATCH, step_samples=GLOBAL
-        )
+        if pk:  # 25 identities of 2-6 images, P=2 x K=2
+            labels = np.repeat(np.arange(25), np.arange(25) % 5 + 2)  # 100 images
+            sampler = IdentitySampler(labels, BATCH, 2, rank, world_size, seed=3, step_samples=GLOBAL)
+        else:
+            sampler = ResumableDistributedSampler(
+                IMAGES, rank, world_size, seed=3, batch_size=BATCH, step_samples=GLOBAL
+            )
         sampler.set_epoch(epoch, consumed)
         keys = [int(key) for key in sampler]
         per_rank.append([keys[i : i + BATCH] for i in range(0, len(keys), BATCH)])
@@ -47,6 +52,14 @@ def test_every_micro_batch_holds_the_same_images_on_any_number_of_ranks():
     assert len(one) * BATCH == 96  # the epoch ends on a whole step of 16: 4 images are left out
     assert micro_batches(2, consumed=48) == one[12:]  # resumed mid-epoch on another world size
     assert micro_batches(4, epoch=1) != one
+
+
+def test_every_identity_micro_batch_holds_the_same_images_on_any_number_of_ranks():
+    one = micro_batches(1, pk=True)
+    assert micro_batches(2, pk=True) == one and micro_batches(4, pk=True) == one
+    assert len(one) == 12  # 25 identities make 3 whole steps of 8 identities (4 micro-batches of P=2)
+    assert micro_batches(2, consumed=32, pk=True) == one[8:]  # resumed after two steps on 2 ranks
+    assert micro_batches(4, epoch=1, pk=True) != one
 
 
 def test_the_global_batch_sets_the_accumulation_for_the_world_size():

@@ -115,7 +115,10 @@ def _ranks(count: int) -> str:
 def _identity(
     dataset, cfg: DataConfig, batch_size: int, rank: int, world_size: int, seed: int, accumulation: int = 1
 ):
-    return IdentitySampler(dataset.labels, batch_size, cfg.images_per_identity, rank, world_size, seed)
+    step_samples = batch_size * world_size * accumulation
+    return IdentitySampler(
+        dataset.labels, batch_size, cfg.images_per_identity, rank, world_size, seed, step_samples
+    )
 
 
 SAMPLERS = {"distributed": _distributed, "identity": _identity}

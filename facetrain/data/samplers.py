@@ -82,9 +82,12 @@ class ResumableDistributedSampler(Sampler[SampleKey]):
 class IdentitySampler(Sampler[SampleKey]):
     """P identities x K images per rank batch (the PK batches of re-id's metric losses).
 
-    Each epoch shuffles the identities (seeded by seed and epoch) and cuts them into global batches of
-    P x world_size identities; rank r takes its P of each. An identity with fewer than K images repeats
-    some. The position is counted in samples, like ResumableDistributedSampler's, so both resume alike.
+    Each epoch shuffles the identities (seeded by seed and epoch), draws K images of each in that order
+    (an identity with fewer than K repeats some) and cuts them into micro-batches of P identities;
+    micro-batch k goes to rank k mod world_size, as ResumableDistributedSampler deals its blocks. The
+    epoch ends on a whole step of `step_samples` images, so with a global batch held constant
+    (train.global_batch) every micro-batch holds the same images on any number of ranks, and the
+    identities of one step are distinct. The position is counted in samples, so both samplers resume alike.
     """
 
     def __init__(
@@ -95,6 +98,7 @@ class IdentitySampler(Sampler[SampleKey]):
         rank: int,
         world_size: int,
         seed: int = 0,
+        step_samples: int | None = None,
     ):
         if images_per_identity < 1 or batch_size % images_per_identity:
             raise FacetrainError(
@@ -105,40 +109,42 @@ class IdentitySampler(Sampler[SampleKey]):
         self.k = images_per_identity
         self.p = batch_size // images_per_identity
         self.rank, self.world_size, self.seed = rank, world_size, seed
+        self.step_samples = step_samples or batch_size * world_size
         self.by_identity = [np.flatnonzero(self.labels == c) for c in np.unique(self.labels)]
-        if len(self.by_identity) < self.p * world_size:
+        step_identities = self.step_samples // self.k
+        if len(self.by_identity) < step_identities:
             raise FacetrainError(
-                f"the identity sampler needs {self.p * world_size} identities per global batch "
-                f"(P={self.p} per rank x {world_size} ranks) but the data has {len(self.by_identity)}"
+                f"the identity sampler needs {step_identities} identities per global batch "
+                f"(P={self.p} per micro-batch x {self.step_samples // batch_size} micro-batches a step) "
+                f"but the data has {len(self.by_identity)}"
             )
         self.epoch, self.consumed = 0, 0
 
     def set_epoch(self, epoch: int, consumed: int = 0) -> None:
         self.epoch, self.consumed = epoch, consumed
 
-    def _global_batches(self) -> list[list[int]]:
+    def _micro_batches(self) -> np.ndarray:
+        """The epoch's micro-batches of P x K image indices, ending on a whole step."""
         rng = np.random.default_rng(self.seed * 100_003 + self.epoch)
         identities = rng.permutation(len(self.by_identity))
-        group = self.p * self.world_size
-        batches = []
-        for first in range(0, len(identities) - group + 1, group):
-            batch = []
-            for identity in identities[first : first + group]:
-                images = self.by_identity[identity]
-                chosen = rng.choice(images, size=self.k, replace=len(images) < self.k)
-                batch.extend(int(i) for i in chosen)
-            batches.append(batch)
-        return batches
+        step_identities = self.step_samples // self.k
+        identities = identities[: len(identities) - len(identities) % step_identities]
+        images = [
+            rng.choice(self.by_identity[i], size=self.k, replace=len(self.by_identity[i]) < self.k)
+            for i in identities
+        ]
+        return np.asarray(images, dtype=np.int64).reshape(-1, self.p * self.k)
 
     def __iter__(self) -> Iterator[SampleKey]:
-        per_rank = self.p * self.k
-        per_batch = per_rank * self.world_size
-        first = self.consumed // per_batch
-        for number, batch in enumerate(self._global_batches()[first:], start=first):
-            mine = slice(self.rank * per_rank, (self.rank + 1) * per_rank)
-            positions = number * per_batch + np.arange(per_batch)
-            yield from sample_keys(np.asarray(batch)[mine], self.seed, self.epoch, positions[mine])
+        per_micro = self.p * self.k
+        first = self.consumed // per_micro
+        micro_batches = self._micro_batches()
+        for number in range(first, len(micro_batches)):
+            if number % self.world_size == self.rank:
+                positions = number * per_micro + np.arange(per_micro)
+                yield from sample_keys(micro_batches[number], self.seed, self.epoch, positions)
 
     def __len__(self) -> int:
-        per_batch = self.p * self.k * self.world_size
-        return max(0, len(self._global_batches()) - self.consumed // per_batch) * self.p * self.k
+        per_micro = self.p * self.k
+        remaining = max(0, len(self._micro_batches()) - self.consumed // per_micro)
+        return remaining // self.world_size * per_micro
