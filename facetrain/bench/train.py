@@ -105,6 +105,8 @@ def _train_worker(rank: int, world_size: int, kind: str, settings: dict) -> dict
         backbone = build_backbone(
             ModelConfig(backbone=settings["backbone"], embedding_size=dim), (size, size)
         ).to(memory_format=step_settings.memory_format)
+        if settings["compile"]:  # as model.compile does: in place, compiled on the first warm-up step
+            backbone.compile()
         local, model, head = BENCH_TRAIN_HEADS.build(kind, backbone, dims, settings, images.shape)
         fp16 = settings["precision"] == "fp16"
         optimizer = build_optimizer(OptimConfig(lr=0.01, grad_clip=None), local, head, grad_scaling=fp16)
@@ -168,7 +170,8 @@ def format_table(result: dict) -> str:
     lines = [
         f"{settings['world_size']} ranks on {settings['device']} ({settings['backend']}), "
         f"{settings['backbone']} {settings['image_size']}px, {settings['precision']}"
-        f"{', channels_last' if settings['channels_last'] else ''}; "
+        f"{', channels_last' if settings['channels_last'] else ''}"
+        f"{', compiled' if settings.get('compile') else ''}; "
         f"peak memory: {result['rows'][0]['memory_method']}",
         "",
         "| head | classes | step (s) | images/s | peak memory per rank (MiB) |",
@@ -187,7 +190,7 @@ def format_table(result: dict) -> str:
 
 def run(
     classes, world_size, backbone, image_size, dim, batch, steps, warmup, heads, linear_classes,
-    precision, channels_last, out, device,
+    precision, channels_last, compile_backbone, out, device,
 ) -> None:  # fmt: skip
     """The work of `facetrain bench train` (its options and help: facetrain/cli/bench_train.py)."""
     settings = {
@@ -204,6 +207,7 @@ def run(
         "linear_classes": linear_classes,
         "precision": precision,
         "channels_last": channels_last,
+        "compile": compile_backbone,
     }
     result = run_train_benchmark(settings)
     out_dir = Path(out)

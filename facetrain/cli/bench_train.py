@@ -27,6 +27,12 @@ from facetrain.cli.bench_options import device_option
 @click.option("--linear-classes", type=click.IntRange(min=2), default=1000, show_default=True)
 @click.option("--precision", type=click.Choice(PRECISIONS), default="fp32", show_default=True)
 @click.option("--channels-last", is_flag=True, help="Backbone and images in channels_last.")
+@click.option(
+    "--compile",
+    "compile_backbone",
+    is_flag=True,
+    help="torch.compile the backbone (model.compile); compiling happens in the warm-up steps.",
+)
 @click.option("-o", "--out", type=click.Path(file_okay=False), default="runs/bench/train", show_default=True)
 @device_option("Where the ranks run; cuda: rank r on GPU r modulo the GPUs, nccl when each has its own.")
 def train_command(**options) -> None:

@@ -102,6 +102,9 @@ class ModelConfig:
     bn_neck: bool = True
     activation_checkpointing: bool = False
     channels_last: bool = False
+    # torch.compile the backbone in place (its state dict keeps its names): the first step compiles
+    # (about 30 s for `small` on a CPU, a C++ compiler needed there), later steps run fused kernels
+    compile: bool = False
     # exponential moving average of the weights, verified and exported instead of the last step's; 0: off
     ema_decay: float = setting(0.0, FRACTION)
     # start the backbone from an earlier model: a checkpoint (e.g. `facetrain import insightface`'s) or an

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import dataclasses
 import os
+import shutil
 from collections.abc import Callable, Iterator, Mapping
 from pathlib import Path
 from typing import Any
@@ -356,6 +357,20 @@ def _cuda_only_settings(s: Context) -> Problem | None:
     return None
 
 
+def _compiler_for_compile(s: Context) -> Problem | None:
+    """torch.compile's CPU kernels are C++ built at the first step: without a compiler the run would
+    fail there, after the data is loaded, with a long traceback."""
+    if not s.cfg.model.compile or s.device_type != "cpu":
+        return None
+    if any(shutil.which(name) for name in (os.environ.get("CXX", ""), "g++", "c++", "clang++") if name):
+        return None
+    return (
+        "model.compile",
+        True,
+        "on a CPU needs a C++ compiler (g++ or clang++ on PATH, or CXX); install one or set false",
+    )
+
+
 RULES: list[Rule] = [
     _min_lr_at_most_lr,
     _identity_batches_divide,
@@ -370,6 +385,7 @@ RULES: list[Rule] = [
     _named_paths_exist,
     _stages_divide_world,
     _cuda_only_settings,
+    _compiler_for_compile,
     _output_dir_is_a_folder,
     _output_dir_outside_the_data,
 ]

@@ -113,6 +113,8 @@ def build_training_run(cfg: Config, dims: ParallelDims, resume: str | None) -> T
     local, model, pipeline = parallelize_backbone(
         backbone, dims, cfg.parallel, batch_shape, broadcast_buffers=device_defaults.broadcast_buffers
     )
+    if cfg.model.compile:  # in place, under DDP or a pipeline stage alike: parameter names unchanged
+        local.compile()
     head = build_head(cfg, dataset.num_classes, dims, backbone) if dims.is_last_stage else None
     loss = build_loss(cfg.loss, head, local) if head is not None else None
     loader, sampler = build_train_loader(
