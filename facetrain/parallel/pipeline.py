@@ -14,6 +14,7 @@ from collections.abc import Callable, Sequence
 import torch
 from torch import nn
 from torch.distributed.pipelining import PipelineStage, Schedule1F1B, ScheduleGPipe
+from torch.distributed.pipelining.schedules import PipelineScheduleSingle
 
 from facetrain.config.schema import ParallelConfig
 from facetrain.errors import FacetrainError
@@ -28,8 +29,11 @@ from facetrain.parallel.pipeline_split import (
     split_backbone,
     stage_boundary_shapes,
 )
+from facetrain.registry import Registry
 
-PIPELINE_SCHEDULES = {"gpipe": ScheduleGPipe, "1f1b": Schedule1F1B}
+PIPELINE_SCHEDULES: Registry[PipelineScheduleSingle] = Registry("pipeline schedule")
+PIPELINE_SCHEDULES.register("gpipe")(ScheduleGPipe)
+PIPELINE_SCHEDULES.register("1f1b")(Schedule1F1B)
 
 # (embeddings, labels) -> (mean loss, top-1 accuracy), as the margin heads return them
 HeadFn = Callable[[torch.Tensor, torch.Tensor], tuple[torch.Tensor, torch.Tensor]]
@@ -126,8 +130,12 @@ class PipelineRuntime:
             output_grads=None if dims.is_last_stage else stage_output,
             group=dims.pp_group,
         )
-        self._schedule = PIPELINE_SCHEDULES[cfg.schedule](
-            self._pipeline_stage, cfg.microbatches, loss_fn=self._microbatch_loss, scale_grads=False
+        self._schedule = PIPELINE_SCHEDULES.build(
+            cfg.schedule,
+            self._pipeline_stage,
+            cfg.microbatches,
+            loss_fn=self._microbatch_loss,
+            scale_grads=False,
         )
         self._inference: ScheduleGPipe | None = None
         self._head: HeadFn | None = None
