@@ -71,7 +71,7 @@ def _sharded(backbone: nn.Module, dims: ParallelDims, settings: dict, shape) -> 
 def _replicated_head(head: nn.Module, backbone: nn.Module, dims: ParallelDims) -> tuple:
     """Every rank holds the whole classifier; each loss is its own batch's mean, so DDP averages."""
     local = backbone.to(dims.device)
-    model = wrap_data_parallel(local, dims.device, dims.dp_group, gradient_reduction="mean")
+    model = wrap_data_parallel(local, dims.device, dims.dp_group)
     return local, model, wrap_data_parallel(head.to(dims.device), dims.device, dims.dp_group, "mean")
 
 
