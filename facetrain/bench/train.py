@@ -40,7 +40,7 @@ from facetrain.parallel.dims import ParallelDims, init_parallel
 from facetrain.parallel.parallelize import parallelize_backbone
 from facetrain.registry import Registry
 from facetrain.train.optim import build_optimizer
-from facetrain.train.step import StepSettings, train_step
+from facetrain.train.step import StepParts, StepSettings, train_step
 
 HEAD_OVERHEAD_TARGET = 0.15
 
@@ -111,7 +111,7 @@ def _train_worker(rank: int, world_size: int, kind: str, settings: dict) -> dict
         scaler = torch.amp.GradScaler(device.type, enabled=fp16)
         batches = itertools.repeat((images, labels))
         times = timed_repeats(
-            lambda: train_step(batches, model, head, optimizer, scaler, step_settings),
+            lambda: train_step(batches, StepParts(model, head, optimizer, scaler, step_settings)),
             settings["steps"],
             settings["warmup"],
             before_each=comm.barrier,
