@@ -152,7 +152,7 @@ def image_read_by(faces: Path, rank: int, epoch: int, batch: int) -> Path:
     """The first image of `batch` that `rank` reads in `epoch` (2 ranks, seed 0), from the sampler itself."""
     data = DataConfig(source="folder", path=str(faces), image_size=[32, 32])
     dataset = build_train_dataset(data)
-    sampler = SAMPLERS["distributed"](dataset, data, BATCH, rank, 2, 0)
+    sampler = SAMPLERS.build("distributed", dataset, data, BATCH, rank, 2, 0)
     sampler.set_epoch(epoch)
     return Path(dataset.table.reader.name(int(list(sampler)[batch * BATCH])))
 

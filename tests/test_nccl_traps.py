@@ -197,6 +197,11 @@ def _fake_gpus(monkeypatch, count: int, join_error: Exception | None = None) -> 
         raise join_error or KeyboardInterrupt
 
     monkeypatch.setattr(dist, "init_process_group", join)
+    monkeypatch.setattr(  # torch's rendezvous, without a store server to wait for
+        dist,
+        "rendezvous",
+        lambda url, rank, world_size, timeout: iter([(dist.HashStore(), rank, world_size)]),
+    )
     return recorder
 
 
@@ -361,9 +366,12 @@ def test_the_launcher_shows_a_ranks_own_collective_failure_as_the_cause(tmp_path
     """A CollectiveError is its rank's cause; the bystander's PeerLost is printed only without one."""
     from facetrain.cli import report_user_error
 
-    monkeypatch.setenv(launch.REPORTS_ENV, str(tmp_path))
+    monkeypatch.setenv(launch.LAUNCHED_ENV, "1")
     for rank, error in ((0, PeerLost("rank 1 failed, and this rank stopped with it: ...")),
                         (1, CollectiveError("rank 1 of 2: all_reduce failed at step 7: NCCL ..."))):  # fmt: skip
+        error_file = tmp_path / "run_x" / "attempt_0" / str(rank) / "error.json"  # where torch puts it
+        error_file.parent.mkdir(parents=True)
+        monkeypatch.setenv("TORCHELASTIC_ERROR_FILE", str(error_file))
         monkeypatch.setenv("RANK", str(rank))
         assert report_user_error(error) == 2
     lines, code = launch.explain_failures({}, launch._read_reports(tmp_path), 2)

@@ -201,15 +201,12 @@ def pipelined_step_worker(rank: int, world_size: int, cfg: ParallelConfig) -> di
     backbone = tiny_backbone()
     reference = copy.deepcopy(backbone)
     dims = init_parallel(pipeline_stages=cfg.pipeline_stages)
-    runtime = PipelineRuntime(backbone, cfg, dims, (BATCH, 3, *SIZE), gradient_reduction="mean")
+    runtime = PipelineRuntime(backbone, cfg, dims, (BATCH, 3, *SIZE))
     batches = [replica_batch(replica) for replica in range(dims.dp)]
     images, labels = batches[dims.dp_rank]
     result = {"stage": dims.stage_index, "names": [name for name, _ in runtime.named_parameters()]}
     runtime.stage.eval()
     reference.eval()
-    extra = replica_batch(5, count=BATCH + 3)[0]  # not a whole number of batches: the last is padded
-    embeddings = runtime.embed(extra if dims.is_first_stage else None, len(extra))
-    result["embed_error"] = (embeddings - reference(extra)).abs().max().item()
     # eval mode: BN uses running statistics, so the reference is the plain full-batch model;
     # train mode: BN normalises each micro-batch, so the reference accumulates over micro-batches.
     for mode, reference_microbatches in (("eval", 1), ("train", cfg.microbatches)):
@@ -254,7 +251,6 @@ def test_pipelined_step_equals_the_unsplit_model(stages, replicas, schedule, mic
             "eval_grad_error",
             "train_loss_error",
             "train_grad_error",
-            "embed_error",
         ):
             assert result[key] < TOLERANCE, (rank, key, result[key])
 
@@ -266,7 +262,7 @@ def sharded_head_worker(rank: int, world_size: int, cfg: ParallelConfig) -> dict
     backbone = tiny_backbone()
     reference = copy.deepcopy(backbone)
     dims = init_parallel(pipeline_stages=cfg.pipeline_stages)
-    runtime = PipelineRuntime(backbone, cfg, dims, (BATCH, 3, *SIZE), gradient_reduction="sum")
+    runtime = PipelineRuntime(backbone, cfg, dims, (BATCH, 3, *SIZE))
     images, labels = replica_batch(dims.dp_rank)
     result: dict = {"stage": dims.stage_index}
 
@@ -282,7 +278,7 @@ def sharded_head_worker(rank: int, world_size: int, cfg: ParallelConfig) -> dict
     if dims.is_last_stage:
         reference_head = head()
         # The unsplit model as the trainer runs it: the head's loss is the mean over all replicas'
-        # batches, so the replicas' backbone gradients are summed (wrap_data_parallel's rule).
+        # batches, and each rank's embeddings get N times their share, which DDP averages over replicas.
         total, hits = 0.0, 0.0
         for image_mb, label_mb in zip(images.chunk(cfg.microbatches), labels.chunk(cfg.microbatches)):
             part, part_accuracy = reference_head(reference(image_mb), label_mb)
@@ -290,7 +286,7 @@ def sharded_head_worker(rank: int, world_size: int, cfg: ParallelConfig) -> dict
             total += part.item() / cfg.microbatches
             hits += part_accuracy.item() / cfg.microbatches
         for p in reference.parameters():
-            comm.all_reduce_(p.grad, "sum", dims.dp_group)
+            comm.all_reduce_(p.grad, "sum", dims.dp_group).div_(dims.dp)
         result["expected_loss"] = total
         result["expected_accuracy"] = hits
         result["expected_grads"] = {name: p.grad for name, p in reference.named_parameters()}

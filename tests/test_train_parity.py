@@ -12,7 +12,7 @@ from facetrain.heads import DenseMarginHead, ShardedMarginHead
 from facetrain.parallel.dims import init_parallel
 from facetrain.parallel.parallelize import parallelize_backbone
 from facetrain.train.optim import build_lr_scheduler, build_optimizer, lr_factor
-from facetrain.train.step import StepSettings, train_step
+from facetrain.train.step import StepParts, StepSettings, train_step
 from tests.distributed import run_distributed
 
 SAMPLES, FEATURES, DIM, CLASSES, GLOBAL_BATCH, STEPS = 96, 48, 16, 10, 8, 12
@@ -86,11 +86,12 @@ def train_step_run(rank: int, world_size: int, steps: int, accumulation: int):
     schedule = build_lr_scheduler(optimizer, OPTIM, steps)
     scaler = torch.amp.GradScaler("cpu", enabled=False)
     settings = StepSettings(torch.device("cpu"), accumulation=accumulation, grad_clip=OPTIM.grad_clip)
+    parts = StepParts(model, head, optimizer, scaler, settings, pipeline)
     rows = slice(rank * local_batch, (rank + 1) * local_batch)
     batches = ((images[rows], labels[rows]) for images, labels in global_batches())
     losses = []
     for _ in range(steps):
-        result = train_step(batches, model, head, optimizer, scaler, settings, pipeline)
+        result = train_step(batches, parts)
         schedule.step()
         losses.append(result.loss.item())
     return losses, local.state_dict(), head.weight.detach()

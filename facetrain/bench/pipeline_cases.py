@@ -34,7 +34,7 @@ from facetrain.parallel.pipeline_split import (
 )
 from facetrain.progress import ProgressBar
 from facetrain.train.optim import build_optimizer
-from facetrain.train.step import StepSettings, train_step
+from facetrain.train.step import StepParts, StepSettings, train_step
 
 SPEEDUP_TARGET = 1.5
 OPTIM = OptimConfig(lr=0.01, momentum=0.9, grad_clip=None)
@@ -81,10 +81,10 @@ def _timed_train_steps(
     scaler = torch.amp.GradScaler(device.type, enabled=False)
     images, labels = training_data(settings)
     batches = itertools.repeat((images.to(device), labels.to(device)))
-    step_settings = StepSettings(device=device)
+    parts = StepParts(model, head, optimizer, scaler, StepSettings(device=device), pipeline)
 
     def step() -> None:
-        train_step(batches, model, head, optimizer, scaler, step_settings, pipeline)
+        train_step(batches, parts)
 
     return timed_repeats(step, settings.steps, settings.warmup, before_each=before_each, device=device)
 

@@ -40,7 +40,7 @@ from facetrain.parallel.dims import ParallelDims, init_parallel
 from facetrain.parallel.parallelize import parallelize_backbone
 from facetrain.registry import Registry
 from facetrain.train.optim import build_optimizer
-from facetrain.train.step import StepSettings, train_step
+from facetrain.train.step import StepParts, StepSettings, train_step
 
 HEAD_OVERHEAD_TARGET = 0.15
 
@@ -71,7 +71,7 @@ def _sharded(backbone: nn.Module, dims: ParallelDims, settings: dict, shape) -> 
 def _replicated_head(head: nn.Module, backbone: nn.Module, dims: ParallelDims) -> tuple:
     """Every rank holds the whole classifier; each loss is its own batch's mean, so DDP averages."""
     local = backbone.to(dims.device)
-    model = wrap_data_parallel(local, dims.device, dims.dp_group, gradient_reduction="mean")
+    model = wrap_data_parallel(local, dims.device, dims.dp_group)
     return local, model, wrap_data_parallel(head.to(dims.device), dims.device, dims.dp_group, "mean")
 
 
@@ -113,7 +113,7 @@ def _train_worker(rank: int, world_size: int, kind: str, settings: dict) -> dict
         scaler = torch.amp.GradScaler(device.type, enabled=fp16)
         batches = itertools.repeat((images, labels))
         times = timed_repeats(
-            lambda: train_step(batches, model, head, optimizer, scaler, step_settings),
+            lambda: train_step(batches, StepParts(model, head, optimizer, scaler, step_settings)),
             settings["steps"],
             settings["warmup"],
             before_each=comm.barrier,

@@ -94,7 +94,7 @@ def report_user_error(error: FacetrainError) -> int:
         kind = "every_rank"
     else:
         kind = "cause"
-    if "TORCHELASTIC_ERROR_FILE" in os.environ or "FACETRAIN_RANK_REPORTS" in os.environ:
+    if "TORCHELASTIC_ERROR_FILE" in os.environ:
         from facetrain.parallel.launch import launched_locally, record_failure
 
         record_failure(str(error), kind)

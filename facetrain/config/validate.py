@@ -205,9 +205,21 @@ def _head_mode_settings(s: Context) -> Problem | None:
     return None
 
 
-def _synthetic_pairs_fit(s: Context) -> Problem | None:
-    from facetrain.data.synthetic import check_pairs_settings
+def check_pairs_settings(identities: int, images_per_identity: int, folds: int, per_fold: int) -> None:
+    """Fail before rendering anything when the held-out set cannot fill the requested pairs file."""
+    if folds < 1 or per_fold < 1:
+        raise FacetrainError(
+            f"data.synth.pairs_folds and pairs_per_fold must be >= 1, got {folds} and {per_fold}"
+        )
+    if identities < 2 * folds or images_per_identity < 2:
+        raise FacetrainError(
+            f"a pairs file with {folds} folds needs >= {2 * folds} held-out identities with >= 2 images "
+            f"each, got {identities} with {images_per_identity}; lower data.synth.pairs_folds or add "
+            "held-out identities"
+        )
 
+
+def _synthetic_pairs_fit(s: Context) -> Problem | None:
     synth = s.cfg.data.synth
     if not synth.heldout_identities:
         return None

@@ -78,6 +78,10 @@ def build_train_dataset(cfg: DataConfig) -> FaceDataset:
     return FaceDataset(table, build_train_transform(cfg.image_size, cfg.augment), cfg.skip_bad_images)
 
 
+SAMPLERS: Registry[torch.utils.data.Sampler] = Registry("sampler")
+
+
+@SAMPLERS.register("distributed")
 def _distributed(
     dataset, cfg: DataConfig, batch_size: int, rank: int, world_size: int, seed: int, accumulation: int = 1
 ):
@@ -112,6 +116,7 @@ def _ranks(count: int) -> str:
     return f"{count} rank{'s' if count > 1 else ''}"
 
 
+@SAMPLERS.register("identity")
 def _identity(
     dataset, cfg: DataConfig, batch_size: int, rank: int, world_size: int, seed: int, accumulation: int = 1
 ):
@@ -119,9 +124,6 @@ def _identity(
     return IdentitySampler(
         dataset.labels, batch_size, cfg.images_per_identity, rank, world_size, seed, step_samples
     )
-
-
-SAMPLERS = {"distributed": _distributed, "identity": _identity}
 
 
 def _single_threaded_worker(worker_id: int) -> None:
@@ -140,7 +142,7 @@ def build_train_loader(
 ) -> tuple[DataLoader, ResumableDistributedSampler | IdentitySampler]:
     """A loader of this rank's full batches and its sampler (whose `set_epoch(epoch, consumed)` resumes);
     `accumulation` micro-batches a rank make one optimizer step, and an epoch ends on a whole step."""
-    sampler = SAMPLERS[cfg.sampler](dataset, cfg, batch_size, rank, world_size, seed, accumulation)
+    sampler = SAMPLERS.build(cfg.sampler, dataset, cfg, batch_size, rank, world_size, seed, accumulation)
     workers = cfg.num_workers
     loader = DataLoader(
         dataset,

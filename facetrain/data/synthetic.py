@@ -18,6 +18,7 @@ import cv2
 import numpy as np
 
 from facetrain.config import SynthConfig
+from facetrain.config.validate import check_pairs_settings
 from facetrain.data.synthetic_faces import draw_identity_traits, render_face
 from facetrain.errors import FacetrainError
 from facetrain.progress import ProgressBar
@@ -42,20 +43,6 @@ def _render_identity(job: tuple[Path, str, int, int, int]) -> None:
         if not ok:
             raise OSError(f"cannot encode {name}_{number:04d}.png")
         (folder / f"{name}_{number:04d}.png").write_bytes(encoded.tobytes())
-
-
-def check_pairs_settings(identities: int, images_per_identity: int, folds: int, per_fold: int) -> None:
-    """Fail before rendering anything when the held-out set cannot fill the requested pairs file."""
-    if folds < 1 or per_fold < 1:
-        raise FacetrainError(
-            f"data.synth.pairs_folds and pairs_per_fold must be >= 1, got {folds} and {per_fold}"
-        )
-    if identities < 2 * folds or images_per_identity < 2:
-        raise FacetrainError(
-            f"a pairs file with {folds} folds needs >= {2 * folds} held-out identities with >= 2 images "
-            f"each, got {identities} with {images_per_identity}; lower data.synth.pairs_folds or add "
-            "held-out identities"
-        )
 
 
 def write_pairs(

@@ -1,7 +1,8 @@
 """The store a torchrun attempt joins its process group through, with keys no earlier attempt wrote.
 
-torchrun's agent hands every attempt of a job the same store (`TORCHELASTIC_USE_AGENT_STORE`), and it
-still holds the keys of earlier attempts: gloo's addresses, the join barrier's counters. An attempt that
+Kept because torch's env:// rendezvous does not cover it: torchrun's agent hands every attempt of a job
+the same store (`TORCHELASTIC_USE_AGENT_STORE`, which torch's env:// connects to without a prefix), and
+it still holds the keys of earlier attempts: gloo's addresses, the join barrier's counters. An attempt that
 read them would connect to dead workers or pass the barrier early, so each attempt keeps its keys
 under a prefix of its own. Nothing in the workers' environment names the attempt the same on every
 node: TORCHELASTIC_RESTART_COUNT is each agent's own count, and a node that joins a running job (it
@@ -14,7 +15,6 @@ publishing until every rank has acknowledged its value. Workers of earlier attem
 
 from __future__ import annotations
 
-import os
 import time
 import uuid
 from datetime import timedelta
@@ -25,16 +25,8 @@ ATTEMPT_KEY = "facetrain/attempt"
 POLL_S = 0.05
 
 
-def attempt_store(rank: int, world_size: int, timeout: timedelta) -> dist.Store:
-    """torchrun's store for this attempt, under the prefix its ranks agreed on."""
-    agent_hosts_it = os.environ.get("TORCHELASTIC_USE_AGENT_STORE") == str(True)
-    store = dist.TCPStore(
-        os.environ["MASTER_ADDR"],
-        int(os.environ["MASTER_PORT"]),
-        world_size,
-        is_master=rank == 0 and not agent_hosts_it,
-        timeout=timeout,
-    )
+def attempt_store(store: dist.Store, rank: int, world_size: int, timeout: timedelta) -> dist.Store:
+    """The agent's `store` for this attempt, under the prefix its ranks agreed on."""
     prefix = agree_on_prefix(store, rank, world_size, time.monotonic() + timeout.total_seconds())
     return dist.PrefixStore(f"facetrain/attempt_{prefix}", store)
 

@@ -25,7 +25,7 @@ from torch.distributed.device_mesh import DeviceMesh, init_device_mesh
 
 from facetrain.errors import EveryRankError, FacetrainError
 from facetrain.parallel.attempt_store import attempt_store
-from facetrain.parallel.failures import join_failure_error
+from facetrain.parallel.failures import join_failure_error, keep_check_in_store
 
 
 @dataclass(frozen=True)
@@ -137,16 +137,20 @@ def pick_device(local_rank: int) -> torch.device:
 def _join_process_group(
     backend: str, timeout_s: float, rank: int, world_size: int, init_method: str | None, device: torch.device
 ):
-    """`device_id` makes NCCL build its communicator now, so its set-up errors are reported as joining."""
+    """Through torch's own rendezvous (env:// under torchrun, or `init_method`), whose store is kept for
+    the check-in after a failed collective (`failures.py`). `device_id` makes NCCL build its
+    communicator now, so its set-up errors are reported as joining."""
     timeout = timedelta(seconds=timeout_s)
     bound = {"device_id": device} if backend == "nccl" else {}
     try:
-        if init_method is None and "TORCHELASTIC_RESTART_COUNT" in os.environ:
-            rendezvous = {"store": attempt_store(rank, world_size, timeout)}
-        else:
-            rendezvous = {"init_method": init_method or "env://"}
+        store, rank, world_size = next(
+            dist.rendezvous(init_method or "env://", rank, world_size, timeout=timeout)
+        )
+        if os.environ.get("TORCHELASTIC_USE_AGENT_STORE") == str(True):
+            store = attempt_store(store, rank, world_size, timeout)
+        keep_check_in_store(store)
         dist.init_process_group(
-            backend=backend, rank=rank, world_size=world_size, timeout=timeout, **rendezvous, **bound
+            backend=backend, store=store, rank=rank, world_size=world_size, timeout=timeout, **bound
         )
     except dist.DistError as error:
         raise join_failure_error(error, rank, world_size, backend) from error

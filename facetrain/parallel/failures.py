@@ -9,7 +9,9 @@ Two kinds of failure look alike in a traceback and call for opposite reports:
 - A peer's: gloo's "Connection reset/closed by peer" or receive timeout, NCCL's "remote process exited",
   the watchdog's timeout. None of them names the rank. The rank checks in at the store and waits a few
   seconds: a rank that left its reason there is named with it, ranks that never check in are the lost
-  ones. The store is independent of the failed process group, so it still answers.
+  ones. The store (the one `dims.init_parallel` joined through) is independent of the failed process
+  group, so it still answers. torch's agent cannot do this: ranks may run without one, and it names
+  the first rank to exit, often a bystander, not the peer a live rank lost.
 
 A failure of neither kind is also checked in, so a lost rank is still named; when every rank answered,
 it is reported as this rank's own, with its key line. NCCL's watchdog may instead abort the process after
@@ -101,7 +103,14 @@ def is_own_failure(error: BaseException) -> bool:
     return "NCCL error" in text and not any(m in text for m in _PEER_GONE_MARKERS)
 
 
-def _key(of_rank: int) -> str:  # the store is this attempt's (dims._attempt_store)
+_check_in_store: list[dist.Store] = []  # the rendezvous store this process joined through
+
+
+def keep_check_in_store(store: dist.Store) -> None:
+    _check_in_store[:] = [store]
+
+
+def _key(of_rank: int) -> str:  # the store is this attempt's (attempt_store.py)
     return f"facetrain/after_failure/{of_rank}"
 
 
@@ -109,7 +118,7 @@ def _check_in(rank: int, world_size: int, status: str, wait_s: float) -> dict[in
     """Leave `status` at the store and wait up to `wait_s` (0: not at all) for the other ranks' statuses;
     rank -> its status, None for a rank that did not check in; None when the store is gone too."""
     try:
-        store = dist.distributed_c10d._get_default_store()
+        store = _check_in_store[0]
         store.set_timeout(timedelta(seconds=max(wait_s, 1.0)))
         store.set(_key(rank), status)
         missing = set(range(world_size)) - {rank}
@@ -121,7 +130,11 @@ def _check_in(rank: int, world_size: int, status: str, wait_s: float) -> dict[in
         return {
             r: None if r in missing else store.get(_key(r)).decode() for r in range(world_size) if r != rank
         }
-    except (RuntimeError, ValueError):  # the store's host is gone (rank 0 hosts it without an agent)
+    except (
+        RuntimeError,
+        ValueError,
+        IndexError,
+    ):  # no store, or its host is gone (rank 0 hosts it without an agent)
         return None
 
 

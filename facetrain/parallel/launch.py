@@ -6,9 +6,10 @@ arguments as Python objects, not argv strings.
 
 When ranks fail, the user sees one cause, last. Each rank that fails with a user error records its
 one-line message with a kind: `cause` (this rank's own problem), `every_rank` (the same on every rank)
-or `peer` (this rank stopped because another failed). The records go to a folder the launcher reads
-after every rank has exited (torch's agent keeps only the first failure it sees, which is often a
-bystander), and to the agent's error file, so torchrun's own summary shows the message too. The
+or `peer` (this rank stopped because another failed), in torch elastic's error file for the rank
+(`TORCHELASTIC_ERROR_FILE`), so torchrun's own summary shows the message too. The launcher reads every
+rank's file after all have exited: torch's agent keeps only the first failure it sees, which is often a
+bystander. The
 launcher prints the first `cause` after a one-line summary, and a `peer` message only when nothing
 better explains the failure, so a bystander is never blamed.
 
@@ -27,6 +28,7 @@ import json
 import logging
 import multiprocessing
 import os
+import shutil
 import signal
 import sys
 import tempfile
@@ -35,6 +37,7 @@ import uuid
 from collections.abc import Callable
 from pathlib import Path
 
+from torch.distributed.elastic.multiprocessing import DefaultLogsSpecs
 from torch.distributed.elastic.multiprocessing.errors import ChildFailedError, ProcessFailure
 from torch.distributed.launcher.api import LaunchConfig, elastic_launch
 
@@ -43,7 +46,7 @@ from facetrain.parallel.launcher_watch import run_watched
 
 # exit code of a rank that has reported its one-line user error
 USER_ERROR_EXIT = 2
-REPORTS_ENV = "FACETRAIN_RANK_REPORTS"
+LAUNCHED_ENV = "FACETRAIN_LAUNCHED_LOCALLY"
 
 
 def local_threads(nproc: int) -> int:
@@ -53,24 +56,20 @@ def local_threads(nproc: int) -> int:
 
 def launched_locally() -> bool:
     """Whether this rank was started by `launch_local`, which prints the ranks' errors itself."""
-    return REPORTS_ENV in os.environ
+    return LAUNCHED_ENV in os.environ
 
 
 def record_failure(message: str, kind: str) -> None:
-    """Leave this rank's one-line error where the launcher (or torchrun) looks for it."""
+    """Leave this rank's one-line error in its error file, where the launcher (or torchrun) looks for it."""
     record = {
         "message": message,
         "timestamp": int(time.time()),
         "facetrain": {"kind": kind, "time": time.time()},
     }
-    targets = [os.environ.get("TORCHELASTIC_ERROR_FILE")]
-    if launched_locally():
-        targets.append(str(Path(os.environ[REPORTS_ENV]) / f"rank_{os.environ.get('RANK', '0')}.json"))
-    for target in filter(None, targets):
-        try:
-            Path(target).write_text(json.dumps(record))
-        except OSError:
-            pass  # the launcher then reports the exit code alone
+    try:
+        Path(os.environ["TORCHELASTIC_ERROR_FILE"]).write_text(json.dumps(record))
+    except (KeyError, OSError):
+        pass  # the launcher then reports the exit code alone
 
 
 def _forward_stop_signals() -> dict:
@@ -103,6 +102,7 @@ def launch_local(
     """
     if backend is not None:
         check_backend(backend, nproc, visible_gpus())
+    reports = tempfile.mkdtemp(prefix="facetrain-ranks-")
     config = LaunchConfig(
         min_nodes=1,
         max_nodes=1,
@@ -114,13 +114,14 @@ def launch_local(
         monitor_interval=0.1,
         start_method="spawn",
         signals_to_handle="SIGHUP,SIGQUIT",  # SIGTERM and SIGINT are forwarded, not fatal
+        logs_specs=DefaultLogsSpecs(log_dir=reports),  # <run>/attempt_0/<rank>/error.json
     )
     # the launcher logs every rank's failure at length; facetrain's ranks explain themselves
     for name in ("torch.distributed.elastic", "torch.multiprocessing.spawn"):
         logging.getLogger(name).setLevel(logging.CRITICAL)
     previous = _forward_stop_signals()
-    with tempfile.TemporaryDirectory(prefix="facetrain-ranks-") as reports:
-        os.environ[REPORTS_ENV] = reports  # spawned ranks inherit it
+    try:
+        os.environ[LAUNCHED_ENV] = "1"  # spawned ranks inherit it
         try:
             elastic_launch(config, run_watched)(entrypoint, os.getpid(), timeout_s, *args)
         except ChildFailedError as error:
@@ -128,19 +129,23 @@ def launch_local(
             for line in lines:
                 print(line, file=sys.stderr, flush=True)
             return code
-        finally:
-            del os.environ[REPORTS_ENV]
-            for sig, handler in previous.items():
-                signal.signal(sig, handler)
+    finally:
+        del os.environ[LAUNCHED_ENV]
+        shutil.rmtree(reports, ignore_errors=True)
+        for sig, handler in previous.items():
+            signal.signal(sig, handler)
     return 0
 
 
 def _read_reports(folder: Path) -> dict[int, dict]:
-    """rank -> {"message", "facetrain": {"kind", "time"}} for every rank that recorded its failure."""
+    """rank -> {"message", "facetrain": {"kind", "time"}} for every rank that recorded its failure (one
+    node: the local rank of torch's error-file folder is the rank)."""
     reports = {}
-    for path in folder.glob("rank_*.json"):
+    for path in folder.glob("*/attempt_*/*/error.json"):
         try:
-            reports[int(path.stem.split("_")[1])] = json.loads(path.read_text())
+            report = json.loads(path.read_text())
+            if "facetrain" in report:  # not a traceback @record left
+                reports[int(path.parent.name)] = report
         except (OSError, ValueError):
             continue
     return reports

@@ -32,14 +32,13 @@ def parallelize_backbone(
     dims: ParallelDims,
     cfg: ParallelConfig,
     batch_shape: Sequence[int],
-    gradient_reduction: str = "mean",
     broadcast_buffers: bool = True,
 ) -> ParallelBackbone:
     """Spread `backbone` over the ranks as `dims` lays them out; `batch_shape` is one rank's batch.
     `broadcast_buffers` is DDP's (see `wrap_data_parallel`)."""
     if dims.pp_enabled:
-        pipeline = PipelineRuntime(backbone, cfg, dims, batch_shape, gradient_reduction, broadcast_buffers)
+        pipeline = PipelineRuntime(backbone, cfg, dims, batch_shape, broadcast_buffers)
         return ParallelBackbone(pipeline.stage, None, pipeline)
     backbone = backbone.to(dims.device)
-    model = wrap_data_parallel(backbone, dims.device, dims.dp_group, gradient_reduction, broadcast_buffers)
+    model = wrap_data_parallel(backbone, dims.device, dims.dp_group, broadcast_buffers)
     return ParallelBackbone(backbone, model, None)

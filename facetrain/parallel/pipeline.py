@@ -14,6 +14,7 @@ from collections.abc import Callable, Sequence
 import torch
 from torch import nn
 from torch.distributed.pipelining import PipelineStage, Schedule1F1B, ScheduleGPipe
+from torch.distributed.pipelining.schedules import PipelineScheduleSingle
 
 from facetrain.config.schema import ParallelConfig
 from facetrain.errors import FacetrainError
@@ -28,8 +29,11 @@ from facetrain.parallel.pipeline_split import (
     split_backbone,
     stage_boundary_shapes,
 )
+from facetrain.registry import Registry
 
-PIPELINE_SCHEDULES = {"gpipe": ScheduleGPipe, "1f1b": Schedule1F1B}
+PIPELINE_SCHEDULES: Registry[PipelineScheduleSingle] = Registry("pipeline schedule")
+PIPELINE_SCHEDULES.register("gpipe")(ScheduleGPipe)
+PIPELINE_SCHEDULES.register("1f1b")(Schedule1F1B)
 
 # (embeddings, labels) -> (mean loss, top-1 accuracy), as the margin heads return them
 HeadFn = Callable[[torch.Tensor, torch.Tensor], tuple[torch.Tensor, torch.Tensor]]
@@ -91,24 +95,21 @@ class PipelineRuntime:
         cfg: ParallelConfig,
         dims: ParallelDims,
         batch_shape: Sequence[int],
-        gradient_reduction: str = "mean",
         broadcast_buffers: bool = True,
     ):
-        """`gradient_reduction` combines the replicas' stage gradients (see `wrap_data_parallel`): "mean"
-        with a head of the same convention (the sharded head's default). `broadcast_buffers` is DDP's,
-        as there."""
+        """The stage's replicas average their gradients (`wrap_data_parallel`); `broadcast_buffers` is
+        DDP's, as there."""
         if not dims.pp_enabled:
             raise FacetrainError("a pipeline needs parallel.pipeline_stages >= 2 and a process group")
         self.dims = dims
         self.microbatches = cfg.microbatches
         self.batch_shape = tuple(int(s) for s in batch_shape)
-        self.embedding_size = int(getattr(backbone, "embedding_size", 0))
         microbatch_shape = (self.batch_shape[0] // cfg.microbatches, *self.batch_shape[1:])
         self.stage_starts = plan_split(backbone, cfg, dims, microbatch_shape)
         shapes = stage_boundary_shapes(backbone, self.stage_starts, microbatch_shape)
         self.stage = split_backbone(backbone, self.stage_starts)[dims.stage_index].to(dims.device)
         self.module = wrap_data_parallel(
-            _ContiguousBoundary(self.stage), dims.device, dims.dp_group, gradient_reduction, broadcast_buffers
+            _ContiguousBoundary(self.stage), dims.device, dims.dp_group, broadcast_buffers
         )
         # the stages' tensors, known in advance: nothing is inferred from a first forward at run time
         # (activations from an earlier stage need gradients; the images do not)
@@ -126,10 +127,13 @@ class PipelineRuntime:
             output_grads=None if dims.is_last_stage else stage_output,
             group=dims.pp_group,
         )
-        self._schedule = PIPELINE_SCHEDULES[cfg.schedule](
-            self._pipeline_stage, cfg.microbatches, loss_fn=self._microbatch_loss, scale_grads=False
+        self._schedule = PIPELINE_SCHEDULES.build(
+            cfg.schedule,
+            self._pipeline_stage,
+            cfg.microbatches,
+            loss_fn=self._microbatch_loss,
+            scale_grads=False,
         )
-        self._inference: ScheduleGPipe | None = None
         self._head: HeadFn | None = None
         self._accuracies: list[torch.Tensor] = []
 
@@ -155,7 +159,7 @@ class PipelineRuntime:
     ) -> tuple[torch.Tensor, torch.Tensor]:
         """One forward and backward of the whole batch through the pipeline.
 
-        Gradients accumulate into `.grad` of the stage (summed or averaged over the stage's replicas by
+        Gradients accumulate into `.grad` of the stage (averaged over the stage's replicas by
         DDP on the last micro-batch) and of the head. Returns the batch's mean loss and top-1 accuracy
         (means over micro-batches) on every rank of the pipeline, still on the device.
         """
@@ -196,34 +200,3 @@ class PipelineRuntime:
         for grad in grads:
             grad.mul_(scale.to(grad.dtype))
         return total
-
-    def _inference_schedule(self) -> ScheduleGPipe:
-        """A forward-only schedule on the same stage: the training one would ask for a loss."""
-        if self._inference is None:
-            self._inference = ScheduleGPipe(self._pipeline_stage, self.microbatches)
-        return self._inference
-
-    @torch.no_grad()
-    def embed(self, images: torch.Tensor | None, count: int) -> torch.Tensor:
-        """Embeddings of `count` images, forward only, returned on every rank of the pipeline.
-
-        The pipeline's buffers have the training batch's shape, so the images go through in batches of
-        that size, the last one padded. Call `stage.eval()` first for inference statistics.
-        """
-        batch = self.batch_shape[0]
-        device = self.dims.device
-        outputs = []
-        for start in range(0, count, batch):
-            out = torch.zeros((batch, self.embedding_size), device=device)
-            arg_mbs = None
-            if self.dims.is_first_stage:
-                chunk = images[start : start + batch].to(device)
-                padded = chunk.new_zeros(self.batch_shape)
-                padded[: chunk.shape[0]] = chunk
-                arg_mbs = [(piece,) for piece in padded.chunk(self.microbatches)]
-            result = self._inference_schedule().eval(arg_mbs=arg_mbs)
-            if self.dims.is_last_stage:
-                out.copy_(result)
-            comm.broadcast_(out, src=self.dims.pp - 1, group=self.dims.pp_group)
-            outputs.append(out[: min(batch, count - start)])
-        return torch.cat(outputs) if outputs else torch.zeros((0, self.embedding_size), device=device)

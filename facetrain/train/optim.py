@@ -31,17 +31,19 @@ def _implementation(groups, grad_scaling: bool) -> dict:
     return {"fused": True} if devices == {"cuda"} and not grad_scaling else {}
 
 
+OPTIMIZERS: Registry[torch.optim.Optimizer] = Registry("optimizer")
+
+
+@OPTIMIZERS.register("sgd")
 def _sgd(groups, cfg: OptimConfig, grad_scaling: bool) -> torch.optim.Optimizer:
     return torch.optim.SGD(groups, lr=cfg.lr, momentum=cfg.momentum, **_implementation(groups, grad_scaling))
 
 
+@OPTIMIZERS.register("adamw")
 def _adamw(groups, cfg: OptimConfig, grad_scaling: bool) -> torch.optim.Optimizer:
     return torch.optim.AdamW(
         groups, lr=cfg.lr, betas=tuple(cfg.betas), **_implementation(groups, grad_scaling)
     )
-
-
-OPTIMIZERS = {"sgd": _sgd, "adamw": _adamw}
 
 
 def build_optimizer(
@@ -64,7 +66,7 @@ def build_optimizer(
         fused = getattr(head, "fused_optimizer", None) is not None
         params = [] if fused else list(head.parameters())
         groups.append({"params": params, "weight_decay": head_weight_decay(cfg), "name": "head"})
-    optimizer = OPTIMIZERS[cfg.name](groups, cfg, grad_scaling)
+    optimizer = OPTIMIZERS.build(cfg.name, groups, cfg, grad_scaling)
     for group in optimizer.param_groups:
         group.setdefault("initial_lr", group["lr"])
     return optimizer

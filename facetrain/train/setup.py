@@ -8,8 +8,8 @@ data-parallel group, the optimizer and schedule, and finally the state of a resu
 from __future__ import annotations
 
 import json
-from dataclasses import dataclass
 from pathlib import Path
+from typing import NamedTuple
 
 import torch
 from torch import nn
@@ -32,13 +32,12 @@ from facetrain.models import build_backbone
 from facetrain.parallel import comm
 from facetrain.parallel.dims import ParallelDims
 from facetrain.parallel.parallelize import parallelize_backbone
-from facetrain.parallel.pipeline import PipelineRuntime
 from facetrain.train.checkpoint import TrainState, load_checkpoint
 from facetrain.train.class_remap import match_classes
 from facetrain.train.device_defaults import apply_device_defaults, resolve_device_defaults, tile_classes
 from facetrain.train.elastic import last_logged_step, membership_line
 from facetrain.train.init_weights import load_initial_backbone
-from facetrain.train.losses import LossFn, build_loss
+from facetrain.train.losses import build_loss
 from facetrain.train.notices import nothing_left_to_train
 from facetrain.train.optim import build_fused_optimizer, build_lr_scheduler, build_optimizer
 from facetrain.train.run_dir import (
@@ -48,33 +47,26 @@ from facetrain.train.run_dir import (
     restarted_by_elastic_agent,
     write_run_config,
 )
-from facetrain.train.step import StepSettings
+from facetrain.train.step import StepParts, StepSettings
 
 
-@dataclass
-class TrainingRun:
-    cfg: Config
-    dims: ParallelDims
-    run_dir: Path
+class TrainingData(NamedTuple):
     dataset: torch.utils.data.Dataset
     loader: torch.utils.data.DataLoader
     sampler: torch.utils.data.Sampler
+
+
+class TrainingRun(NamedTuple):
+    """What `build_training_run` makes, for the `Trainer` to own."""
+
+    cfg: Config  # with the device's defaults applied
+    run_dir: Path
+    data: TrainingData
     backbone: nn.Module  # this rank's backbone (or pipeline stage), unwrapped
-    model: nn.Module | None  # what the step calls without a pipeline (DDP or the backbone)
-    pipeline: PipelineRuntime | None
-    head: ShardedMarginHead | None  # None on pipeline stages before the last
-    loss: LossFn | None  # loss.name around the head (the head itself for 'margin'); None where head is
-    optimizer: torch.optim.Optimizer
+    parts: StepParts  # what train_step trains: the parallelized model, the head, the optimizer
     scheduler: torch.optim.lr_scheduler.LRScheduler
-    scaler: torch.amp.GradScaler
-    step_settings: StepSettings
     state: TrainState
     resumed_from: Path | None
-
-    @property
-    def global_batch(self) -> int:
-        """Images per micro-step over all data-parallel replicas."""
-        return self.cfg.train.batch_size * self.dims.dp
 
 
 def build_training_run(cfg: Config, dims: ParallelDims, resume: str | None) -> TrainingRun:
@@ -160,10 +152,9 @@ def build_training_run(cfg: Config, dims: ParallelDims, resume: str | None) -> T
         grad_clip=cfg.optim.grad_clip,
         channels_last=cfg.model.channels_last,
     )
-    return TrainingRun(
-        cfg, dims, run_dir, dataset, loader, sampler, local, model, pipeline, head, loss,
-        optimizer, scheduler, scaler, step_settings, state, checkpoint,
-    )  # fmt: skip
+    parts = StepParts(model, head, optimizer, scaler, step_settings, pipeline, loss)
+    data = TrainingData(dataset, loader, sampler)
+    return TrainingRun(cfg, run_dir, data, local, parts, scheduler, state, checkpoint)
 
 
 def _job_restarted(run_dir: Path, dims: ParallelDims) -> bool:

@@ -55,28 +55,32 @@ def _sync_unless(model: nn.Module, last_micro_step: bool):
     return contextlib.nullcontext()
 
 
-def train_step(
-    batches: Iterator[tuple[torch.Tensor, torch.Tensor]],
-    model: nn.Module | None,
-    head: nn.Module | None,
-    optimizer: torch.optim.Optimizer,
-    scaler: torch.amp.GradScaler,
-    settings: StepSettings,
-    pipeline: PipelineRuntime | None = None,
-    train_backbone: bool = True,
-    loss_fn: Callable[..., tuple[torch.Tensor, torch.Tensor]] | None = None,
-) -> StepResult:
-    """Consume `settings.accumulation` batches and take one optimizer step.
+@dataclass
+class StepParts:
+    """What one optimizer step trains and how: `model` is the backbone as parallelized for data
+    parallelism (DDP or plain), unused with a `pipeline`, which then runs this rank's stage; `head` maps
+    (embeddings, labels) to (loss, accuracy), None on pipeline stages that do not hold it; `loss` does
+    the same from the model's outputs when that is more than the head (`facetrain.train.losses`, e.g.
+    the head plus a triplet loss), None: the head."""
 
-    `model` is the backbone as parallelized for data parallelism (DDP or plain); with a `pipeline` it is
-    unused and the pipeline runs this rank's stage. `head` maps (embeddings, labels) to (loss, accuracy);
-    it is None on pipeline stages that do not hold it. `loss_fn` maps the model's outputs and labels
-    to (loss, accuracy) when that is more than the head (`facetrain.train.losses`, e.g. the head plus
-    a triplet loss); None: the head. With `train_backbone=False` (fine-tuning's first steps,
-    optim.head_only_steps) the backbone runs without autograd, so only the head learns.
-    """
-    criterion = head if loss_fn is None else loss_fn
-    fused = getattr(head, "fused_optimizer", None)
+    model: nn.Module | None
+    head: nn.Module | None
+    optimizer: torch.optim.Optimizer
+    scaler: torch.amp.GradScaler
+    settings: StepSettings
+    pipeline: PipelineRuntime | None = None
+    loss: Callable[..., tuple[torch.Tensor, torch.Tensor]] | None = None
+
+
+def train_step(
+    batches: Iterator[tuple[torch.Tensor, torch.Tensor]], parts: StepParts, train_backbone: bool = True
+) -> StepResult:
+    """Consume `settings.accumulation` batches and take one optimizer step. With `train_backbone=False`
+    (fine-tuning's first steps, optim.head_only_steps) the backbone runs without autograd, so only the
+    head learns."""
+    settings, optimizer, scaler, pipeline = parts.settings, parts.optimizer, parts.scaler, parts.pipeline
+    criterion = parts.head if parts.loss is None else parts.loss
+    fused = getattr(parts.head, "fused_optimizer", None)
     if fused is not None:  # the tiled head updates itself inside the backward, at the schedule's rate
         fused.param_groups[0]["lr"] = head_learning_rate(optimizer)
     loss_sum = torch.zeros((), device=settings.device)
@@ -88,10 +92,10 @@ def train_step(
         if pipeline is not None:
             loss, accuracy = pipeline.step(images, labels, criterion)
         else:
-            with _sync_unless(model, micro_step == settings.accumulation - 1):
+            with _sync_unless(parts.model, micro_step == settings.accumulation - 1):
                 with settings.autocast():
                     with torch.set_grad_enabled(train_backbone):
-                        outputs = model(images)
+                        outputs = parts.model(images)
                     loss, accuracy = criterion(outputs, labels)
                 scaler.scale(loss / settings.accumulation).backward()
         loss_sum += loss.detach()
@@ -102,7 +106,7 @@ def train_step(
         if pipeline is not None:
             pipeline.clip_grad_norm_(settings.grad_clip)
         else:
-            torch.nn.utils.clip_grad_norm_(unwrap(model).parameters(), settings.grad_clip)
+            torch.nn.utils.clip_grad_norm_(unwrap(parts.model).parameters(), settings.grad_clip)
     scaler.step(optimizer)  # an fp16 step with non-finite gradients is skipped here
     scaler.update()
     optimizer.zero_grad(set_to_none=True)
