@@ -63,7 +63,7 @@ def softmax_loss(
     """The loss from this rank's share, in one all-reduce: `sum_exp` of exp(logit - global max) over its
     classes (penalised targets included), the penalised `target_logit` and plain `target_raw` where it
     owns the target. Returns the loss (the mean over valid rows), the statistics the backward needs
-    (`target_gradient`) and the global top-1 hits per row."""
+    (`target_gradient`) and the global top-1 hit count (no gradient)."""
     zero = sum_exp.new_zeros(())
     stats = torch.stack(
         [
@@ -81,7 +81,7 @@ def softmax_loss(
     n_valid = valid.sum().to(row_loss.dtype)
     loss = torch.where(valid, row_loss, 0.0).sum() / n_valid
     denominator = torch.where(valid, n_valid * sum_exp, float("inf"))
-    return loss, torch.stack([sum_exp, denominator]), hits
+    return loss, torch.stack([sum_exp, denominator]), hits.sum()
 
 
 def target_gradient(

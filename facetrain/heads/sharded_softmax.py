@@ -15,31 +15,23 @@ from __future__ import annotations
 
 import torch
 
+from facetrain.heads import margin_softmax as ms
 from facetrain.heads.logit_gemm import LogitGemm
-from facetrain.heads.margin_softmax import (
-    EPS,
-    compute_dtype,
-    penalise_targets,
-    softmax_loss,
-    target_gradient,
-    through_normalization,
-    unit_rows,
-)
 from facetrain.heads.margins import Margin
 from facetrain.heads.scratch import Scratch
 from facetrain.parallel import comm
 
 
 def _wide_mm(
-    a: torch.Tensor, b: torch.Tensor, compute_dtype: torch.dtype, out_dtype: torch.dtype
+    a: torch.Tensor, b: torch.Tensor, gemm_dtype: torch.dtype, out_dtype: torch.dtype
 ) -> torch.Tensor:
-    """a @ b on `compute_dtype` operands, returned in `out_dtype`: written wide by the GEMM itself where
+    """a @ b on `gemm_dtype` operands, returned in `out_dtype`: written wide by the GEMM itself where
     the device can (CUDA), which saves a rounded result and a pass over it (weight-sized for the weight
     gradient), else rounded to the compute dtype and widened."""
-    gemm = LogitGemm(a.device, compute_dtype, out_dtype)
+    gemm = LogitGemm(a.device, gemm_dtype, out_dtype)
     if gemm.native:
         return gemm.mm(a, b)
-    return torch.mm(a.to(compute_dtype), b.to(compute_dtype)).to(out_dtype)
+    return torch.mm(a.to(gemm_dtype), b.to(gemm_dtype)).to(out_dtype)
 
 
 class ShardedMarginSoftmax(torch.autograd.Function):
@@ -55,11 +47,11 @@ class ShardedMarginSoftmax(torch.autograd.Function):
     def forward(
         ctx, embeddings, weight, target_column, valid, margin: Margin, scale: float, group, sub_centers=1
     ):
-        gemm_dtype = compute_dtype(embeddings.device, embeddings.dtype)
+        gemm_dtype = ms.compute_dtype(embeddings.device, embeddings.dtype)
         with torch.autocast(embeddings.device.type, enabled=False):
-            x_unit, x_norm = unit_rows(embeddings)
+            x_unit, x_norm = ms.unit_rows(embeddings)
             w = weight.to(x_unit.dtype)
-            w_inv_norm = torch.linalg.vector_norm(w, dim=1).clamp_min(EPS).reciprocal()
+            w_inv_norm = torch.linalg.vector_norm(w, dim=1).clamp_min(ms.EPS).reciprocal()
 
             # fp32 out of the GEMM: a bf16 output would round the logits before the softmax
             logits = LogitGemm(x_unit.device, gemm_dtype, x_unit.dtype).mm(x_unit, w.t())
@@ -73,13 +65,13 @@ class ShardedMarginSoftmax(torch.autograd.Function):
             has_target = target_column >= 0
             columns = target_column.clamp_min(0)[:, None]
             target_raw = logits.gather(1, columns).squeeze(1)
-            target_logit, margin_slope = penalise_targets(margin, target_raw, has_target, scale)
+            target_logit, margin_slope = ms.penalise_targets(margin, target_raw, has_target, scale)
             logits.scatter_(1, columns, target_logit[:, None])
 
             row_max = logits.max(dim=1).values  # every shard has >= 1 class: the head refuses C < N
             comm.all_reduce_(row_max, "max", group)
             exps = logits.sub_(row_max[:, None]).exp_()
-            loss, row_stats, hits = softmax_loss(
+            loss, row_stats, hit_count = ms.softmax_loss(
                 exps.sum(dim=1), target_logit, target_raw, has_target, row_max, valid, group
             )
 
@@ -88,7 +80,6 @@ class ShardedMarginSoftmax(torch.autograd.Function):
         )
         ctx.scale, ctx.compute_dtype = scale, gemm_dtype
         ctx.embedding_dtype, ctx.weight_dtype = embeddings.dtype, weight.dtype
-        hit_count = hits.sum()
         ctx.mark_non_differentiable(hit_count)
         return loss, hit_count
 
@@ -102,7 +93,9 @@ class ShardedMarginSoftmax(torch.autograd.Function):
         batch = exps.shape[0]
         with torch.autocast(exps.device.type, enabled=False):
             at_target = exps.gather(1, columns).squeeze(1)
-            row_factor, corrected = target_gradient(row_stats, grad_loss, at_target, margin_slope, has_target)
+            row_factor, corrected = ms.target_gradient(
+                row_stats, grad_loss, at_target, margin_slope, has_target
+            )
             exps.scatter_(1, columns, corrected[:, None])
             if nearest_centre is not None:  # each class's gradient goes to its nearest centre's row
                 classes, centres = nearest_centre.shape[1], w.shape[0] // nearest_centre.shape[1]
@@ -117,5 +110,5 @@ class ShardedMarginSoftmax(torch.autograd.Function):
             along = Scratch(w.device).rowwise_dot(grad_w, w).mul_(w_inv_norm.square())
             grad_w.addcmul_(w, along[:, None], value=-1.0)
 
-            grad_x = through_normalization(grad_x_unit, x_unit, x_norm)
+            grad_x = ms.through_normalization(grad_x_unit, x_unit, x_norm)
         return grad_x.to(ctx.embedding_dtype), grad_w.to(ctx.weight_dtype), None, None, None, None, None, None

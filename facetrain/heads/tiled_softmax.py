@@ -16,18 +16,10 @@ from __future__ import annotations
 
 import torch
 
+from facetrain.heads import margin_softmax as ms
 from facetrain.heads.class_rows import class_tiles
 from facetrain.heads.fused_optim import FusedOptimizer
 from facetrain.heads.logit_gemm import LogitGemm
-from facetrain.heads.margin_softmax import (
-    EPS,
-    compute_dtype,
-    penalise_targets,
-    softmax_loss,
-    target_gradient,
-    through_normalization,
-    unit_rows,
-)
 from facetrain.heads.margins import Margin
 from facetrain.heads.scratch import Scratch
 from facetrain.heads.tile_kernel import EAGER_TILE_OPS, TileOps
@@ -42,7 +34,7 @@ def _tile_dots(scratch, gemm, x_op, weight, rows, inv_norm):
     """
     stored = rows.read(weight, weight.dtype)  # a view, or Partial FC's rows: never converted twice
     current = scratch.cast("current", stored, inv_norm.dtype)
-    torch.linalg.vector_norm(current, dim=1, out=inv_norm).clamp_min_(EPS).reciprocal_()
+    torch.linalg.vector_norm(current, dim=1, out=inv_norm).clamp_min_(ms.EPS).reciprocal_()
     same = gemm.operand_dtype == current.dtype
     w_op = current if same else scratch.cast("operand", stored, gemm.operand_dtype)
     return gemm.mm(x_op, w_op.t(), out=scratch.get("logits", x_op.shape[0], len(rows), inv_norm.dtype))
@@ -79,11 +71,11 @@ class TiledMarginSoftmax(torch.autograd.Function):
         optimizer: FusedOptimizer | None,
         tile_ops: TileOps = EAGER_TILE_OPS,
     ):
-        gemm_dtype = compute_dtype(embeddings.device, embeddings.dtype)
+        gemm_dtype = ms.compute_dtype(embeddings.device, embeddings.dtype)
         width = weight.shape[0] if index is None else index.shape[0]
         tiles = class_tiles(width, tile_classes, index)
         with torch.autocast(embeddings.device.type, enabled=False):
-            x_unit, x_norm = unit_rows(embeddings)
+            x_unit, x_norm = ms.unit_rows(embeddings)
             gemm = LogitGemm(x_unit.device, gemm_dtype, x_unit.dtype)
             x_op = x_unit.to(gemm.operand_dtype)
             has_target = target_column >= 0
@@ -103,12 +95,12 @@ class TiledMarginSoftmax(torch.autograd.Function):
                     dots, tile_norms * scale, in_tile, column, running_max, running_sum, target_raw
                 )
 
-            target_logit, margin_slope = penalise_targets(margin, target_raw, has_target, scale)
+            target_logit, margin_slope = ms.penalise_targets(margin, target_raw, has_target, scale)
             row_max = torch.where(has_target, torch.maximum(running_max, target_logit), running_max)
             sum_exp = running_sum * (running_max - row_max).exp()
             sum_exp = sum_exp + torch.where(has_target, (target_logit - row_max).exp(), 0.0)
             global_max = comm.all_reduce_(row_max.clone(), "max", group)
-            loss, row_stats, hits = softmax_loss(
+            loss, row_stats, hit_count = ms.softmax_loss(
                 sum_exp * (row_max - global_max).exp(), target_logit, target_raw, has_target, global_max,
                 valid, group,
             )  # fmt: skip
@@ -119,7 +111,6 @@ class TiledMarginSoftmax(torch.autograd.Function):
         )  # fmt: skip
         ctx.scale, ctx.tile_classes, ctx.optimizer, ctx.tile_ops = scale, tile_classes, optimizer, tile_ops
         ctx.compute_dtype, ctx.embedding_dtype = gemm_dtype, embeddings.dtype
-        hit_count = hits.sum()
         ctx.mark_non_differentiable(hit_count)
         return loss, hit_count
 
@@ -139,7 +130,7 @@ class TiledMarginSoftmax(torch.autograd.Function):
             x_logit_op = x_unit.to(gemm.operand_dtype)
             at_target = (target_logit - global_max).exp()
             has_target = target_column >= 0
-            row_factor, corrected_target = target_gradient(
+            row_factor, corrected_target = ms.target_gradient(
                 row_stats, grad_loss, at_target, margin_slope, has_target
             )
             scaled_x = (x_unit * row_factor[:, None]).to(ctx.compute_dtype)
@@ -180,5 +171,5 @@ class TiledMarginSoftmax(torch.autograd.Function):
             grad_x = None
             if wants_x:
                 grad_x_unit.mul_(row_factor[:, None])
-                grad_x = through_normalization(grad_x_unit, x_unit, x_norm).to(ctx.embedding_dtype)
+                grad_x = ms.through_normalization(grad_x_unit, x_unit, x_norm).to(ctx.embedding_dtype)
         return grad_x, grad_weight, None, None, None, None, None, None, None, None, None
