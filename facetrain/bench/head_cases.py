@@ -18,7 +18,7 @@ from facetrain.bench.common import peak_memory, timed_repeats
 from facetrain.bench.head_memory import bench_device
 from facetrain.bench.naive_head import NaiveModelParallelHead
 from facetrain.bench.traffic import count_traffic
-from facetrain.heads import DenseMarginHead, ShardedMarginHead, class_range
+from facetrain.heads import DenseMarginHead, HeadPlan, ShardedMarginHead, class_range
 from facetrain.heads.fused_optim import FusedSGD
 from facetrain.heads.memory import estimate_head_memory
 from facetrain.parallel import comm
@@ -128,9 +128,8 @@ class TiledBench(BenchHead):
     storage = torch.float32
 
     def build(self, case: HeadCase) -> nn.Module:
-        head = ShardedMarginHead(
-            case.num_classes, case.dim, tile_classes=case.tile_classes, dtype=self.storage
-        )
+        plan = HeadPlan("tiled", case.tile_classes, self.storage, self.storage, fused_optimizer=True)
+        head = ShardedMarginHead(case.num_classes, case.dim, plan=plan)
         head.fuse_optimizer(FusedSGD([head.weight], state_dtype=self.storage, **SGD_SETTINGS))
         return head
 

@@ -15,7 +15,7 @@ from __future__ import annotations
 
 import torch
 
-from facetrain.heads import margin_softmax as ms
+import facetrain.heads.margin_softmax as ms
 from facetrain.heads.logit_gemm import LogitGemm
 from facetrain.heads.margins import Margin
 from facetrain.heads.scratch import Scratch

@@ -16,7 +16,7 @@ from __future__ import annotations
 
 import torch
 
-from facetrain.heads import margin_softmax as ms
+import facetrain.heads.margin_softmax as ms
 from facetrain.heads.class_rows import class_tiles
 from facetrain.heads.fused_optim import FusedOptimizer
 from facetrain.heads.logit_gemm import LogitGemm
