@@ -20,14 +20,15 @@ from single_process import BATCH, CLASSES, EMBEDDING, fake_faces, make_backbone 
 from torch.nn.parallel import DistributedDataParallel
 from torch.utils.data import DataLoader, DistributedSampler
 
-from facetrain.heads import ShardedMarginHead
+from facetrain.heads import HeadPlan, ShardedMarginHead
 from facetrain.heads.fused_optim import FusedSGD
 
 
 def train(steps: int, device="cpu", dtype=torch.float32):
     backbone = make_backbone().to(device, dtype)
     model = DistributedDataParallel(backbone) if dist.is_initialized() else backbone
-    head = ShardedMarginHead(CLASSES, EMBEDDING, margin="arcface", scale=16.0, tile_classes=16)
+    plan = HeadPlan("tiled", tile_classes=16, fused_optimizer=True)  # 16 classes a tile, its own optimizer
+    head = ShardedMarginHead(CLASSES, EMBEDDING, margin="arcface", scale=16.0, plan=plan)
     head.reset_parameters(seed=0)  # the same full weight on any number of ranks
     head.to(device, dtype)
     # A torch.optim.Optimizer over this rank's rows with torch.optim.SGD's arithmetic, applied inside the

@@ -18,6 +18,7 @@ import torch
 from facetrain.bench.workers import WorkerPool
 from facetrain.config import ModelConfig
 from facetrain.heads import ShardedMarginHead
+from tests.head_plans import head_plan
 from tests.test_head import dense_reference, local_rows, make_problem
 from tests.train_helpers import logged_losses, run_cli, tiny_config
 
@@ -36,7 +37,7 @@ def cuda_head_step(weight, embeddings, labels, precision, tile=None, rows=slice(
     device = torch.device("cuda", torch.cuda.current_device())
     # "sum": each rank's embedding gradient is its share, comparable row for row with the reference
     head = ShardedMarginHead(
-        weight.shape[0], weight.shape[1], margin="arcface", tile_classes=tile, gradient_reduction="sum"
+        weight.shape[0], weight.shape[1], margin="arcface", plan=head_plan(tile), gradient_reduction="sum"
     ).to(device)
     head.weight.data.copy_(weight[head.class_start : head.class_stop])
     x = embeddings[rows].to(device).requires_grad_()

@@ -14,6 +14,7 @@ from torch.optim.lr_scheduler import LambdaLR
 
 from facetrain.heads import ShardedMarginHead
 from facetrain.heads.fused_optim import FusedAdamW, FusedSGD
+from tests.head_plans import head_plan
 
 CLASSES, DIM, BATCH = 17, 6, 8
 
@@ -28,7 +29,8 @@ def batches(steps: int):
 
 
 def head(tile_classes=None) -> ShardedMarginHead:
-    module = ShardedMarginHead(CLASSES, DIM, margin="cosface", scale=8.0, tile_classes=tile_classes)
+    plan = head_plan(tile_classes, fused=tile_classes is not None)
+    module = ShardedMarginHead(CLASSES, DIM, margin="cosface", scale=8.0, plan=plan)
     module.reset_parameters(seed=1)
     return module.double()
 

@@ -9,6 +9,7 @@ from facetrain.heads import ShardedMarginHead
 from facetrain.heads.class_rows import ClassRows
 from facetrain.heads.fused_optim import FusedSGD
 from facetrain.heads.rounding import stochastic_round_to_bf16
+from tests.head_plans import head_plan
 
 ULP_AT_ONE = 2.0**-7  # bf16 spacing in [1, 2)
 
@@ -71,7 +72,7 @@ def test_bf16_head_trains_like_fp32_on_a_toy_problem():
     figures = {}
     for dtype in (torch.float32, torch.bfloat16):
         torch.manual_seed(4)
-        head = ShardedMarginHead(classes, dim, margin="cosface", scale=16.0, tile_classes=16, dtype=dtype)
+        head = ShardedMarginHead(classes, dim, margin="cosface", scale=16.0, plan=head_plan(16, True, dtype))
         head.reset_parameters(seed=0)
         head.fuse_optimizer(FusedSGD([head.weight], lr=0.05, momentum=0.9, state_dtype=dtype))
         data = torch.Generator().manual_seed(5)

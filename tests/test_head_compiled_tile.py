@@ -14,6 +14,7 @@ import torch
 
 from facetrain.heads import ShardedMarginHead
 from facetrain.heads.fused_optim import FusedSGD
+from tests.head_plans import head_plan
 
 pytestmark = pytest.mark.slow
 
@@ -41,8 +42,8 @@ def problem(dtype):
 def step(weight, embeddings, labels, tile_classes=None, compile_tiles=False, sample_rate=1.0, fused=False):
     torch.manual_seed(1)  # Partial FC's draw
     head = ShardedMarginHead(
-        CLASSES, DIM, tile_classes=tile_classes, compile_tiles=compile_tiles, sample_rate=sample_rate,
-        dtype=weight.dtype,
+        CLASSES, DIM, sample_rate=sample_rate,
+        plan=head_plan(tile_classes, fused, weight.dtype, compile_tiles),
     )  # fmt: skip
     with torch.no_grad():
         head.weight.copy_(weight)

@@ -8,9 +8,9 @@ from click.testing import CliRunner
 
 from facetrain.cli import main
 from facetrain.config import Config
-from facetrain.heads import ShardedMarginHead
+from facetrain.heads import HeadPlan, ShardedMarginHead
 from facetrain.parallel.dims import init_parallel
-from facetrain.train import setup
+from facetrain.train import head_plan
 from facetrain.train.checkpoint import TrainState, load_checkpoint, save_checkpoint
 from facetrain.train.optim import build_fused_optimizer, build_optimizer, head_learning_rate
 from tests.distributed import run_distributed
@@ -25,7 +25,10 @@ def build(mode: str, seed: int, state_dtype=torch.float32):
     cfg = Config()
     torch.manual_seed(seed)
     backbone = torch.nn.Sequential(torch.nn.Linear(4, DIM))
-    head = ShardedMarginHead(NUM_CLASSES, DIM, margin="cosface", tile_classes=4 if mode == "tiled" else None)
+    plan = (
+        HeadPlan("tiled", 4, state_dtype=state_dtype, fused_optimizer=True) if mode == "tiled" else HeadPlan()
+    )
+    head = ShardedMarginHead(NUM_CLASSES, DIM, margin="cosface", plan=plan)
     head.reset_parameters(seed=seed)
     if mode == "tiled":
         head.fuse_optimizer(build_fused_optimizer(cfg.optim, head, state_dtype))
@@ -121,7 +124,7 @@ def test_trainer_runs_the_tiled_bf16_head_and_resumes_untiled(tmp_path):
     assert "resumed from" in resumed.stdout + resumed.stderr and len(logged_losses(tmp_path / "run")) == 8
 
 
-FUSED_FIX = "or set head.fused_optimizer=false to keep a gradient buffer"
+FP32_FIX = "or store the head in fp32 (head.weight_dtype, head.state_dtype)"
 
 
 @pytest.mark.parametrize(
@@ -132,32 +135,55 @@ FUSED_FIX = "or set head.fused_optimizer=false to keep a gradient buffer"
             ["head.fused_optimizer=false", "head.state_dtype=bf16"],
             "head.state_dtype = 'bf16': needs the tiled",
         ),
-        (["head.mode=tiled", "optim.grad_accumulation=2"], "optim.grad_accumulation = 2: must be 1 with"),
+        (
+            ["head.state_dtype=bf16", "optim.grad_accumulation=2"],
+            "optim.grad_accumulation = 2: must be 1 with",
+        ),
         (["head.weight_dtype=bf16", "train.precision=fp16"], "train.precision = 'fp16': cannot be used"),
         (
-            ["head.mode=tiled", "parallel.pipeline_stages=2", "parallel.microbatches=2"],
+            ["head.weight_dtype=bf16", "parallel.pipeline_stages=2", "parallel.microbatches=2"],
             "parallel.microbatches = 2: must be 1 with",
         ),
     ],
 )
-def test_settings_the_fused_head_cannot_honour_are_one_line_errors(tmp_path, overrides, message):
+def test_bf16_storage_without_its_fused_optimizer_is_a_one_line_error(tmp_path, overrides, message):
     config = tiny_config(tmp_path, "run")
     args = [arg for override in overrides for arg in ("--set", override)]
     result = CliRunner().invoke(main, ["config", "-c", str(config), *args])
     assert result.exit_code == 2, result.output
     assert result.output.count("\n") == 1 and message in result.output
-    assert ("needs the tiled" in message) != (FUSED_FIX in result.output)
+    assert ("needs the tiled" in message) != (FP32_FIX in result.output)
 
 
 @pytest.mark.parametrize(
-    ("free_bytes", "accumulation", "mode", "fused"),
-    [(10**12, 1, "untiled", False), (1, 1, "tiled", True), (1, 2, "tiled", False)],
+    ("requested", "free_bytes", "accumulation", "mode", "fused", "why"),
+    [
+        ("auto", 10**12, 1, "untiled", False, "head.mode auto, 931.3 GiB free"),
+        ("auto", 1, 1, "tiled", True, "head.mode auto, 0.0 GiB free"),
+        (
+            "auto",
+            1,
+            2,
+            "tiled",
+            False,
+            "head.mode auto, 0.0 GiB free; no fused optimizer with optim.grad_accumulation 2",
+        ),
+        ("tiled", 1, 2, "tiled", False, "no fused optimizer with optim.grad_accumulation 2"),
+        ("tiled", 1, 1, "tiled", True, ""),
+    ],
 )
-def test_auto_mode_takes_the_untiled_head_when_it_fits(monkeypatch, free_bytes, accumulation, mode, fused):
-    """head.mode auto: untiled when it fits, else tiled; with settings the fused optimizer cannot
-    honour (here gradient accumulation) the tiled head keeps a gradient buffer instead of refusing."""
-    monkeypatch.setattr(setup, "free_memory_bytes", lambda device: free_bytes)
+def test_the_head_plan_is_resolved_once_and_logged(
+    monkeypatch, capsys, requested, free_bytes, accumulation, mode, fused, why
+):
+    """head.mode auto: untiled when it fits, else tiled. A setting the fused optimizer cannot honour
+    (here gradient accumulation) turns it off in every mode, and the line says which; the head gets
+    the plan as it was logged."""
+    monkeypatch.setattr(head_plan, "free_memory_bytes", lambda device: free_bytes)
     cfg = Config()
-    cfg.model.embedding_size, cfg.optim.grad_accumulation = DIM, accumulation
-    head = setup.build_head(cfg, NUM_CLASSES, init_parallel())
-    assert head.mode == mode and (head.fused_optimizer is not None) == fused
+    cfg.model.embedding_size, cfg.optim.grad_accumulation, cfg.head.mode = DIM, accumulation, requested
+    head = head_plan.build_head(cfg, NUM_CLASSES, init_parallel())
+    assert (head.plan.mode, head.plan.fused_optimizer, head.plan.tile_classes) == (mode, fused, 8192)
+    assert (head.fused_optimizer is not None) == fused
+    line = capsys.readouterr().out.strip()
+    assert line.startswith(f"head: {'tiled, 8,192 classes a tile' if mode == 'tiled' else 'untiled'}")
+    assert (f"({why})" in line) if why else ("(" not in line.split(";")[0])

@@ -15,6 +15,7 @@ import torch
 
 from facetrain.heads import ShardedMarginHead
 from facetrain.heads.logit_gemm import LogitGemm
+from tests.head_plans import head_plan
 from tools.head_precision import make_inputs
 
 CLASSES, DIM, BATCH = 3000, 128, 16
@@ -27,7 +28,7 @@ def near_target_problem(seed):
 
 
 def head_loss(weight, embeddings, labels, dtype, tile_classes, autocast):
-    head = ShardedMarginHead(CLASSES, DIM, tile_classes=tile_classes, dtype=dtype)
+    head = ShardedMarginHead(CLASSES, DIM, plan=head_plan(tile_classes, dtype=dtype))
     with torch.no_grad():
         head.weight.copy_(weight)
     x = embeddings.to(torch.float64 if dtype == torch.float64 else torch.float32)

@@ -10,7 +10,7 @@ from facetrain.checkpoints import load_full_head
 from facetrain.config import Config
 from facetrain.config.validate import validate
 from facetrain.errors import FacetrainError
-from facetrain.heads import DenseMarginHead, ShardedMarginHead
+from facetrain.heads import DenseMarginHead, HeadPlan, ShardedMarginHead
 from facetrain.parallel.dims import init_parallel
 from facetrain.train.checkpoint import TrainState, load_checkpoint, save_checkpoint
 from facetrain.train.optim import build_optimizer
@@ -160,5 +160,5 @@ def test_sub_centers_need_the_untiled_head(settings):
         setattr(cfg.head, key, value)
     with pytest.raises(FacetrainError, match="head.sub_centers.*needs the untiled head"):
         validate(cfg, world_size=1)
-    with pytest.raises(FacetrainError, match="needs the untiled head"):
-        ShardedMarginHead(CLASSES, DIM, tile_classes=4, sub_centers=2)
+    with pytest.raises(ValueError, match="needs the untiled head"):
+        ShardedMarginHead(CLASSES, DIM, plan=HeadPlan("tiled", 4), sub_centers=2)

@@ -13,10 +13,11 @@ import torch
 
 from facetrain.bench.common import PeakRss
 from facetrain.errors import FacetrainError
-from facetrain.heads import DenseMarginHead, ShardedMarginHead
+from facetrain.heads import DenseMarginHead, HeadPlan, ShardedMarginHead
 from facetrain.heads.fused_optim import FusedAdamW, FusedSGD
 from facetrain.heads.memory import choose_mode, estimate_head_memory
 from tests.distributed import run_distributed
+from tests.head_plans import head_plan
 from tests.test_head import (
     EMBEDDING,
     LABEL_PATTERNS,
@@ -38,7 +39,7 @@ OPTIMIZERS = {
 
 def tiled_step(rank, world_size, margin, tile, weight, embeddings, labels):
     head = ShardedMarginHead(
-        weight.shape[0], weight.shape[1], margin=margin, tile_classes=tile, gradient_reduction="sum"
+        weight.shape[0], weight.shape[1], margin=margin, plan=head_plan(tile), gradient_reduction="sum"
     )
     head = head.double()
     head.weight.data.copy_(weight[head.class_start : head.class_stop])
@@ -94,7 +95,7 @@ def fused_worker(rank, world_size, name, tile):
     fused_class, _, settings = OPTIMIZERS[name]
     weight, _, _ = make_problem("spread", torch.float64)
     head = ShardedMarginHead(
-        NUM_CLASSES, EMBEDDING, margin="arcface", tile_classes=tile, gradient_reduction="sum"
+        NUM_CLASSES, EMBEDDING, margin="arcface", plan=head_plan(tile, fused=True), gradient_reduction="sum"
     )
     head = head.double()
     head.weight.data.copy_(weight[head.class_start : head.class_stop])
@@ -157,9 +158,9 @@ def partial_fc_worker(rank, world_size):
     weight, _, _ = make_problem("spread", torch.float64, num_classes=num_classes)
     heads = [
         ShardedMarginHead(
-            num_classes, EMBEDDING, margin="cosface", sample_rate=0.25, tile_classes=tile
+            num_classes, EMBEDDING, margin="cosface", sample_rate=0.25, plan=head_plan(tile, fused=fused)
         ).double()
-        for tile in (7, None)
+        for tile, fused in ((7, True), (None, False))
     ]
     for head in heads:
         head.weight.data.copy_(weight[head.class_start : head.class_stop])
@@ -202,7 +203,7 @@ def test_partial_fc_updates_only_sampled_rows_lazily(world_size):
 
 
 def test_frozen_tiled_head_is_not_updated():
-    head = ShardedMarginHead(30, 8, tile_classes=4)
+    head = ShardedMarginHead(30, 8, plan=head_plan(4, fused=True))
     head.fuse_optimizer(FusedSGD([head.weight], lr=0.1))
     head.weight.requires_grad_(False)
     start = head.weight.detach().clone()
@@ -219,7 +220,7 @@ def test_a_step_holds_tiles_not_the_class_count():
     x, labels = torch.randn(batch, dim, requires_grad=True), torch.randint(0, classes, (batch,))
     floor = 2 * classes * dim * 4  # weight + momentum, fp32
     with PeakRss() as tiled_peak:
-        head = ShardedMarginHead(classes, dim, tile_classes=tile)
+        head = ShardedMarginHead(classes, dim, plan=head_plan(tile, fused=True))
         head.fuse_optimizer(FusedSGD([head.weight], lr=0.1, momentum=0.9))
         head(x, labels).loss.backward()
         del head
@@ -231,6 +232,16 @@ def test_a_step_holds_tiles_not_the_class_count():
         del head, optimizer
     assert floor <= tiled_peak.growth_bytes <= 1.1 * floor
     assert untiled_peak.growth_bytes >= floor + 0.95 * batch * classes * 4
+    with PeakRss() as bf16_peak:
+        head = ShardedMarginHead(classes, dim, plan=head_plan(tile, fused=True, dtype=torch.bfloat16))
+        head.fuse_optimizer(FusedSGD([head.weight], lr=0.1, momentum=0.9, state_dtype=torch.bfloat16))
+        head(x, labels).loss.backward()
+        del head
+    # the memory model (the training log's, head.mode auto's and the scaling model's) to 10 %
+    for peak, storage in ((tiled_peak, torch.float32), (bf16_peak, torch.bfloat16)):
+        model = estimate_head_memory(classes, dim, batch, "tiled", tile_classes=tile, weight_dtype=storage,
+                                     state_dtype=storage).total  # fmt: skip
+        assert peak.growth_bytes == pytest.approx(model, rel=0.1), storage
 
 
 def test_memory_model_and_auto_mode():
@@ -249,13 +260,21 @@ def test_memory_model_and_auto_mode():
 
 
 def test_bad_settings_are_one_line_errors():
-    with pytest.raises(FacetrainError, match=r"tile_classes must be >= 1, got 0 \(head.tile_classes\)"):
-        ShardedMarginHead(10, 8, tile_classes=0)
+    with pytest.raises(ValueError, match="tile_classes must be >= 1, got 0"):
+        HeadPlan("tiled", 0)
+    with pytest.raises(ValueError, match="fused head optimizer needs the tiled head"):
+        HeadPlan(fused_optimizer=True)
+    with pytest.raises(ValueError, match=r"sample_rate must be in \(0, 1\], got 1.5"):
+        ShardedMarginHead(10, 8, sample_rate=1.5)
     untiled = ShardedMarginHead(10, 8)
-    with pytest.raises(FacetrainError, match="needs the tiled head"):
+    with pytest.raises(ValueError, match="plan has no fused optimizer"):
         untiled.fuse_optimizer(FusedSGD([untiled.weight], lr=0.1))
-    with pytest.raises(FacetrainError, match=r"another tensor than this head's weight"):
-        ShardedMarginHead(10, 8, tile_classes=4).fuse_optimizer(FusedSGD([untiled.weight], lr=0.1))
+    with pytest.raises(ValueError, match=r"another tensor than this head's weight"):
+        ShardedMarginHead(10, 8, plan=head_plan(4, fused=True)).fuse_optimizer(
+            FusedSGD([untiled.weight], lr=0.1)
+        )
+    with pytest.raises(ValueError, match="call head.fuse_optimizer"):
+        ShardedMarginHead(10, 8, plan=head_plan(4, fused=True))(torch.randn(2, 8), torch.tensor([0, 1]))
     with pytest.raises(FacetrainError, match="updates one weight, the tiled head's, not 2"):
         FusedSGD([untiled.weight, torch.nn.Parameter(torch.ones(2))], lr=0.1)
     sgd = FusedSGD([untiled.weight], lr=0.1)
@@ -266,7 +285,7 @@ def test_bad_settings_are_one_line_errors():
 def test_autocast_keeps_tiled_statistics_in_fp32():
     """Under bf16 autocast the tiles' GEMMs run in bf16, the statistics in fp32."""
     weight, embeddings, labels = make_problem("spread", torch.float32, num_classes=2000, batch=64)
-    head = ShardedMarginHead(2000, EMBEDDING, tile_classes=300)
+    head = ShardedMarginHead(2000, EMBEDDING, plan=head_plan(300))
     head.weight.data.copy_(weight)
     full, _ = head(embeddings, labels)
     with torch.autocast("cpu", dtype=torch.bfloat16):

@@ -49,11 +49,12 @@ sys.meta_path.insert(0, Uninstalled())
 USE_THE_HEAD = """
 import torch
 import facetrain
-from facetrain.heads import ShardedMarginHead
+from facetrain.heads import HeadPlan, ShardedMarginHead
 from facetrain.heads.fused_optim import FusedSGD
 
 for tiles in (None, 3):
-    head = ShardedMarginHead(10, 4, tile_classes=tiles)
+    plan = HeadPlan("tiled", tiles, fused_optimizer=True) if tiles else HeadPlan()
+    head = ShardedMarginHead(10, 4, plan=plan)
     if tiles:
         head.fuse_optimizer(FusedSGD([head.weight], lr=0.1))
     embeddings = torch.randn(6, 4, requires_grad=True)

@@ -19,7 +19,7 @@ import time
 
 import torch
 
-from facetrain.heads import ShardedMarginHead
+from facetrain.heads import HeadPlan, ShardedMarginHead
 
 VARIANTS = {
     # name: (tile_classes or None for untiled, weight storage dtype)
@@ -43,7 +43,8 @@ def make_inputs(classes: int, batch: int, dim: int, seed: int, lowest: float = 0
 
 
 def run_head(weight, embeddings, labels, tile_classes, dtype, autocast: bool):
-    head = ShardedMarginHead(weight.shape[0], weight.shape[1], tile_classes=tile_classes, dtype=dtype)
+    plan = HeadPlan("tiled", tile_classes, dtype) if tile_classes else HeadPlan(weight_dtype=dtype)
+    head = ShardedMarginHead(weight.shape[0], weight.shape[1], plan=plan)
     with torch.no_grad():
         head.weight.copy_(weight)
     x = embeddings.to(dtype if dtype == torch.float64 else torch.float32).detach().requires_grad_()

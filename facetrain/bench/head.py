@@ -50,7 +50,7 @@ METHODS = {
     "(memory_method vmhwm-reset), or /proc/self/statm sampled every 1 ms (statm-sampling); on CUDA "
     "torch.cuda.max_memory_allocated, reset before the head is built, minus what was allocated then "
     "(cuda-max-allocated)",
-    "bytes_sent": "per rank per step, counted by facetrain.bench.traffic around the step (ring model: all-gather sends "
+    "bytes_sent": "per rank per step, counted by facetrain.bench.traffic around the last step (ring model: all-gather sends "
     "(N-1)/N of the result, all-reduce twice its buffer's (N-1)/N)",
 }
 
@@ -120,7 +120,7 @@ def summarize(case: HeadCase, ranks: list[dict]) -> dict:
         "peak_memory_max_bytes": max(memory),
         "peak_memory_max_over_min": max(memory) / max(min(memory), 1),
         "memory_method": ranks[0]["memory_method"],
-        "bytes_sent_per_rank_per_step": [max(rank["bytes_sent_per_step"]) for rank in ranks],
+        "bytes_sent_per_rank_per_step": [rank["bytes_sent"] for rank in ranks],
         "bytes_by_op_per_rank": [rank["bytes_by_op"] for rank in ranks],
     }
     if ranks[0]["gemm_s"] is not None:

@@ -1,7 +1,7 @@
 """One training step of the class-sharded head on paper: per-rank memory, compute and bytes on the wire
 as functions of C (classes), D (embedding size), b (batch per rank) and N (ranks).
 
-Pure arithmetic (no torch), so the cases users ask about (hundreds of GPUs, 100M classes) can be
+Pure arithmetic (no device), so the cases users ask about (hundreds of GPUs, 100M classes) can be
 evaluated anywhere; `facetrain bench scaling` checks it against `facetrain bench head` at N = 1-4 and
 docs/scaling.md explains each term. With B = N b the global batch and c = ceil(C / N) a rank's shard:
 
@@ -12,9 +12,9 @@ docs/scaling.md explains each term. With B = N b the global batch and c = ceil(C
 - compute: GEMMs of 2 B c D flops each (three untiled, four tiled: the backward recomputes the
   logits), and elementwise passes over the B x c logits and the c x D rows, memory-bound on a GPU.
 
-Sizes are bytes, counted from what facetrain/heads/sharded_softmax.py and tiled_softmax.py allocate
-(fp32 logits and statistics whatever the precision; the embeddings stay fp32: the backbone's last two
-layers run in the weights' precision).
+Sizes are bytes. Memory is `facetrain.heads.memory.memory_parts`, the one model of what the head's
+kernels allocate (fp32 logits and statistics whatever the precision; the embeddings stay fp32: the
+backbone's last two layers run in the weights' precision).
 """
 
 from __future__ import annotations
@@ -22,9 +22,9 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass
 
+from facetrain.heads.memory import memory_parts
+
 FP32, BF16, INT64 = 4, 2, 8
-ROWWISE_BLOCK = 8192  # rows a block of sharded_softmax.rowwise_dot: one block x D product buffer
-BATCH_COPIES = 6  # B x D fp32: gathered embeddings, unit vectors, their gradient and its pieces
 MODES = ("untiled", "tiled")
 PRECISIONS = ("fp32", "bf16")
 
@@ -93,30 +93,17 @@ def wire_bytes(step: Step) -> dict[str, float]:
 
 
 def memory_bytes(step: Step, with_optimizer_state: bool = True) -> dict[str, float]:
-    """One rank's head at the peak of a step, by part. Without `with_optimizer_state` the untiled head
-    has no optimizer state (what `facetrain bench head` runs); the tiled head's fused optimizer always
+    """One rank's head at the peak of a step, by part (`facetrain.heads.memory.memory_parts`, the model
+    the training log and head.mode auto use too). Without `with_optimizer_state` the untiled head has
+    no optimizer state (what `facetrain bench head` runs); the tiled head's fused optimizer always
     keeps its own."""
-    rows, dim, batch = step.shard, step.dim, step.global_batch
-    active, tile = step.active_classes, step.tile
-    reduced = step.precision == "bf16"
-    parts = {"weight": rows * dim * step.weight_bytes, "batch": BATCH_COPIES * batch * dim * FP32}
     keeps_state = with_optimizer_state or step.mode == "tiled"
-    parts["optimizer_state"] = step.optimizer_states * rows * dim * step.weight_bytes if keeps_state else 0
-    if step.mode == "untiled":
-        parts["gradient"] = rows * dim * FP32
-        # exps kept from forward to backward; under autocast the backward's GEMMs read a bf16 copy
-        parts["logits"] = batch * active * (FP32 + (BF16 if reduced else 0))
-        # the bf16 copy of the class rows for the GEMMs, or the row-wise dot's block buffer
-        parts["rows_scratch"] = max(
-            rows * dim * BF16 if reduced else 0, min(ROWWISE_BLOCK, rows) * dim * FP32
-        )
-    else:
-        parts["gradient"] = 0  # the fused optimizer updates each tile inside the backward
-        # the tile's logits and its logit gradient (and its bf16 copy under autocast)
-        parts["logits"] = batch * tile * (2 * FP32 + (BF16 if reduced else 0))
-        # the tile's weight gradient and product; bf16 storage adds an fp32 and a bf16 working copy
-        parts["rows_scratch"] = tile * dim * (2 * FP32 + (FP32 + BF16 if reduced else 0)) + rows * FP32
-    return parts
+    return memory_parts(
+        step.shard, step.dim, step.global_batch, step.mode, active=step.active_classes,
+        tile_classes=step.tile_classes, optimizer_states=step.optimizer_states if keeps_state else 0,
+        weight_bytes=step.weight_bytes, state_bytes=step.weight_bytes,
+        reduced_precision_gemm=step.precision == "bf16",
+    )  # fmt: skip
 
 
 def gemm_flops(step: Step) -> float:

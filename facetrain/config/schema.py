@@ -135,7 +135,8 @@ class HeadConfig:
     # tiled: each tile's elementwise work as torch.compile'd fused kernels (fewer launches on a GPU)
     compile_tiles: bool = False
     # tiled: the head updates each tile's rows inside the backward, so no C x D gradient exists; false
-    # keeps a gradient for the trainer's optimizer (grad_accumulation > 1, fp16, pipeline micro-batches)
+    # keeps a gradient for the trainer's optimizer, as settings it cannot honour do by themselves
+    # (grad_accumulation > 1, fp16, pipeline micro-batches; config/validate.fused_optimizer_conflict)
     fused_optimizer: bool = True
     # storage of the weight and of the fused optimizer's state (momentum, AdamW's moments); bf16 is
     # updated with stochastic rounding and needs the fused optimizer

@@ -140,23 +140,25 @@ def _margin_takes_params(s: Context) -> Problem | None:
 
 def fused_optimizer_conflict(cfg: Config) -> Problem | None:
     """A setting the fused head optimizer cannot honour: it updates the head during the one backward of
-    a step, so it cannot accumulate micro-steps nor be skipped by fp16's scaler after an overflow."""
-    fix = "; or set head.fused_optimizer=false to keep a gradient buffer"
-    if cfg.optim.grad_accumulation > 1:
-        return (
-            "optim.grad_accumulation",
-            cfg.optim.grad_accumulation,
-            "must be 1 with the fused head optimizer" + fix,
-        )
-    if cfg.train.precision == "fp16":
-        return "train.precision", "fp16", "cannot be used with the fused head optimizer; use 'bf16'" + fix
-    if cfg.parallel.pipeline_stages > 1 and cfg.parallel.microbatches > 1:
-        return (
-            "parallel.microbatches",
-            cfg.parallel.microbatches,
-            "must be 1 with the fused head optimizer (each micro-batch would update the head)" + fix,
-        )
-    return None
+    a step, so it cannot accumulate micro-steps nor be skipped by fp16's scaler after an overflow.
+
+    One rule, one behaviour: such a setting turns the fused optimizer off (the head plan,
+    `facetrain.train.head_plan`, logs which) and the tiled head keeps a gradient buffer for the
+    trainer's optimizer. A run whose world shrinks under train.global_batch gains gradient accumulation
+    and so goes on. Only bf16 storage, which needs the fused optimizer, is refused with it."""
+    fix = "; or store the head in fp32 (head.weight_dtype, head.state_dtype)"
+    optim, parallel = cfg.optim, cfg.parallel
+    conflicts = [
+        ("optim.grad_accumulation", optim.grad_accumulation, optim.grad_accumulation > 1, "must be 1"),
+        ("train.precision", cfg.train.precision, cfg.train.precision == "fp16", "cannot be used"),
+        ("parallel.microbatches", parallel.microbatches, parallel.pipeline_stages > 1 and parallel.microbatches > 1,
+         "must be 1"),
+    ]  # fmt: skip
+    return next(
+        ((key, value, f"{why} with bf16 head storage (its fused optimizer){fix}") for key, value, broken, why
+         in conflicts if broken),
+        None,
+    )  # fmt: skip
 
 
 def _global_batch_fits(s: Context) -> Problem | None:
@@ -182,10 +184,9 @@ def _global_batch_fits(s: Context) -> Problem | None:
 
 
 def _head_mode_settings(s: Context) -> Problem | None:
-    """bf16 storage needs the fused optimizer (it alone rounds updates stochastically); a head that will
-    certainly use it must not be given settings it cannot honour. head.mode auto with fp32 storage
-    keeps a gradient buffer instead when it picks tiles for such a run. Sub-centers exist in the
-    untiled head only (head.mode auto then always picks it)."""
+    """bf16 storage needs the tiled head's fused optimizer (it alone rounds updates stochastically), and
+    so none of the settings that optimizer cannot honour (`fused_optimizer_conflict`). Sub-centers
+    exist in the untiled head only (head.mode auto then always picks it)."""
     head = s.cfg.head
     low_precision = [key for key in ("weight_dtype", "state_dtype") if getattr(head, key) == "bf16"]
     if head.sub_centers > 1 and (head.mode == "tiled" or low_precision):
@@ -200,9 +201,7 @@ def _head_mode_settings(s: Context) -> Problem | None:
             "bf16",
             "needs the tiled head's fused optimizer: head.mode tiled or auto, head.fused_optimizer true",
         )
-    if head.fused_optimizer and (head.mode == "tiled" or low_precision):
-        return fused_optimizer_conflict(s.cfg)
-    return None
+    return fused_optimizer_conflict(s.cfg) if low_precision else None
 
 
 def check_pairs_settings(identities: int, images_per_identity: int, folds: int, per_fold: int) -> None:

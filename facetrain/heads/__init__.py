@@ -4,6 +4,7 @@ from facetrain.heads.base import HeadOutput, MarginHead
 from facetrain.heads.dense import DenseMarginHead
 from facetrain.heads.margins import MARGINS, Margin, build_margin
 from facetrain.heads.partition import ClassRange, all_class_ranges, class_range
+from facetrain.heads.plan import HeadPlan
 from facetrain.heads.sharded import ShardedMarginHead
 
 __all__ = [
@@ -11,6 +12,7 @@ __all__ = [
     "ClassRange",
     "DenseMarginHead",
     "HeadOutput",
+    "HeadPlan",
     "Margin",
     "MarginHead",
     "ShardedMarginHead",

@@ -1,19 +1,9 @@
 """What one rank's head shard costs in memory, by mode: what `facetrain train` logs, what `head.mode:
 auto` decides by, and what the capacity benchmark compares its measurements with.
 
-Per class (D = embedding size), fp32 unless noted:
-
-| mode | weight | gradient | optimizer state (SGD momentum) | per step |
-| --- | --- | --- | --- | --- |
-| untiled + torch.optim | 4 D | 4 D | 4 D | B x C/N logits (4 B bytes a class) |
-| tiled, gradient buffer + torch.optim | 4 D | 4 D | 4 D | O(B x T + T x D), independent of C |
-| tiled + fused | 4 D | none | 4 D | O(B x T + T x D) |
-| tiled + fused, bf16 weight and state | 2 D | none | 2 D | O(B x T + T x D) |
-
-AdamW keeps two states instead of one. The tiled head also keeps one float per class between forward
-and backward (the inverse weight norms), and Partial FC a float per class to sample from. Under bf16 or
-fp16 autocast the untiled head's logit GEMM reads a 16-bit copy of the class rows on CUDA (2 D bytes a
-class more); its logits are fp32 either way.
+Per class (D = embedding size, SGD with momentum): 12 D bytes untiled (weight, gradient, momentum), 8 D
+tiled with the fused optimizer, 4 D with bf16 weight and momentum; a step adds the B x C/N logits
+untiled, O(B x T + T x D) tiled. `memory_parts` counts each part (docs/scaling.md has the table).
 
 `head.mode: auto` is decided when the head is built, before the backbone has run: on a CPU from half
 the system's available memory (the other half left to the backbone, its activations and the data
@@ -32,17 +22,15 @@ import torch
 from torch import nn
 from torch.func import functional_call
 
+from facetrain.heads.scratch import ROWWISE_BLOCK
+
 STORAGE_DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16}
 STATE_COUNT = {"sgd": 1, "adamw": 2}  # per-class state tensors each optimizer keeps (SGD with momentum)
 # head.mode auto: untiled when its estimate fits in this fraction of the device's free memory; the rest
 # is left to the backbone, its activations and the data pipeline.
 AUTO_MEMORY_FRACTION = 0.5
-# Tile temporaries, in fp32 copies of the named shape, at the backward's peak (measured with
-# `facetrain bench head --capacity`): logits and their low-precision copy; weight rows, their
-# gradient and the optimizer's working copies.
-TILE_LOGIT_COPIES = 3
-TILE_WEIGHT_COPIES = 6
-BATCH_COPIES = 6  # gathered embeddings, their unit vectors, the embedding gradient and its pieces
+BATCH_COPIES = 6  # B x D fp32: gathered embeddings, their unit vectors, their gradient and its pieces
+FP32, LOW = 4, 2  # bytes of the statistics' dtype and of bf16 / fp16 (storage, GEMM operands)
 # head.mode auto on CUDA: the GPU memory left unplanned, for what no estimate here counts: the caching
 # allocator's fragmentation, cuBLAS and cuDNN workspaces (cudnn.benchmark tries algorithms that want
 # large ones), NCCL's buffers and the data pipeline's pinned-memory copies in flight.
@@ -68,6 +56,64 @@ class HeadMemory:
         return self.persistent + self.step
 
 
+def memory_parts(
+    rows: int,
+    dim: int,
+    global_batch: int,
+    mode: str,
+    *,
+    active: int | None = None,
+    tile_classes: int = 8192,
+    fused: bool = True,
+    optimizer_states: int = 1,
+    weight_bytes: int = FP32,
+    state_bytes: int = FP32,
+    reduced_precision_gemm: bool = False,
+) -> dict[str, int]:
+    """One rank's head at the peak of a step, by part, counted from what `sharded_softmax.py`,
+    `tiled_softmax.py`, `scratch.py` and the fused optimizer allocate: the one model behind the training
+    log, head.mode auto and the scaling model (`facetrain.bench.scaling_model`), which
+    `facetrain bench scaling` checks against measured peaks.
+
+    `rows` is the shard's weight rows, `active` those a step computes logits for (Partial FC's sample;
+    the shard by default). `optimizer_states` is the number of weight-shaped states kept (0 for none),
+    each of `state_bytes`; without the fused optimizer a torch optimizer keeps them in the weight's
+    dtype. `reduced_precision_gemm`: bf16 or fp16 autocast, whose GEMMs read 16-bit copies of their
+    operands (the logits stay fp32).
+    """
+    active = rows if active is None else active
+    state_bytes = state_bytes if fused and mode == "tiled" else weight_bytes
+    low = LOW if reduced_precision_gemm else 0
+    parts = {
+        "weight": rows * dim * weight_bytes,
+        "optimizer_state": optimizer_states * rows * dim * state_bytes,
+        "batch": BATCH_COPIES * global_batch * dim * FP32,
+    }
+    if mode == "untiled":
+        parts["gradient"] = rows * dim * weight_bytes
+        # exp(logits) kept from forward to backward, and the 16-bit copy the backward's GEMMs read
+        parts["logits"] = global_batch * active * (FP32 + low)
+        # the 16-bit copy of the class rows for a GEMM, or (not at the same time) rowwise_dot's block
+        parts["rows_scratch"] = max(rows * dim * low, min(ROWWISE_BLOCK, rows) * dim * FP32)
+        return parts
+    tile = min(tile_classes, active)
+    parts["gradient"] = 0 if fused else rows * dim * weight_bytes
+    # two fp32 B x T buffers (measured: the tile's logits, turned into its gradient in place, and a
+    # temporary of the passes over them) and the 16-bit copy of the gradient
+    parts["logits"] = global_batch * tile * (2 * FP32 + low)
+    # per tile row: its weight gradient and rowwise_dot's product; with 16-bit storage the fp32 working
+    # copy of the rows, one of each 16-bit state the fused optimizer updates, and stochastic rounding's
+    # noise and result when they are written back; the 16-bit GEMM operand
+    per_row = 2 * FP32 + low
+    if weight_bytes < FP32:
+        per_row += FP32
+    if fused:
+        low_states = optimizer_states if state_bytes < FP32 else 0
+        per_row += low_states * FP32 + (FP32 + LOW if low_states or weight_bytes < FP32 else 0)
+    parts["rows_scratch"] = tile * dim * per_row + rows * FP32  # and the inverse norms, one a class
+    return parts
+
+
 def estimate_head_memory(
     rows: int,
     dim: int,
@@ -81,30 +127,14 @@ def estimate_head_memory(
     state_dtype: torch.dtype = torch.float32,
     reduced_precision_gemm: bool = False,
 ) -> HeadMemory:
-    """The memory of a shard of `rows` classes in `mode` ("untiled" or "tiled").
-
-    Without the fused optimizer the trainer's torch optimizer keeps its state in the weight's dtype.
-    `reduced_precision_gemm`: the step runs under bf16 or fp16 autocast, whose untiled logit GEMM reads
-    a 16-bit copy of the class rows (on CUDA; the CPU's GEMM reads fp32 rows, so there it is a margin).
-    The logits themselves are fp32 either way (heads/logit_gemm.py); the tiled head's per-tile copies
-    are counted in its step.
-    """
-    weight_bytes = torch.empty((), dtype=weight_dtype).element_size()
-    state_bytes = torch.empty(
-        (), dtype=state_dtype if fused and mode == "tiled" else weight_dtype
-    ).element_size()
-    weight = rows * dim * weight_bytes
-    state = STATE_COUNT[optimizer] * rows * dim * state_bytes
-    batch = BATCH_COPIES * global_batch * dim * 4
-    if mode == "untiled":
-        operand_copy = 2 * rows * dim if reduced_precision_gemm else 0
-        return HeadMemory(
-            weight, rows * dim * weight_bytes, state, 4 * global_batch * rows + operand_copy + batch
-        )
-    tile = min(tile_classes, rows)
-    step = 4 * (TILE_LOGIT_COPIES * global_batch * tile + TILE_WEIGHT_COPIES * tile * dim + rows) + batch
-    gradient = 0 if fused else rows * dim * weight_bytes
-    return HeadMemory(weight, gradient, state, step)
+    """The memory of a shard of `rows` classes in `mode` ("untiled" or "tiled"), by `memory_parts`."""
+    parts = memory_parts(
+        rows, dim, global_batch, mode, tile_classes=tile_classes, fused=fused,
+        optimizer_states=STATE_COUNT[optimizer], weight_bytes=weight_dtype.itemsize,
+        state_bytes=state_dtype.itemsize, reduced_precision_gemm=reduced_precision_gemm,
+    )  # fmt: skip
+    step = parts["logits"] + parts["rows_scratch"] + parts["batch"]
+    return HeadMemory(parts["weight"], parts["gradient"], parts["optimizer_state"], step)
 
 
 def choose_mode(

@@ -14,6 +14,7 @@ from facetrain.errors import EveryRankError, FacetrainError
 from facetrain.heads.base import HeadOutput, MarginHead
 from facetrain.heads.fused_optim import FusedOptimizer
 from facetrain.heads.partition import class_range
+from facetrain.heads.plan import UNTILED, HeadPlan
 from facetrain.heads.sharded_softmax import ShardedMarginSoftmax
 from facetrain.heads.tile_kernel import tile_ops
 from facetrain.heads.tiled_softmax import TiledMarginSoftmax
@@ -42,13 +43,11 @@ class ShardedMarginHead(MarginHead):
     batch, uneven data), never more; `check_every_step=True` re-checks every step and lets row counts
     grow as well.
 
-    Two modes compute the same loss and gradients (docs/head.md): untiled (`tile_classes=None`, the
-    fastest: one B x C/N logit buffer) and tiled (at most B x `tile_classes` logits at a time). A tiled
-    head can own its optimizer (`fuse_optimizer`): each tile's rows are then updated inside the
-    backward and no weight gradient exists, which is what lets the weight live in bf16 (`dtype`).
-
-    `compile_tiles` runs the tiled head's per-tile elementwise work as torch.compile'd fused kernels
-    (fewer launches a tile on a GPU; the same arithmetic, docs/head.md).
+    `plan` (a `HeadPlan`) says how the head computes and stores its classes. Its two modes compute the
+    same loss and gradients (docs/head.md): untiled (the fastest: one B x C/N logit buffer) and tiled
+    (at most B x `plan.tile_classes` logits at a time). A tiled head can own its optimizer
+    (`plan.fused_optimizer`, then `fuse_optimizer`): each tile's rows are updated inside the backward
+    and no weight gradient exists, which is what lets the weight live in bf16 (`plan.weight_dtype`).
 
     `sub_centers` K > 1 (sub-center ArcFace, untiled only) gives each class K weight rows, class-major,
     so a class's centres always share a shard; checkpoints store them as one row of K x D per class.
@@ -62,63 +61,54 @@ class ShardedMarginHead(MarginHead):
         scale: float = 64.0,
         sample_rate: float = 1.0,
         group=None,
-        check_every_step: bool = False,
-        tile_classes: int | None = None,
-        dtype: torch.dtype = torch.float32,
+        plan: HeadPlan = UNTILED,
         sub_centers: int = 1,
-        compile_tiles: bool = False,
+        check_every_step: bool = False,
         gradient_reduction: str = "mean",
         **margin_params: float,
     ):
         if not 0.0 < sample_rate <= 1.0:
-            raise FacetrainError(f"head sample_rate must be in (0, 1], got {sample_rate} (head.sample_rate)")
+            raise ValueError(f"sample_rate must be in (0, 1], got {sample_rate}")
+        if sub_centers < 1 or (sub_centers > 1 and plan.tiled):
+            raise ValueError(
+                f"sub_centers must be >= 1 and needs the untiled head when > 1, got {sub_centers}"
+            )
+        if gradient_reduction not in GRADIENT_REDUCTIONS:
+            raise ValueError(
+                f"gradient_reduction must be one of {', '.join(GRADIENT_REDUCTIONS)}, got {gradient_reduction!r}"
+            )
         world_size, rank = comm.world_size(group), comm.rank(group)
         if num_classes < world_size:
             raise EveryRankError(
                 f"{num_classes} classes cannot be sharded over {world_size} ranks; use at most "
                 f"{num_classes} ranks"
             )
-        if tile_classes is not None and tile_classes < 1:
-            raise FacetrainError(f"head tile_classes must be >= 1, got {tile_classes} (head.tile_classes)")
-        if sub_centers < 1 or (sub_centers > 1 and tile_classes is not None):
-            raise FacetrainError(
-                f"head sub_centers must be >= 1 and needs the untiled head when > 1, got {sub_centers} "
-                f"(head.sub_centers, head.mode)"
-            )
         class_start, class_count = class_range(num_classes, world_size, rank)
         rows = class_count * sub_centers
-        super().__init__(num_classes, embedding_size, rows, margin, scale, dtype, **margin_params)
-        self.sub_centers = sub_centers
-        self.group = group
+        super().__init__(num_classes, embedding_size, rows, margin, scale, plan.weight_dtype, **margin_params)
+        self.plan, self.sub_centers, self.group = plan, sub_centers, group
         self.world_size, self.rank = world_size, rank
         self.class_start, self.class_count = class_start, class_count
         self.sample_rate = float(sample_rate)
         self.check_every_step = check_every_step
-        self.tile_classes = tile_classes
-        self.tile_ops = tile_ops(compile_tiles)
-        if gradient_reduction not in GRADIENT_REDUCTIONS:
-            raise FacetrainError(
-                f"head gradient_reduction must be one of {', '.join(GRADIENT_REDUCTIONS)}, got "
-                f"{gradient_reduction!r}"
-            )
+        self.tile_ops = tile_ops(plan.compile_tiles)
         self.gradient_reduction = gradient_reduction
         self._capacity: int | None = None
 
     def fuse_optimizer(self, optimizer: FusedOptimizer) -> None:
         """Let `optimizer` (a FusedSGD / FusedAdamW over this head's weight) update the weight tile by
-        tile inside the backward; the weight then gets no .grad and `optimizer.step()` has nothing to do."""
-        if self.tile_classes is None:
-            raise FacetrainError("the fused head optimizer needs the tiled head (head.mode=tiled)")
+        tile inside the backward, as `plan.fused_optimizer` says; the weight then gets no .grad and
+        `optimizer.step()` has nothing to do."""
+        if not self.plan.fused_optimizer:
+            raise ValueError(
+                "this head's plan has no fused optimizer: HeadPlan('tiled', ..., fused_optimizer=True)"
+            )
         if optimizer.weight is not self.weight:
-            raise FacetrainError(
+            raise ValueError(
                 "the fused optimizer was built over another tensor than this head's weight: "
                 "FusedSGD([head.weight], lr=...)"
             )
         self.fused_optimizer = optimizer
-
-    @property
-    def mode(self) -> str:
-        return "untiled" if self.tile_classes is None else "tiled"
 
     def reset_parameters(self, seed: int | None = None, block: int = 4096) -> None:
         """N(0, 0.01) class weights; with a seed, the same full weight whatever the world size.
@@ -153,9 +143,8 @@ class ShardedMarginHead(MarginHead):
         return (
             f"classes={self.class_start}:{self.class_stop} of {self.num_classes}, "
             f"embedding_size={self.embedding_size}, margin={self.margin}, scale={self.scale}, "
-            f"sample_rate={self.sample_rate}, mode={self.mode}, tile_classes={self.tile_classes}, "
-            f"sub_centers={self.sub_centers}, compiled_tiles={self.tile_ops.compiled}, "
-            f"dtype={self.weight.dtype}, rank={self.rank}/{self.world_size}"
+            f"sample_rate={self.sample_rate}, sub_centers={self.sub_centers}, {self.plan}, "
+            f"rank={self.rank}/{self.world_size}"
         )
 
     def forward(self, embeddings: torch.Tensor, labels: torch.Tensor) -> HeadOutput:
@@ -180,7 +169,11 @@ class ShardedMarginHead(MarginHead):
         kept, target_column = None, local_labels
         if self.sample_rate < 1.0:
             kept, target_column = self._sample_classes(local_labels)
-        if self.tile_classes is None:
+        if self.plan.fused_optimizer and self.fused_optimizer is None:
+            raise ValueError(
+                "the head's plan fuses its optimizer: call head.fuse_optimizer(FusedSGD(...)) first"
+            )
+        if not self.plan.tiled:
             weight = self.weight if kept is None else self.per_class(self.weight)[kept]
             loss, hits = ShardedMarginSoftmax.apply(
                 global_embeddings, weight.view(-1, self.embedding_size), target_column, valid, self.margin,
@@ -189,7 +182,7 @@ class ShardedMarginHead(MarginHead):
         else:
             loss, hits = TiledMarginSoftmax.apply(
                 global_embeddings, self.weight, kept, target_column, valid, self.margin, self.scale,
-                self.group, self.tile_classes, self.fused_optimizer, self.tile_ops,
+                self.group, self.plan.tile_classes, self.fused_optimizer, self.tile_ops,
             )  # fmt: skip
         return HeadOutput(loss, hits / valid.sum())
 

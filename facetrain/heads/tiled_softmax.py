@@ -8,60 +8,33 @@ with the head's fused optimizer or writes its rows of a weight gradient. Activat
 O(B x T + B x D), whatever the number of classes; only a per-class norm (one float a class) is kept
 between forward and backward.
 
-The cross-rank statistics are those of the untiled head: an all-reduce MAX of the row max and an
-all-reduce SUM of [sum of exponentials, target logit, hit], batch-sized.
+The cross-rank statistics, the margin and the loss are `margin_softmax.py`'s, shared with the untiled
+kernel.
 """
 
 from __future__ import annotations
 
 import torch
 
+import facetrain.heads.margin_softmax as ms
 from facetrain.heads.class_rows import class_tiles
 from facetrain.heads.fused_optim import FusedOptimizer
 from facetrain.heads.logit_gemm import LogitGemm
 from facetrain.heads.margins import Margin
-from facetrain.heads.sharded_softmax import _EPS, _compute_dtype, mean_over_valid_rows, through_normalization
+from facetrain.heads.scratch import Scratch
 from facetrain.heads.tile_kernel import EAGER_TILE_OPS, TileOps
 from facetrain.parallel import comm
-
-
-class _Scratch:
-    """Tile-sized buffers reused from tile to tile. A fresh 16 MiB allocation per tile costs its page
-    faults on the CPU (a few ms, about a quarter of an elementwise pass over the tile)."""
-
-    def __init__(self, device: torch.device):
-        self.device = device
-        self.buffers: dict[str, torch.Tensor] = {}
-
-    def get(self, name: str, rows: int, cols: int, dtype: torch.dtype) -> torch.Tensor:
-        buffer = self.buffers.get(name)
-        if buffer is None or buffer.numel() < rows * cols or buffer.dtype != dtype:
-            buffer = self.buffers[name] = torch.empty(rows * cols, dtype=dtype, device=self.device)
-        return buffer[: rows * cols].view(rows, cols)
-
-    def cast(self, name: str, values: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
-        """`values` in `dtype`: itself when it is already, else a copy in the named buffer."""
-        if values.dtype == dtype:
-            return values
-        return self.get(name, *values.shape, dtype).copy_(values)
-
-    def mm(self, name: str, a: torch.Tensor, b: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
-        """a @ b as `dtype`, into the named buffer when no conversion is needed."""
-        if a.dtype != dtype:
-            return torch.mm(a, b).to(dtype)
-        return torch.mm(a, b, out=self.get(name, a.shape[0], b.shape[1], dtype))
 
 
 def _tile_dots(scratch, gemm, x_op, weight, rows, inv_norm):
     """x_unit . w for the tile (B x t, in `inv_norm`'s dtype); the inverse norms of its weight rows are
     written into `inv_norm`, the tile's slice of the shard's vector.
 
-    Every tile-sized temporary lives in `scratch`: fresh ones, between the small tensors a step keeps,
-    fragment the heap (glibc serves 16 MiB blocks from it once a freed one raised its mmap threshold).
+    Every tile-sized temporary lives in `scratch` (`heads/scratch.py` says why).
     """
     stored = rows.read(weight, weight.dtype)  # a view, or Partial FC's rows: never converted twice
     current = scratch.cast("current", stored, inv_norm.dtype)
-    torch.linalg.vector_norm(current, dim=1, out=inv_norm).clamp_min_(_EPS).reciprocal_()
+    torch.linalg.vector_norm(current, dim=1, out=inv_norm).clamp_min_(ms.EPS).reciprocal_()
     same = gemm.operand_dtype == current.dtype
     w_op = current if same else scratch.cast("operand", stored, gemm.operand_dtype)
     return gemm.mm(x_op, w_op.t(), out=scratch.get("logits", x_op.shape[0], len(rows), inv_norm.dtype))
@@ -98,26 +71,22 @@ class TiledMarginSoftmax(torch.autograd.Function):
         optimizer: FusedOptimizer | None,
         tile_ops: TileOps = EAGER_TILE_OPS,
     ):
-        compute_dtype = _compute_dtype(embeddings.device, embeddings.dtype)
-        stat_dtype = torch.float64 if embeddings.dtype == torch.float64 else torch.float32
+        gemm_dtype = ms.compute_dtype(embeddings.device, embeddings.dtype)
         width = weight.shape[0] if index is None else index.shape[0]
         tiles = class_tiles(width, tile_classes, index)
-        batch = embeddings.shape[0]
         with torch.autocast(embeddings.device.type, enabled=False):
-            x = embeddings.to(stat_dtype)
-            x_norm = torch.linalg.vector_norm(x, dim=1, keepdim=True).clamp_min(_EPS)
-            x_unit = x / x_norm
-            gemm = LogitGemm(x.device, compute_dtype, stat_dtype)
+            x_unit, x_norm = ms.unit_rows(embeddings)
+            gemm = LogitGemm(x_unit.device, gemm_dtype, x_unit.dtype)
             x_op = x_unit.to(gemm.operand_dtype)
             has_target = target_column >= 0
 
             # Online softmax over the tiles. A row's own target column is left out (set to -inf) and
             # merged after the loop, once its margin is known: the margin is evaluated once per step.
-            running_max = x.new_full((batch,), float("-inf"))
-            running_sum = x.new_zeros(batch)
-            target_raw = x.new_zeros(batch)
-            inv_norms = x.new_empty(width)
-            scratch = _Scratch(x.device)
+            running_max = x_unit.new_full((x_unit.shape[0],), float("-inf"))
+            running_sum = torch.zeros_like(running_max)
+            target_raw = torch.zeros_like(running_max)
+            inv_norms = x_unit.new_empty(width)
+            scratch = Scratch(x_unit.device)
             for rows in tiles:
                 tile_norms = inv_norms[rows.start : rows.stop]
                 dots = _tile_dots(scratch, gemm, x_op, weight, rows, tile_norms)
@@ -126,38 +95,22 @@ class TiledMarginSoftmax(torch.autograd.Function):
                     dots, tile_norms * scale, in_tile, column, running_max, running_sum, target_raw
                 )
 
-            target_cos = target_raw / scale
-            with torch.enable_grad():
-                cos_leaf = target_cos.detach().requires_grad_()
-                penalised = margin(cos_leaf)
-                (margin_slope,) = torch.autograd.grad(penalised.sum(), cos_leaf)
-            target_logit_local = torch.where(has_target, penalised.detach() * scale, target_raw)
-            row_max = torch.where(has_target, torch.maximum(running_max, target_logit_local), running_max)
+            target_logit, margin_slope = ms.penalise_targets(margin, target_raw, has_target, scale)
+            row_max = torch.where(has_target, torch.maximum(running_max, target_logit), running_max)
             sum_exp = running_sum * (running_max - row_max).exp()
-            sum_exp = sum_exp + torch.where(has_target, (target_logit_local - row_max).exp(), 0.0)
-
+            sum_exp = sum_exp + torch.where(has_target, (target_logit - row_max).exp(), 0.0)
             global_max = comm.all_reduce_(row_max.clone(), "max", group)
-            zero = sum_exp.new_zeros(())
-            stats = torch.stack(
-                [
-                    sum_exp * (row_max - global_max).exp(),
-                    torch.where(has_target, target_logit_local, zero),
-                    # margins only lower the target logit: the plain one reaches the row max exactly
-                    # when no other class beats it
-                    torch.where(has_target, (target_raw >= global_max).to(sum_exp.dtype), zero),
-                ]
-            )
-            comm.all_reduce_(stats, "sum", group)
-            sum_exp, target_logit, hits = stats
-            loss, row_stats = mean_over_valid_rows(sum_exp.log() + global_max - target_logit, valid, sum_exp)
+            loss, row_stats, hit_count = ms.softmax_loss(
+                sum_exp * (row_max - global_max).exp(), target_logit, target_raw, has_target, global_max,
+                valid, group,
+            )  # fmt: skip
 
         ctx.save_for_backward(
-            x_unit, x_norm, weight, index, inv_norms, target_column, target_logit_local,
+            x_unit, x_norm, weight, index, inv_norms, target_column, target_logit,
             margin_slope, row_stats, global_max,
         )  # fmt: skip
         ctx.scale, ctx.tile_classes, ctx.optimizer, ctx.tile_ops = scale, tile_classes, optimizer, tile_ops
-        ctx.compute_dtype, ctx.embedding_dtype = compute_dtype, embeddings.dtype
-        hit_count = hits.sum()
+        ctx.compute_dtype, ctx.embedding_dtype = gemm_dtype, embeddings.dtype
         ctx.mark_non_differentiable(hit_count)
         return loss, hit_count
 
@@ -165,7 +118,7 @@ class TiledMarginSoftmax(torch.autograd.Function):
     @torch.autograd.function.once_differentiable
     def backward(ctx, grad_loss, _grad_hits):
         (
-            x_unit, x_norm, weight, index, inv_norms, target_column, target_logit_local,
+            x_unit, x_norm, weight, index, inv_norms, target_column, target_logit,
             margin_slope, row_stats, global_max,
         ) = ctx.saved_tensors  # fmt: skip
         scale, optimizer = ctx.scale, ctx.optimizer
@@ -175,19 +128,18 @@ class TiledMarginSoftmax(torch.autograd.Function):
         with torch.autocast(x_unit.device.type, enabled=False), torch.no_grad():
             gemm = LogitGemm(x_unit.device, ctx.compute_dtype, stat_dtype)
             x_logit_op = x_unit.to(gemm.operand_dtype)
-            # d loss / d logit = (softmax - onehot) grad / B; the row factor grad / (B sum_exp) goes
-            # into the B x D operands, so targets are corrected in unscaled units: (exp - sum_exp)
-            sum_exp, denominator = row_stats.unbind(0)
-            row_factor = grad_loss.to(stat_dtype) / denominator
-            at_target = (target_logit_local - global_max).exp()
-            corrected_target = (at_target - sum_exp) * margin_slope
+            at_target = (target_logit - global_max).exp()
+            has_target = target_column >= 0
+            row_factor, corrected_target = ms.target_gradient(
+                row_stats, grad_loss, at_target, margin_slope, has_target
+            )
             scaled_x = (x_unit * row_factor[:, None]).to(ctx.compute_dtype)
             grad_x_unit = torch.zeros_like(x_unit) if wants_x else None
             grad_weight = torch.zeros_like(weight) if wants_weight and optimizer is None else None
             if wants_weight and optimizer is not None:
                 optimizer.begin_step()
 
-            scratch = _Scratch(x_unit.device)
+            scratch = Scratch(x_unit.device)
             for rows in class_tiles(width, ctx.tile_classes, index):
                 stored = rows.read(weight, weight.dtype)
                 w = scratch.cast("current", stored, stat_dtype)
@@ -210,8 +162,7 @@ class TiledMarginSoftmax(torch.autograd.Function):
                     continue
                 raw_grad = scratch.mm("weight_grad", grad_raw.t(), scaled_x, stat_dtype)
                 # through 1/|w|: the component along w is removed, per class
-                product = torch.mul(raw_grad, w, out=scratch.get("product", *w.shape, stat_dtype))
-                radial = product.sum(1).mul_(inv_norm.square())
+                radial = scratch.rowwise_dot(raw_grad, w, block=len(rows)).mul_(inv_norm.square())
                 if optimizer is not None:
                     optimizer.update(weight, rows, w, raw_grad, radial)
                 else:
@@ -220,5 +171,5 @@ class TiledMarginSoftmax(torch.autograd.Function):
             grad_x = None
             if wants_x:
                 grad_x_unit.mul_(row_factor[:, None])
-                grad_x = through_normalization(grad_x_unit, x_unit, x_norm).to(ctx.embedding_dtype)
+                grad_x = ms.through_normalization(grad_x_unit, x_unit, x_norm).to(ctx.embedding_dtype)
         return grad_x, grad_weight, None, None, None, None, None, None, None, None, None

@@ -20,11 +20,10 @@ from facetrain.parallel.failures import naming
 ProcessGroup = dist.ProcessGroup if dist.is_available() else object
 
 # torch 2.14 renamed the tensor collectives (`all_gather_into_tensor` -> `all_gather_single`,
-# `reduce_scatter_tensor` -> `reduce_scatter_single`) and warns on the old names; older torch has
-# only those. Looked up by name at each call, so a benchmark can wrap them (`bench/traffic.py`).
-ALL_GATHER = "all_gather_single" if hasattr(dist, "all_gather_single") else "all_gather_into_tensor"
-REDUCE_SCATTER = (
-    "reduce_scatter_single" if hasattr(dist, "reduce_scatter_single") else "reduce_scatter_tensor"
+# `reduce_scatter_tensor` -> `reduce_scatter_single`) and warns on the old names; older torch has only those.
+_all_gather_single = getattr(dist, "all_gather_single", None) or getattr(dist, "all_gather_into_tensor", None)
+_reduce_scatter_single = getattr(dist, "reduce_scatter_single", None) or getattr(
+    dist, "reduce_scatter_tensor", None
 )
 
 
@@ -74,7 +73,7 @@ def all_gather_equal(tensor: torch.Tensor, group: ProcessGroup | None = None) ->
     n = world_size(group)
     out = torch.empty((n * tensor.shape[0], *tensor.shape[1:]), dtype=tensor.dtype, device=tensor.device)
     with naming("all_gather"):
-        getattr(dist, ALL_GATHER)(out, tensor.contiguous(), group=group)
+        _all_gather_single(out, tensor.contiguous(), group=group)
     return out
 
 
@@ -161,7 +160,7 @@ def _reduce_scatter_rows(stacked: torch.Tensor, rows: int, group) -> torch.Tenso
     if dist.get_backend(group) == "nccl":
         mine = stacked.new_empty((rows, *stacked.shape[1:]))
         with naming("reduce_scatter"):
-            getattr(dist, REDUCE_SCATTER)(mine, stacked, group=group)
+            _reduce_scatter_single(mine, stacked, group=group)
         return mine
     # gloo has no reduce-scatter: all-reduce, then keep this rank's rows
     all_reduce_(stacked, "sum", group)

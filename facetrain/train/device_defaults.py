@@ -7,7 +7,8 @@ wait on the host or on itself (issue 22, item 7):
 - `cudnn.benchmark`: face crops have one shape, so timing the convolution algorithms once pays back
   within the first steps (off with `train.deterministic`, whose algorithms it would override);
 - TF32 for fp32 matmuls (`set_float32_matmul_precision("high")`), tensor cores for the fp32 path;
-- a GPU tile for the tiled head (`head.tile_classes` null), see `TILE_CLASSES`;
+- a GPU tile for the tiled head (`head.tile_classes` null), see `TILE_CLASSES`: resolved, with the rest
+  of the head's plan, by `facetrain.train.head_plan` and logged in its line;
 - DDP without `broadcast_buffers`: an NCCL broadcast of every batch-norm buffer each step buys nothing,
   as each replica's statistics are its own batch's anyway and checkpoints keep replica 0's;
 - `CUBLAS_WORKSPACE_CONFIG` when `train.deterministic` asks for deterministic algorithms, without which
@@ -32,7 +33,8 @@ from facetrain.config import Config
 # tens of kernel launches whatever its size, so small tiles leave it launch-bound: at C = 1M on one GPU
 # 8192 means ~120 tiles and thousands of launches a step (issue 22 counted 7.5-9.3k). 65536 cuts that
 # eightfold while a tile's temporaries stay small next to GPU memory: at a global batch of 1024 and
-# D = 512 its three B x T fp32 logit copies and six T x D weight copies come to about 1.5 GiB.
+# D = 512 its B x T and T x D temporaries come to about 0.75 GiB (fp32), 1.4 GiB (bf16 storage and
+# autocast; `facetrain.heads.memory.memory_parts`).
 TILE_CLASSES = {"cpu": 8192, "cuda": 65536}
 DETERMINISTIC_CUBLAS_WORKSPACE = ":4096:8"  # what the CUDA docs give for reproducible cuBLAS GEMMs
 
@@ -41,7 +43,6 @@ DETERMINISTIC_CUBLAS_WORKSPACE = ":4096:8"  # what the CUDA docs give for reprod
 class DeviceDefaults:
     device_type: str
     pin_memory: bool
-    tile_classes: int
     cudnn_benchmark: bool
     float32_matmul_precision: str  # torch.set_float32_matmul_precision's word: "highest" leaves fp32 alone
     broadcast_buffers: bool  # DDP's, for the backbone
@@ -52,7 +53,6 @@ class DeviceDefaults:
         on = {True: "on", False: "off"}
         parts = [
             f"pin_memory {on[self.pin_memory]}",
-            f"head tiles {self.tile_classes:,} classes",
             f"DDP broadcast_buffers {on[self.broadcast_buffers]}",
         ]
         if self.device_type == "cuda":
@@ -83,7 +83,6 @@ def resolve_device_defaults(
     return DeviceDefaults(
         device_type=device_type,
         pin_memory=cfg.data.pin_memory if cfg.data.pin_memory is not None else cuda,
-        tile_classes=tile_classes(cfg.head.tile_classes, device_type),
         cudnn_benchmark=cuda and not deterministic,
         float32_matmul_precision="high" if cuda else "highest",
         broadcast_buffers=not cuda,
@@ -95,7 +94,7 @@ def apply_device_defaults(
     defaults: DeviceDefaults, cfg: Config, environ: MutableMapping[str, str] = os.environ
 ) -> Config:
     """Set the process-wide switches `defaults` names and return `cfg` with its null settings resolved
-    (what the loader, the head and the saved run config then see).
+    (what the loader and the saved run config then see; head.tile_classes is the head plan's).
 
     On the CPU nothing process-wide is touched. Call it before the first GEMM on the device: cuBLAS
     reads CUBLAS_WORKSPACE_CONFIG when it creates its handle.
@@ -105,6 +104,4 @@ def apply_device_defaults(
     if defaults.device_type == "cuda":
         torch.backends.cudnn.benchmark = defaults.cudnn_benchmark
         torch.set_float32_matmul_precision(defaults.float32_matmul_precision)
-    data = dataclasses.replace(cfg.data, pin_memory=defaults.pin_memory)
-    head = dataclasses.replace(cfg.head, tile_classes=defaults.tile_classes)
-    return dataclasses.replace(cfg, data=data, head=head)
+    return dataclasses.replace(cfg, data=dataclasses.replace(cfg.data, pin_memory=defaults.pin_memory))

@@ -17,29 +17,21 @@ from tqdm import tqdm
 
 from facetrain.checkpoints import read_meta
 from facetrain.config import Config
-from facetrain.config.validate import fused_optimizer_conflict
 from facetrain.data import build_train_dataset, build_train_loader, prepare_train_data
-from facetrain.heads import ShardedMarginHead, class_range
-from facetrain.heads.memory import (
-    STORAGE_DTYPES,
-    backbone_training_bytes,
-    choose_mode,
-    describe,
-    estimate_head_memory,
-    free_memory_bytes,
-)
+from facetrain.heads import ShardedMarginHead
 from facetrain.models import build_backbone
 from facetrain.parallel import comm
 from facetrain.parallel.dims import ParallelDims
 from facetrain.parallel.parallelize import parallelize_backbone
 from facetrain.train.checkpoint import TrainState, load_checkpoint
 from facetrain.train.class_remap import match_classes
-from facetrain.train.device_defaults import apply_device_defaults, resolve_device_defaults, tile_classes
+from facetrain.train.device_defaults import apply_device_defaults, resolve_device_defaults
 from facetrain.train.elastic import last_logged_step, membership_line
+from facetrain.train.head_plan import build_head
 from facetrain.train.init_weights import load_initial_backbone
 from facetrain.train.losses import build_loss
 from facetrain.train.notices import nothing_left_to_train
-from facetrain.train.optim import build_fused_optimizer, build_lr_scheduler, build_optimizer
+from facetrain.train.optim import build_lr_scheduler, build_optimizer
 from facetrain.train.run_dir import (
     check_run_dir,
     claim_run_dir,
@@ -164,73 +156,3 @@ def _job_restarted(run_dir: Path, dims: ParallelDims) -> bool:
         [int(restarted_by_elastic_agent(run_dir))], device=comm.collective_device(dims.control_group)
     )
     return bool(comm.all_reduce_(mine, "max", dims.control_group))
-
-
-def build_head(
-    cfg: Config, num_classes: int, dims: ParallelDims, backbone: nn.Module | None = None
-) -> ShardedMarginHead:
-    """The sharded head in the mode head.mode asks for, with its own optimizer when it is tiled and
-    fused; the primary rank logs the mode and what the head holds on it.
-
-    head.mode auto takes the untiled head (the fastest) when it fits the tightest rank's free memory
-    (half of it on a CPU; on CUDA all but a margin and what `backbone`, the whole backbone, will take
-    to train: see `facetrain.heads.memory`), else the tiled one; with fp32 storage and settings the
-    fused optimizer cannot honour (validate's fused_optimizer_conflict), a tiled head keeps a gradient
-    buffer instead.
-    """
-    settings, dim = cfg.head, cfg.model.embedding_size
-    tile = tile_classes(settings.tile_classes, dims.device.type)
-    classes = class_range(num_classes, dims.dp, dims.dp_rank).count
-    rows = classes * settings.sub_centers
-    global_batch = cfg.train.batch_size * dims.dp
-    weight_dtype, state_dtype = STORAGE_DTYPES[settings.weight_dtype], STORAGE_DTYPES[settings.state_dtype]
-    low_precision = cfg.train.precision != "fp32"
-    untiled = estimate_head_memory(
-        rows, dim, global_batch, "untiled", optimizer=cfg.optim.name, reduced_precision_gemm=low_precision
-    )
-    requested = "untiled" if settings.sub_centers > 1 else settings.mode
-    free = reserved = 0
-    if requested == "auto":
-        mine = torch.tensor([free_memory_bytes(dims.device)], device=comm.collective_device(dims.dp_group))
-        free = int(comm.all_reduce_(mine, "min", dims.dp_group))
-        if dims.device.type == "cuda" and backbone is not None:
-            batch_shape = (cfg.train.batch_size, 3, *cfg.data.image_size)
-            reserved = backbone_training_bytes(backbone, batch_shape, cfg.optim.name, replicated=dims.dp > 1)
-    needs_tiles = torch.bfloat16 in (weight_dtype, state_dtype)
-    mode = choose_mode(
-        requested, untiled, free, needs_tiles, device_type=dims.device.type, reserved_bytes=reserved
-    )
-    fused = mode == "tiled" and settings.fused_optimizer and fused_optimizer_conflict(cfg) is None
-    head = ShardedMarginHead(
-        num_classes,
-        dim,
-        margin=settings.margin,
-        scale=settings.scale,
-        sample_rate=settings.sample_rate,
-        group=dims.dp_group,
-        tile_classes=tile if mode == "tiled" else None,
-        dtype=weight_dtype,
-        sub_centers=settings.sub_centers,
-        compile_tiles=settings.compile_tiles,
-        **settings.margin_params,
-    )
-    head.reset_parameters(seed=cfg.train.seed)
-    if fused:
-        head.fuse_optimizer(build_fused_optimizer(cfg.optim, head, state_dtype))
-    head = head.to(dims.device)
-    if dims.is_primary:
-        memory = estimate_head_memory(
-            rows, dim, global_batch, mode, tile_classes=tile, fused=fused, optimizer=cfg.optim.name,
-            weight_dtype=weight_dtype, state_dtype=state_dtype, reduced_precision_gemm=low_precision,
-        )  # fmt: skip
-        how = f"tiled, {tile:,} classes a tile" if mode == "tiled" else "untiled"
-        updates = f"fused {cfg.optim.name}" if fused else f"torch {cfg.optim.name}"
-        state = f", state {settings.state_dtype}" if fused else ""
-        kept = f", {reserved / 2**30:.1f} GiB of it kept for the backbone" if reserved else ""
-        chosen = f" (head.mode auto, {free / 2**30:.1f} GiB free{kept})" if requested == "auto" else ""
-        centres = f" x {settings.sub_centers} sub-centers" if settings.sub_centers > 1 else ""
-        tqdm.write(
-            f"head: {how}{chosen}, {updates}, weight {settings.weight_dtype}{state}; {classes:,}{centres} "
-            f"of {num_classes:,} classes on this rank: {describe(memory)}"
-        )
-    return head

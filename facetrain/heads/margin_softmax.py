@@ -1,0 +1,100 @@
+"""The arithmetic both margin-softmax kernels share (`sharded_softmax.py` untiled, `tiled_softmax.py`):
+the unit embeddings, the margin on the target logits, the cross-rank statistics and loss, and the
+backward's correction at the targets. The kernels differ only in how they walk the class rows.
+
+Only batch-sized statistics cross ranks: an all-reduce MAX of each row's max (done by the kernels, which
+need it at different moments), then one all-reduce SUM of [sum of exponentials, target logit, hit].
+Statistics are fp32 (fp64 only when the caller works in fp64, as the exactness tests do).
+"""
+
+from __future__ import annotations
+
+import torch
+
+from facetrain.heads.margins import Margin
+from facetrain.parallel import comm
+
+EPS = 1e-12
+
+
+def compute_dtype(device: torch.device, dtype: torch.dtype) -> torch.dtype:
+    """The dtype of the GEMMs: autocast's when it is on, else the embeddings'."""
+    if torch.is_autocast_enabled(device.type):
+        return torch.get_autocast_dtype(device.type)
+    return dtype
+
+
+def unit_rows(embeddings: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """The embeddings as unit vectors in the statistics' dtype, and their norms (B x 1)."""
+    x = embeddings.to(torch.float64 if embeddings.dtype == torch.float64 else torch.float32)
+    norm = torch.linalg.vector_norm(x, dim=1, keepdim=True).clamp_min(EPS)
+    return x / norm, norm
+
+
+def through_normalization(grad_unit: torch.Tensor, unit: torch.Tensor, norm: torch.Tensor) -> torch.Tensor:
+    """The gradient of x from that of x / |x| (`unit`, with `norm` = |x| per row): the component along
+    the unit vector is removed and the rest divided by the norm."""
+    radial = torch.einsum("bd,bd->b", grad_unit, unit)
+    return (grad_unit - unit * radial[:, None]) / norm
+
+
+def penalise_targets(
+    margin: Margin, target_raw: torch.Tensor, has_target: torch.Tensor, scale: float
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """Each row's target logit (`target_raw` = scale x cos) with the margin, where this rank owns the
+    target (the plain logit elsewhere), and the margin's slope d margin / d cos. The slope is taken
+    with autograd on the B-vector of cosines, so every margin's gradient is exact."""
+    with torch.enable_grad():
+        cos_leaf = (target_raw / scale).detach().requires_grad_()
+        penalised = margin(cos_leaf)
+        (slope,) = torch.autograd.grad(penalised.sum(), cos_leaf)
+    return torch.where(has_target, penalised.detach() * scale, target_raw), slope
+
+
+def softmax_loss(
+    sum_exp: torch.Tensor,
+    target_logit: torch.Tensor,
+    target_raw: torch.Tensor,
+    has_target: torch.Tensor,
+    global_max: torch.Tensor,
+    valid: torch.Tensor,
+    group,
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """The loss from this rank's share, in one all-reduce: `sum_exp` of exp(logit - global max) over its
+    classes (penalised targets included), the penalised `target_logit` and plain `target_raw` where it
+    owns the target. Returns the loss (the mean over valid rows), the statistics the backward needs
+    (`target_gradient`) and the global top-1 hit count (no gradient)."""
+    zero = sum_exp.new_zeros(())
+    stats = torch.stack(
+        [
+            sum_exp,
+            torch.where(has_target, target_logit, zero),
+            # top-1 without another pass: margins only lower the target logit, so the plain one
+            # reaches the row max exactly when no other class beats it
+            torch.where(has_target, (target_raw >= global_max).to(sum_exp.dtype), zero),
+        ]
+    )
+    comm.all_reduce_(stats, "sum", group)
+    sum_exp, target_logit, hits = stats
+    row_loss = sum_exp.log() + global_max - target_logit
+    # padding rows of a short batch are not in the mean: their denominator is inf, their factor 0
+    n_valid = valid.sum().to(row_loss.dtype)
+    loss = torch.where(valid, row_loss, 0.0).sum() / n_valid
+    denominator = torch.where(valid, n_valid * sum_exp, float("inf"))
+    return loss, torch.stack([sum_exp, denominator]), hits.sum()
+
+
+def target_gradient(
+    row_stats: torch.Tensor,
+    grad_loss: torch.Tensor,
+    at_target: torch.Tensor,
+    margin_slope: torch.Tensor,
+    has_target: torch.Tensor,
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """d loss / d logit = (softmax - onehot) x grad / B. The row factor grad / (B x sum_exp) is returned
+    for the kernels to apply to their B x D GEMM operands instead of the B x c logits, so the targets
+    are corrected in unscaled units: softmax - 1 = (exp - sum_exp) / sum_exp, times the margin's slope.
+    `at_target` is exp(target logit - global max); rows without a target here keep it."""
+    sum_exp, denominator = row_stats.unbind(0)
+    row_factor = grad_loss.to(denominator.dtype) / denominator
+    return row_factor, torch.where(has_target, (at_target - sum_exp) * margin_slope, at_target)

@@ -1,0 +1,40 @@
+"""How a sharded head computes and stores its classes, decided once before it is built (`HeadPlan`)."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+
+MODES = ("untiled", "tiled")
+
+
+@dataclass(frozen=True)
+class HeadPlan:
+    """Untiled (the fastest: one B x C/N logit buffer) or tiled (B x `tile_classes` logits at a time,
+    `compile_tiles` compiling each tile's elementwise work), the weight's storage dtype, and whether the
+    tiled head updates itself with a fused optimizer keeping its state in `state_dtype` (docs/head.md).
+    `facetrain train` resolves one from the config (`facetrain.train.head_plan`); a library user writes
+    it: `HeadPlan()`, or `HeadPlan("tiled", 8192, fused_optimizer=True)`."""
+
+    mode: str = "untiled"
+    tile_classes: int = 8192
+    weight_dtype: torch.dtype = torch.float32
+    state_dtype: torch.dtype = torch.float32
+    fused_optimizer: bool = False
+    compile_tiles: bool = False
+
+    def __post_init__(self):
+        if self.mode not in MODES:
+            raise ValueError(f"a head plan's mode is one of {', '.join(MODES)}, not {self.mode!r}")
+        if self.tile_classes < 1:
+            raise ValueError(f"a head plan's tile_classes must be >= 1, got {self.tile_classes}")
+        if self.fused_optimizer and not self.tiled:
+            raise ValueError("the fused head optimizer needs the tiled head: HeadPlan('tiled', ...)")
+
+    @property
+    def tiled(self) -> bool:
+        return self.mode == "tiled"
+
+
+UNTILED = HeadPlan()
