@@ -155,6 +155,7 @@ BAD_TYPES = [
     "data.augment.random_resized_crop",
     "model.activation_checkpointing",
     "model.channels_last",
+    "model.compile",
     "model.bn_neck",
     "head.fused_optimizer",
     "head.compile_tiles",

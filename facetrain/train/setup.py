@@ -18,7 +18,6 @@ from tqdm import tqdm
 from facetrain.checkpoints import read_meta
 from facetrain.config import Config
 from facetrain.data import build_train_dataset, build_train_loader, prepare_train_data
-from facetrain.heads import ShardedMarginHead
 from facetrain.models import build_backbone
 from facetrain.parallel import comm
 from facetrain.parallel.dims import ParallelDims
