@@ -16,13 +16,10 @@ Read in this order:
 """
 
 from facetrain.checkpoint.layout import (
-    POINTERS,
     complete_checkpoints,
     find_damage,
     find_resume_point,
     holds_checkpoints,
-    is_checkpoint,
-    latest_checkpoint,
     read_classes,
     read_config,
     read_meta,
@@ -41,14 +38,11 @@ from facetrain.checkpoint.storage import stored
 from facetrain.checkpoint.writer import TrainState, save_checkpoint
 
 __all__ = [
-    "POINTERS",
     "TrainState",
     "complete_checkpoints",
     "find_damage",
     "find_resume_point",
     "holds_checkpoints",
-    "is_checkpoint",
-    "latest_checkpoint",
     "load_backbone",
     "load_backbone_weights",
     "load_checkpoint",

@@ -62,13 +62,6 @@ class AppState(Stateful):
         """Whether this rank writes `key` (of the model or the optimizer state, without its section)."""
         return key.startswith(HEAD) or self.dims.writes_backbone
 
-    def _per_class(self, tensor: torch.Tensor) -> bool:
-        return self.head is not None and tensor.dim() > 0 and tensor.shape[0] == self.head.weight.shape[0]
-
-    def _rows(self, tensor: torch.Tensor) -> torch.Tensor:
-        head = self.head
-        return rows_of(head.per_class(tensor), head.class_start, head.num_classes)
-
     def state_dict(self) -> dict[str, torch.Tensor]:
         return self._saved() if self.stored is None else self._targets()
 
@@ -82,9 +75,13 @@ class AppState(Stateful):
                 for state, value in values.items():
                     if self._mine(name):
                         entries[f"optim.state.{name}.{state}"] = torch.as_tensor(value).detach().cpu()
-        for key, value in list(entries.items()):
-            if key.startswith(("model.head.", "optim.state.head.")) and self._per_class(value):
-                entries[key] = self._rows(value)
+        head = self.head
+        for key, value in list(entries.items()):  # the head's per-class tensors, as this rank's rows
+            if (
+                key.startswith(("model.head.", "optim.state.head."))
+                and value.shape[:1] == head.weight.shape[:1]
+            ):
+                entries[key] = rows_of(head.per_class(value), head.class_start, head.num_classes)
         if self.ema is not None and self.dims.writes_backbone:
             entries.update({f"ema.{k}": v.detach().cpu() for k, v in self.ema.state_dict().items()})
         if self.scaler is not None and self.scaler.is_enabled() and self.dims.is_primary:
@@ -140,13 +137,9 @@ class AppState(Stateful):
         if self.ema is not None and any(k.startswith("ema.") for k in loaded):
             self.ema.load_state_dict({k[len("ema.") :]: v for k, v in loaded.items() if k.startswith("ema.")})
         if "scaler.scale" in loaded and self.scaler is not None and self.scaler.is_enabled():
-            growth = int(loaded["scaler.growth_tracker"])
+            scale, growth = float(loaded["scaler.scale"]), int(loaded["scaler.growth_tracker"])
             self.scaler.load_state_dict(
-                {
-                    **self.scaler.state_dict(),
-                    "scale": float(loaded["scaler.scale"]),
-                    "_growth_tracker": growth,
-                }
+                {**self.scaler.state_dict(), "scale": scale, "_growth_tracker": growth}
             )
         rank = self.dims.rank
         if f"rng.{rank}.torch" in loaded:

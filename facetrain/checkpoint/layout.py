@@ -148,11 +148,6 @@ def find_resume_point(run_dir: Path) -> tuple[Path | None, list[str]]:
     return None, notes
 
 
-def latest_checkpoint(run_dir: Path) -> Path | None:
-    """What `--resume auto` resumes from (see `find_resume_point`), or None."""
-    return find_resume_point(run_dir)[0]
-
-
 def read_meta(checkpoint: Path) -> dict:
     return _read(checkpoint, "meta.json")
 

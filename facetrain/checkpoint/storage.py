@@ -126,10 +126,6 @@ def rows_of(tensor: torch.Tensor, start: int, total: int) -> torch.Tensor:
     return rows
 
 
-def _distributed() -> bool:
-    return dist.is_available() and dist.is_initialized()
-
-
 def save_entries(entries: dict, directory: Path, group=None) -> None:
     """Collective: every rank passes its entries; a key several ranks hold is written once.
 
@@ -139,17 +135,19 @@ def save_entries(entries: dict, directory: Path, group=None) -> None:
     with warnings.catch_warnings():
         warnings.filterwarnings("ignore", message=".*assuming the intent is to save in a single process")
         try:
-            dcp.save(entries, checkpoint_id=str(directory), process_group=group, no_dist=not _distributed())
+            dcp.save(
+                entries, checkpoint_id=str(directory), process_group=group, no_dist=not dist.is_initialized()
+            )
         except CheckpointException as error:
             failure = first_failure(error)
             if isinstance(failure, OSError):
                 raise failure from None
-            tensors = [
-                t
-                for v in entries.values()
-                for t in (v.state_dict() if isinstance(v, Stateful) else {0: v}).values()
+            flat = [
+                v
+                for e in entries.values()
+                for v in (e.state_dict() if isinstance(e, Stateful) else {0: e}).values()
             ]
-            needed = sum(t.numel() * t.element_size() for t in tensors if torch.is_tensor(t))
+            needed = sum(t.numel() * t.element_size() for t in flat if torch.is_tensor(t))
             if shutil.disk_usage(directory if directory.exists() else directory.parent).free < needed:
                 raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC), str(directory)) from None
             raise OSError(errno.EIO, f"writing failed ({failure})", str(directory)) from None
@@ -164,7 +162,7 @@ def load_entries(entries: dict, directory: Path, group=None, collective: bool = 
         raise FacetrainError(
             f"checkpoint {directory} has no entry {missing[0]}; was it written by facetrain?"
         )
-    distributed = collective and _distributed()
+    distributed = collective and dist.is_initialized()
     with warnings.catch_warnings():
         warnings.filterwarnings("ignore", message=".*assuming the intent is to load in a single process")
         warnings.filterwarnings("ignore", message=".*pickle protocol")
