@@ -12,8 +12,7 @@ from pathlib import Path
 
 import torch
 
-from facetrain.checkpoints import is_range_key, parse_range_key, resolve_checkpoint
-from facetrain.parallel.checkpoint_io import load_tensors, tensor_index
+from facetrain.checkpoint import read_entries, resolve_checkpoint, stored
 from tests.train_helpers import REPO
 
 ENV = {**os.environ, "PYTHONUNBUFFERED": "1", "OMP_NUM_THREADS": "1"}
@@ -22,8 +21,7 @@ ENV = {**os.environ, "PYTHONUNBUFFERED": "1", "OMP_NUM_THREADS": "1"}
 def checkpoint_tensors(path: Path) -> dict[str, torch.Tensor]:
     """Every tensor of a checkpoint (backbone, head shards, optimizer state, RNG states)."""
     checkpoint = resolve_checkpoint(path)
-    index = tensor_index(checkpoint)
-    return load_tensors(checkpoint, list(index), index)
+    return read_entries(checkpoint, list(stored(checkpoint)))
 
 
 def assert_same_checkpoint(actual: Path, expected: Path) -> None:
@@ -107,21 +105,15 @@ def kill_all(process: subprocess.Popen) -> None:
 def is_weight_or_optimizer_state(key: str) -> bool:
     """What training computes from the gradients; not batch-norm's running statistics (each replica's
     own average of the batches it saw) nor the per-rank RNG streams."""
-    return not key.startswith("rng/") and not key.endswith(
+    return not key.startswith("app.rng.") and not key.endswith(
         ("running_mean", "running_var", "num_batches_tracked")
     )
 
 
 def trained_tensors(path: Path) -> dict[str, torch.Tensor]:
-    """The weights and optimizer state of a checkpoint on any world size: class-range shards joined."""
-    shards: dict[str, list[tuple[int, torch.Tensor]]] = {}
-    for key, tensor in checkpoint_tensors(path).items():
-        if is_weight_or_optimizer_state(key):
-            name, start = (key.rsplit("/", 1)[0], parse_range_key(key)[0]) if is_range_key(key) else (key, 0)
-            shards.setdefault(name, []).append((start, tensor))
+    """The weights and optimizer state of a checkpoint on any world size (the head's rows read whole)."""
     return {
-        name: torch.cat([t for _, t in sorted(parts, key=lambda part: part[0])])
-        for name, parts in shards.items()
+        key: tensor for key, tensor in checkpoint_tensors(path).items() if is_weight_or_optimizer_state(key)
     }
 
 

@@ -25,7 +25,7 @@ import shutil
 import signal
 import sys
 
-import facetrain.train.checkpoint as checkpoint_module
+import facetrain.checkpoint.writer as checkpoint_module
 from facetrain.cli import main
 
 POINTS = ("tensors", "meta", "renamed", "pointer", "pruning", "replacing", "disk-full")
@@ -39,7 +39,7 @@ def die() -> None:
 def inject(point: str, save_number: int) -> None:
     saves = {"count": 0}
     save_tensors, commit, prune = (
-        checkpoint_module.save_tensors,
+        checkpoint_module.save_entries,
         checkpoint_module._commit,
         checkpoint_module._prune,
     )
@@ -81,7 +81,7 @@ def inject(point: str, save_number: int) -> None:
         if armed() and point == "replacing" and str(target).endswith(".replaced"):
             die()
 
-    checkpoint_module.save_tensors = counting_save_tensors
+    checkpoint_module.save_entries = counting_save_tensors
     checkpoint_module._commit = faulty_commit
     checkpoint_module._prune = faulty_prune
     shutil.rmtree = faulty_rmtree

@@ -7,12 +7,18 @@ import pickle
 import pytest
 import torch
 
-from facetrain.checkpoints import load_backbone_weights, load_full_head, resolve_checkpoint
+from facetrain.checkpoint import (
+    TrainState,
+    load_backbone_weights,
+    load_checkpoint,
+    load_full_head,
+    resolve_checkpoint,
+    save_checkpoint,
+)
 from facetrain.config import Config
 from facetrain.errors import FacetrainError
 from facetrain.heads import ShardedMarginHead
 from facetrain.parallel.dims import init_parallel
-from facetrain.train.checkpoint import TrainState, load_checkpoint, save_checkpoint
 from facetrain.train.optim import build_optimizer
 from tests.distributed import run_distributed
 

@@ -8,8 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from facetrain.checkpoints import find_resume_point
-from facetrain.parallel.checkpoint_io import tensor_index
+from facetrain.checkpoint import find_resume_point, stored
 from tests.fault_helpers import error_lines
 from tests.train_helpers import run_cli, tiny_config, trained_tiny_run
 
@@ -40,9 +39,9 @@ def test_resuming_with_another_optimizer_starts_its_state_fresh_with_a_warning(f
         "cannot seed adamw's, so adamw starts with fresh state; the weights, step 2 and the schedule carry on"
     ) in result.stdout
     assert f"resumed from {checkpoint} at step 2" in result.stdout
-    keys = tensor_index(find_resume_point(tmp_path / "run")[0])
-    assert any(key.endswith("/exp_avg") for key in keys)
-    assert not any(key.endswith("/momentum_buffer") for key in keys)
+    keys = stored(find_resume_point(tmp_path / "run")[0])
+    assert any(key.endswith(".exp_avg") for key in keys)
+    assert not any(key.endswith(".momentum_buffer") for key in keys)
 
 
 def test_resuming_past_train_steps_says_there_is_nothing_left_to_train(finished_run, tmp_path):

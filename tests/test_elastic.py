@@ -14,13 +14,13 @@ import pytest
 import torch
 import torch.distributed as dist
 
+from facetrain.checkpoint import TrainState
 from facetrain.config import Config
 from facetrain.config.validate import validate
 from facetrain.data.samplers import IdentitySampler, ResumableDistributedSampler
 from facetrain.errors import FacetrainError
 from facetrain.parallel.attempt_store import ATTEMPT_KEY, agree_on_prefix
 from facetrain.parallel.dims import ParallelDims, init_parallel
-from facetrain.train.checkpoint import TrainState
 from facetrain.train.elastic import hold_global_batch, membership_line
 from facetrain.train.step_gate import StepGate, StopSignals
 from tests.distributed import run_distributed

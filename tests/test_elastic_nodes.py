@@ -20,7 +20,7 @@ from pathlib import Path
 
 import pytest
 
-from facetrain.checkpoints import read_meta, resolve_checkpoint
+from facetrain.checkpoint import read_meta, resolve_checkpoint
 from tests.fault_helpers import ENV, assert_same_weights, wait_for_step
 from tests.train_helpers import REPO, tiny_config
 

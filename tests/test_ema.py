@@ -10,10 +10,9 @@ import pytest
 import torch
 from torch import nn
 
-from facetrain.checkpoints import load_backbone, resolve_checkpoint
+from facetrain.checkpoint import load_backbone, read_entries, resolve_checkpoint, stored
+from facetrain.checkpoint.names import BACKBONE, EMA
 from facetrain.eval.verify_pairs import load_pairs, verify
-from facetrain.parallel.checkpoint_io import load_tensors, tensor_index
-from facetrain.train.checkpoint import TRAINED_PREFIX
 from facetrain.train.ema import WeightEma
 from tests.train_helpers import logged_losses, run_cli, tiny_config
 
@@ -52,9 +51,8 @@ def test_average_matches_the_plain_formula_with_its_warmup():
 
 def checkpoint_entries(run: Path, prefix: str) -> dict[str, torch.Tensor]:
     checkpoint = resolve_checkpoint(run)
-    index = tensor_index(checkpoint)
-    keys = [k for k in index if k.startswith(prefix)]
-    return {k[len(prefix) :]: v for k, v in load_tensors(checkpoint, keys, index).items()}
+    keys = [k for k in stored(checkpoint) if k.startswith(prefix)]
+    return {k[len(prefix) :]: v for k, v in read_entries(checkpoint, keys).items()}
 
 
 HALF = 3
@@ -85,7 +83,7 @@ def test_training_verifies_exports_and_resumes_the_average(tmp_path):
 
     # resumed exactly: the same losses, the same average and the same trained weights
     assert logged_losses(tmp_path / "halves") == pytest.approx(logged_losses(tmp_path / "straight"), abs=1e-6)
-    for prefix in ("backbone/", TRAINED_PREFIX):
+    for prefix in (EMA, BACKBONE):
         expected = checkpoint_entries(tmp_path / "straight", prefix)
         resumed = checkpoint_entries(tmp_path / "halves", prefix)
         assert sorted(expected) == sorted(resumed) and expected
@@ -94,7 +92,7 @@ def test_training_verifies_exports_and_resumes_the_average(tmp_path):
 
     # the checkpoint's backbone is the average, and it is what was verified and what load_backbone reads
     run = tmp_path / "straight"
-    average, trained = checkpoint_entries(run, "backbone/"), checkpoint_entries(run, TRAINED_PREFIX)
+    average, trained = checkpoint_entries(run, EMA), checkpoint_entries(run, BACKBONE)
     assert any(not torch.equal(average[k], trained[k]) for k in average if average[k].is_floating_point())
     backbone, config, _ = load_backbone(run)
     for name, tensor in backbone.state_dict().items():

@@ -14,12 +14,11 @@ import torch
 from click.testing import CliRunner
 from safetensors.torch import load_file
 
-from facetrain.checkpoints import load_backbone
+from facetrain.checkpoint import TrainState, load_backbone, save_checkpoint
 from facetrain.cli import main
 from facetrain.export.loading import load_model
 from facetrain.heads import ShardedMarginHead
 from facetrain.parallel.dims import init_parallel
-from facetrain.train.checkpoint import TrainState, save_checkpoint
 from tests.distributed import run_distributed
 from tests.test_export_formats import IMAGE_SIZE, fresh_backbone, images, small_config
 

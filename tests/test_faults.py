@@ -18,9 +18,8 @@ from pathlib import Path
 
 import pytest
 
-from facetrain.checkpoints import find_resume_point, load_backbone
+from facetrain.checkpoint import find_damage, find_resume_point, load_backbone
 from facetrain.errors import FacetrainError
-from facetrain.parallel.checkpoint_io import find_damage
 from facetrain.train.run_dir import (
     RUN_CONFIG_HEADER,
     check_run_dir,

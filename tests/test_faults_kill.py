@@ -15,7 +15,7 @@ from pathlib import Path
 
 import pytest
 
-from facetrain.checkpoints import complete_checkpoints, find_resume_point
+from facetrain.checkpoint import complete_checkpoints, find_resume_point
 from tests.fault_helpers import ENV, assert_same_checkpoint
 from tests.train_helpers import REPO, run_cli, tiny_config
 

@@ -17,7 +17,7 @@ from pathlib import Path
 
 import pytest
 
-from facetrain.checkpoints import find_resume_point
+from facetrain.checkpoint import find_resume_point
 from facetrain.config import DataConfig, SynthConfig
 from facetrain.data import SAMPLERS, build_train_dataset
 from facetrain.data.synthetic import generate_synthetic

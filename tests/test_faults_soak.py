@@ -9,7 +9,7 @@ import signal
 
 import pytest
 
-from facetrain.checkpoints import find_resume_point
+from facetrain.checkpoint import find_resume_point
 from tests.fault_helpers import assert_same_checkpoint, kill_all, signal_group, start, wait_for_step
 from tests.train_helpers import run_cli, tiny_config
 

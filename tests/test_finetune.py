@@ -8,7 +8,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from facetrain.checkpoints import load_backbone, load_full_head
+from facetrain.checkpoint import load_backbone, load_full_head
 from facetrain.config import OptimConfig
 from facetrain.train.optim import build_lr_scheduler, build_optimizer
 from tests.train_helpers import run_cli, tiny_config

@@ -6,13 +6,12 @@ from __future__ import annotations
 import pytest
 import torch
 
-from facetrain.checkpoints import load_full_head
+from facetrain.checkpoint import TrainState, load_checkpoint, load_full_head, save_checkpoint
 from facetrain.config import Config
 from facetrain.config.validate import validate
 from facetrain.errors import FacetrainError
 from facetrain.heads import DenseMarginHead, HeadPlan, ShardedMarginHead
 from facetrain.parallel.dims import init_parallel
-from facetrain.train.checkpoint import TrainState, load_checkpoint, save_checkpoint
 from facetrain.train.optim import build_optimizer
 from tests.distributed import run_distributed
 from tests.test_head import local_rows

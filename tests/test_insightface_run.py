@@ -12,13 +12,13 @@ import pytest
 import torch
 from torch import nn
 
-from facetrain.checkpoints import load_backbone, load_full_head, read_class_rows
+from facetrain.checkpoint import load_backbone, load_full_head, read_entries, read_rows
+from facetrain.checkpoint.names import HEAD_STATE, HEAD_WEIGHT, OPTIM_STATE
 from facetrain.config.schema import ModelConfig
 from facetrain.errors import FacetrainError
 from facetrain.export.insightface_run import import_insightface_run
 from facetrain.heads.partition import all_class_ranges
 from facetrain.models import build_backbone
-from facetrain.parallel.checkpoint_io import load_tensors, tensor_index
 from tests.train_helpers import run_cli, tiny_config
 
 ARCH = "iresnet18"
@@ -98,26 +98,22 @@ def test_the_checkpoint_holds_backbone_head_and_counters(insightface_run, import
 
 def test_momentum_comes_along_by_parameter_and_class_range(insightface_run, imported):
     run_dir, backbone, _ = insightface_run
-    index = tensor_index(imported)
     for rank, (start, count) in enumerate(all_class_ranges(CLASSES, RANKS)):
         saved = torch.load(run_dir / f"checkpoint_gpu_{rank}.pt", weights_only=True)["state_optimizer"]
         head_momentum = saved["state"][saved["param_groups"][1]["params"][0]]["momentum_buffer"]
-        stored = read_class_rows(imported, index, "optim/head/momentum_buffer", start, count)
+        stored = read_rows(imported, HEAD_STATE + "momentum_buffer", start, count)
         assert torch.equal(stored, head_momentum)
     saved = torch.load(run_dir / "checkpoint_gpu_0.pt", weights_only=True)["state_optimizer"]
     names = [name for name, _ in backbone.named_parameters()]
-    key = f"optim/backbone/{names[0]}/momentum_buffer"
-    assert torch.equal(load_tensors(imported, [key], index)[key], saved["state"][0]["momentum_buffer"])
+    key = f"{OPTIM_STATE}backbone.{names[0]}.momentum_buffer"
+    assert torch.equal(read_entries(imported, [key])[key], saved["state"][0]["momentum_buffer"])
 
 
 @pytest.mark.parametrize("world_size", [1, 3, 4])
 def test_the_head_reshards_onto_any_world_size(insightface_run, imported, world_size):
-    index = tensor_index(imported)
     full = torch.cat(insightface_run[2])
     for start, count in all_class_ranges(CLASSES, world_size):
-        assert torch.equal(
-            read_class_rows(imported, index, "head/weight", start, count), full[start : start + count]
-        )
+        assert torch.equal(read_rows(imported, HEAD_WEIGHT, start, count), full[start : start + count])
 
 
 @pytest.mark.slow

@@ -17,7 +17,7 @@ import torch
 from click.testing import CliRunner
 from torch import nn
 
-from facetrain.checkpoints import load_backbone
+from facetrain.checkpoint import load_backbone
 from facetrain.cli import main
 from facetrain.config.schema import ModelConfig
 from facetrain.errors import FacetrainError

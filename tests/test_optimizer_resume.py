@@ -5,10 +5,11 @@ from __future__ import annotations
 import pytest
 import torch
 
+from facetrain.checkpoint import TrainState, load_checkpoint, save_checkpoint
+from facetrain.checkpoint.app_state import set_optimizer_state
 from facetrain.config import Config
 from facetrain.heads import ShardedMarginHead
 from facetrain.parallel.dims import init_parallel
-from facetrain.train.checkpoint import TrainState, load_checkpoint, restore_optimizer_state, save_checkpoint
 from facetrain.train.optim import build_optimizer
 
 NUM_CLASSES, DIM = 9, 6
@@ -90,7 +91,8 @@ def test_restored_state_follows_its_parameter_but_step_stays_on_the_cpu():
     weight = torch.nn.Parameter(torch.empty(3, 2, device="meta"))
     optimizer = torch.optim.AdamW([weight])
     moments = {"exp_avg": torch.ones(3, 2), "exp_avg_sq": torch.full((3, 2), 2.0)}
-    restore_optimizer_state(optimizer, {weight: {"step": torch.tensor(5, dtype=torch.int64), **moments}})
+    parts = torch.nn.ParameterDict({"weight": weight})
+    set_optimizer_state(parts, optimizer, {"weight": {"step": torch.tensor(5, dtype=torch.int64), **moments}})
     state = optimizer.state[weight]
     assert (state["step"].device.type, state["step"].dtype, state["step"].item()) == ("cpu", torch.float32, 5)
     assert state["exp_avg"].device.type == "meta" and state["exp_avg_sq"].device.type == "meta"

@@ -15,7 +15,7 @@ from pathlib import Path
 
 import pytest
 
-from facetrain.checkpoints import find_resume_point
+from facetrain.checkpoint import find_resume_point
 from tests.fault_helpers import ENV, rank_processes, wait_for_step
 from tests.train_helpers import REPO, tiny_config
 

@@ -16,7 +16,7 @@ import numpy as np
 import pytest
 import torch
 
-from facetrain.checkpoints import find_resume_point, load_full_head
+from facetrain.checkpoint import find_resume_point, load_full_head
 from facetrain.data.decode import BadImageError, decode_image
 from facetrain.data.image_header import MAX_IMAGE_PIXELS
 from tests.fault_helpers import error_lines

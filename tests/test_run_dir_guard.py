@@ -13,7 +13,7 @@ from pathlib import Path
 
 import pytest
 
-from facetrain.checkpoints import find_resume_point
+from facetrain.checkpoint import find_resume_point
 from facetrain.config import SynthConfig
 from facetrain.data.synthetic import generate_synthetic
 from facetrain.errors import FacetrainError

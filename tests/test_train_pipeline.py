@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from facetrain.checkpoints import load_backbone, load_full_head, read_meta, resolve_checkpoint
+from facetrain.checkpoint import load_backbone, load_full_head, read_meta, resolve_checkpoint
 from tests.train_helpers import logged_losses, run_cli, tiny_config
 
 

@@ -9,7 +9,7 @@ from typing import Any
 
 import torch
 
-from facetrain.checkpoints import load_full_head, resolve_checkpoint
+from facetrain.checkpoint import load_full_head, resolve_checkpoint
 from facetrain.errors import FacetrainError
 from facetrain.export.card import CARD_NAME, with_verification_report, write_card
 from facetrain.export.formats import DEFAULT_FORMATS, export_format

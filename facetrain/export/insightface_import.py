@@ -9,9 +9,9 @@ checked against facetrain's model before anything is written, and the first diff
 in one line.
 
 The output is a facetrain checkpoint directory without a head: the backbone's tensors under
-`backbone/...` (the layout of `facetrain.checkpoints`), `config.yaml` naming the architecture, an
+`app.model.backbone.` (the layout of `facetrain.checkpoint.names`), `config.yaml` naming the architecture, an
 empty `classes.json` and a `meta.json` that records where the weights came from. `eval`, `export`,
-`embed` and `compare` take it as is, and `facetrain.checkpoints.load_backbone` reads the backbone and
+`embed` and `compare` take it as is, and `facetrain.checkpoint.load_backbone` reads the backbone and
 its config with one call, which is what a later fine-tuning run starts from.
 """
 
@@ -32,7 +32,9 @@ from pathlib import Path
 
 import torch
 
-from facetrain.checkpoints import holds_checkpoints
+from facetrain.checkpoint import holds_checkpoints
+from facetrain.checkpoint.names import BACKBONE
+from facetrain.checkpoint.storage import save_entries
 from facetrain.choices import INSIGHTFACE_ARCHITECTURES
 from facetrain.config import Config, ModelConfig, save_config
 from facetrain.errors import FacetrainError
@@ -41,7 +43,6 @@ from facetrain.files import refuse_to_overwrite
 from facetrain.models import Backbone, build_backbone
 from facetrain.models.iresnet import IRESNET_DEPTHS, IRESNET_INPUT_SIZE
 from facetrain.models.state_match import first_state_mismatch
-from facetrain.parallel.checkpoint_io import save_tensors
 from facetrain.progress import ProgressBar
 
 SOURCE_FORMAT = "insightface arcface_torch backbone.pth"
@@ -206,7 +207,7 @@ def write_backbone_checkpoint(
     backbone: Backbone, config: Config, out_dir: Path, imported_from: dict, source_format: str = SOURCE_FORMAT
 ) -> None:
     """Write a head-less checkpoint beside `out_dir` and move it into place only once it is complete."""
-    entries = {f"backbone/{key}": value.detach().cpu() for key, value in backbone.state_dict().items()}
+    entries = {BACKBONE + key: value.detach().cpu() for key, value in backbone.state_dict().items()}
     meta = {
         "embedding_size": backbone.embedding_size,
         "imported_from": {"format": source_format, **imported_from},
@@ -223,7 +224,7 @@ def write_imported_checkpoint(
     tmp = out_dir.with_name(f".{out_dir.name}.tmp-{os.getpid()}")
     shutil.rmtree(tmp, ignore_errors=True)
     try:
-        save_tensors(entries, tmp)
+        save_entries(entries, tmp)
         meta = {
             "step": 0,
             "epoch": 0,

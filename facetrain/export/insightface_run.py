@@ -6,7 +6,7 @@ shard, `weight` of its classes' rows), the optimizer's state, `epoch` and `globa
 deals C classes to N ranks as contiguous ranges, the first C mod N ranks one class more, the split
 facetrain's head uses (`facetrain.heads.partition.class_range`).
 
-The import is a facetrain training checkpoint: each shard is stored as the class range it holds, so
+The import is a facetrain training checkpoint: the shards, joined, are its head of C rows, so
 `facetrain train --resume` reshards it onto any number of ranks, as it does facetrain's own. The SGD
 momentum (or AdamW moments) comes along, mapped by parameter order (the order arcface_torch passes its
 backbone's parameters and then the head's weight to the optimizer), with the step and epoch. Every
@@ -23,6 +23,7 @@ from pathlib import Path
 
 import torch
 
+from facetrain.checkpoint.names import BACKBONE, HEAD_STATE, HEAD_WEIGHT, OPTIM_STATE
 from facetrain.config import Config
 from facetrain.errors import FacetrainError
 from facetrain.export.insightface_import import (
@@ -82,23 +83,27 @@ def import_insightface_run(
         backbone = imported_backbone(state, architecture, first)
         heads = [_head_rows(shard, path) for shard, path in zip(shards, paths)]
         num_classes = sum(rows.shape[0] for rows in heads)
-        entries = {f"backbone/{key}": value.detach().cpu() for key, value in backbone.state_dict().items()}
+        entries = {BACKBONE + key: value.detach().cpu() for key, value in backbone.state_dict().items()}
+        head_state: dict[str, list[torch.Tensor]] = {}
         optimizer = None
         parameter_names = [name for name, _ in backbone.named_parameters()]
         for rank, (shard, rows, path) in enumerate(zip(shards, heads, paths)):
-            start, count = class_range(num_classes, len(paths), rank)
+            count = class_range(num_classes, len(paths), rank).count
             if rows.shape[0] != count or rows.shape[1] != backbone.embedding_size:
                 raise FacetrainError(
                     f"{path}: its head holds {list(rows.shape)} rows x dims; Partial FC gives rank {rank} of "
                     f"{len(paths)} {count} of the {num_classes} classes, {backbone.embedding_size} dims each"
                 )
-            entries[f"head/weight/{start}-{count}"] = rows
-            found = _optimizer_entries(shard, path, parameter_names, rank, start, count)
+            found = _optimizer_entries(shard, path, parameter_names)
             if found is not None:
                 optimizer = found[0]
-                entries.update(
-                    found[1] if rank == 0 else {k: v for k, v in found[1].items() if "/head/" in k}
-                )
+                for key, value in found[1].items():
+                    if key.startswith(HEAD_STATE) and value.dim() and value.shape[0] == count:
+                        head_state.setdefault(key, []).append(value)
+                    elif rank == 0:
+                        entries[key] = value
+        entries[HEAD_WEIGHT] = torch.cat(heads)
+        entries.update({key: torch.cat(rows) for key, rows in head_state.items()})
         config = _run_config(imported_config(architecture, backbone.embedding_size), optimizer)
         meta = {
             "num_classes": num_classes,
@@ -171,7 +176,7 @@ def _count(shard: Mapping, key: str, path: Path) -> int:
 
 
 def _optimizer_entries(
-    shard: Mapping, path: Path, parameter_names: list[str], rank: int, start: int, count: int
+    shard: Mapping, path: Path, parameter_names: list[str]
 ) -> tuple[str, dict[str, torch.Tensor]] | None:
     """The optimizer's state in facetrain's entries, or None when the file holds none facetrain knows.
 
@@ -195,13 +200,9 @@ def _optimizer_entries(
     entries: dict[str, torch.Tensor] = {}
     for position, name in zip(groups[0], parameter_names):
         for key, value in states.get(position, {}).items():
-            entries[f"optim/backbone/{name}/{key}"] = _tensor(value)
+            entries[f"{OPTIM_STATE}backbone.{name}.{key}"] = _tensor(value)
     for key, value in states.get(groups[1][0], {}).items():
-        tensor = _tensor(value)
-        if tensor.dim() and tensor.shape[0] == count:
-            entries[f"optim/head/{key}/{start}-{count}"] = tensor
-        elif rank == 0:
-            entries[f"optim/head/{key}"] = tensor
+        entries[HEAD_STATE + key] = _tensor(value)
     return names.pop(), entries
 
 

@@ -15,7 +15,7 @@ from typing import Any
 import torch
 from torch import nn
 
-from facetrain.checkpoints import load_backbone
+from facetrain.checkpoint import load_backbone
 from facetrain.errors import FacetrainError
 from facetrain.export.card import CARD_NAME, build_card, card_config, card_image_size, parse_card, read_card
 from facetrain.export.safetensors_format import SAFETENSORS_NAME, read_safetensors_into

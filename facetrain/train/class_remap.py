@@ -14,7 +14,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from pathlib import Path
 
-from facetrain.checkpoints import read_classes
+from facetrain.checkpoint import read_classes
 from facetrain.errors import EveryRankError
 
 

@@ -23,7 +23,7 @@ from pathlib import Path
 
 import yaml
 
-from facetrain.checkpoints import (
+from facetrain.checkpoint import (
     complete_checkpoints,
     find_damage,
     find_resume_point,

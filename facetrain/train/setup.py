@@ -15,14 +15,13 @@ import torch
 from torch import nn
 from tqdm import tqdm
 
-from facetrain.checkpoints import read_meta
+from facetrain.checkpoint import TrainState, load_checkpoint, read_meta
 from facetrain.config import Config
 from facetrain.data import build_train_dataset, build_train_loader, prepare_train_data
 from facetrain.models import build_backbone
 from facetrain.parallel import comm
 from facetrain.parallel.dims import ParallelDims
 from facetrain.parallel.parallelize import parallelize_backbone
-from facetrain.train.checkpoint import TrainState, load_checkpoint
 from facetrain.train.class_remap import match_classes
 from facetrain.train.device_defaults import apply_device_defaults, resolve_device_defaults
 from facetrain.train.elastic import last_logged_step, membership_line

@@ -23,10 +23,10 @@ from collections.abc import Iterator
 
 import torch
 
+from facetrain.checkpoint import TrainState
 from facetrain.data.decode import DataError
 from facetrain.parallel import comm
 from facetrain.parallel.dims import ParallelDims
-from facetrain.train.checkpoint import TrainState
 
 STOP_SIGNALS = (signal.SIGTERM, signal.SIGINT)
 

@@ -22,6 +22,7 @@ import torch
 from torch.distributed.elastic.multiprocessing.errors import record
 
 from facetrain import run_lock
+from facetrain.checkpoint import load_ema_weights, save_checkpoint
 from facetrain.config import Config
 from facetrain.config.validate import validate
 from facetrain.errors import EveryRankError, FacetrainError, PeerFailed
@@ -30,7 +31,6 @@ from facetrain.parallel import comm
 from facetrain.parallel.dims import ParallelDims, destroy_parallel, init_parallel, is_initialized
 from facetrain.parallel.failures import collective_failure_error, is_collective_failure
 from facetrain.progress import ProgressBar as tqdm  # plain lines when not on a terminal
-from facetrain.train.checkpoint import load_ema_weights, save_checkpoint
 from facetrain.train.curves import write_run_curves
 from facetrain.train.elastic import hold_global_batch
 from facetrain.train.ema import WeightEma

@@ -1,4 +1,5 @@
-"""Finding a checkpoint, and reading its backbone, its head shards and its metadata without a group."""
+"""Finding a checkpoint (a directory, a `last`/`best` pointer, a run), telling whether it is whole, and
+reading its small files: meta.json, classes.json, config.yaml."""
 
 from __future__ import annotations
 
@@ -6,14 +7,11 @@ import json
 import re
 from pathlib import Path
 
-import torch
 import yaml
-from torch import nn
 
+from facetrain.checkpoint.storage import find_data_damage
 from facetrain.config import Config, from_dict
 from facetrain.errors import FacetrainError
-from facetrain.parallel.checkpoint_io import find_damage as find_data_damage
-from facetrain.parallel.checkpoint_io import load_tensors, tensor_index
 
 POINTERS = ("last", "best")
 STEP_NAME = re.compile(r"step_\d{8}")
@@ -150,11 +148,6 @@ def find_resume_point(run_dir: Path) -> tuple[Path | None, list[str]]:
     return None, notes
 
 
-def latest_checkpoint(run_dir: Path) -> Path | None:
-    """What `--resume auto` resumes from (see `find_resume_point`), or None."""
-    return find_resume_point(run_dir)[0]
-
-
 def read_meta(checkpoint: Path) -> dict:
     return _read(checkpoint, "meta.json")
 
@@ -176,93 +169,3 @@ def _read(checkpoint: Path, name: str):
         return _parsed(checkpoint / name)
     except _Unreadable as error:
         raise damaged_checkpoint_error(checkpoint, str(error)) from None
-
-
-def range_key(prefix: str, start: int, count: int) -> str:
-    return f"{prefix}/{start}-{count}"
-
-
-def parse_range_key(key: str) -> tuple[int, int]:
-    start, count = key.rsplit("/", 1)[1].split("-")
-    return int(start), int(count)
-
-
-def is_range_key(key: str) -> bool:
-    tail = key.rsplit("/", 1)[-1]
-    start, _, count = tail.partition("-")
-    return start.isdigit() and count.isdigit()
-
-
-def read_class_rows(checkpoint: Path, index: dict, prefix: str, start: int, count: int) -> torch.Tensor:
-    """Rows [start, start + count) of a per-class tensor stored as range shards under `prefix`."""
-    shards = sorted(
-        (parse_range_key(k), k) for k in index if is_range_key(k) and k.rsplit("/", 1)[0] == prefix
-    )
-    pieces = []
-    for (shard_start, shard_count), key in shards:
-        low, high = max(start, shard_start), min(start + count, shard_start + shard_count)
-        if low < high:
-            tensor = load_tensors(checkpoint, [key], index)[key]
-            pieces.append(tensor[low - shard_start : high - shard_start])
-    rows = torch.cat(pieces) if pieces else torch.empty(0)
-    if rows.shape[0] != count:
-        raise FacetrainError(
-            f"checkpoint {checkpoint} does not cover classes {start}..{start + count} of {prefix}"
-        )
-    return rows
-
-
-def read_class_rows_at(checkpoint: Path, index: dict, prefix: str, rows: list[int]) -> torch.Tensor:
-    """Rows `rows`, in that order, of a per-class tensor stored as range shards under `prefix`; each
-    shard holding any of them is read once."""
-    wanted = torch.as_tensor(rows, dtype=torch.long)
-    found = torch.zeros(len(rows), dtype=torch.bool)
-    gathered = None
-    for key in index:
-        if not (is_range_key(key) and key.rsplit("/", 1)[0] == prefix):
-            continue
-        start, count = parse_range_key(key)
-        inside = (wanted >= start) & (wanted < start + count)
-        if not inside.any():
-            continue
-        shard = load_tensors(checkpoint, [key], index)[key]
-        if gathered is None:
-            gathered = shard.new_empty((len(rows), *shard.shape[1:]))
-        gathered[inside] = shard[wanted[inside] - start]
-        found |= inside
-    if gathered is None or not found.all():
-        missing = int(wanted[~found][0]) if len(rows) else 0
-        raise FacetrainError(f"checkpoint {checkpoint} does not cover class {missing} of {prefix}")
-    return gathered
-
-
-def load_backbone_weights(
-    checkpoint: Path, backbone: nn.Module, index: dict | None = None, prefix: str = "backbone/"
-) -> None:
-    """Fill `backbone` (the whole model, or one pipeline stage of it) from the checkpoint's entries.
-
-    `prefix` "backbone/" holds the weights to use; a run with a weight average also stores the weights
-    it trains, for resuming, under `facetrain.train.checkpoint.TRAINED_PREFIX`.
-    """
-    index = tensor_index(checkpoint) if index is None else index
-    keys = [f"{prefix}{k}" for k in backbone.state_dict()]
-    values = load_tensors(checkpoint, keys, index)
-    backbone.load_state_dict({k[len(prefix) :]: v for k, v in values.items()})
-
-
-def load_backbone(path: str | Path, device: str | torch.device = "cpu") -> tuple[nn.Module, Config, dict]:
-    """The trained backbone of any checkpoint (any number of ranks), in eval mode, without a group."""
-    from facetrain.models import build_backbone
-
-    checkpoint = resolve_checkpoint(path)
-    config = read_config(checkpoint)
-    backbone = build_backbone(config.model, tuple(config.data.image_size))
-    load_backbone_weights(checkpoint, backbone)
-    return backbone.to(device).eval(), config, read_meta(checkpoint)
-
-
-def load_full_head(path: str | Path) -> torch.Tensor:
-    """The head's full C x D weight, gathered from the shards of however many ranks wrote it."""
-    checkpoint = resolve_checkpoint(path)
-    meta = read_meta(checkpoint)
-    return read_class_rows(checkpoint, tensor_index(checkpoint), "head/weight", 0, meta["num_classes"])

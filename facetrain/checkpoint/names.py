@@ -1,0 +1,15 @@
+"""The keys of a checkpoint's tensors: what a reader outside training (export, import) needs to know.
+
+Under `app.` (the one Stateful a checkpoint saves, `facetrain.checkpoint.app_state`): `model.backbone.K`
+the trained backbone, `model.head.weight` the head as one C x (K x D) tensor (a row per class, its
+sub-centers side by side) written in row ranges by the ranks that hold them, `ema.K` the weight
+average when the run kept one, `optim.state.<param>.<state>` torch.optim's state by parameter name
+(`head.weight` for the head, per class like its weight), `scaler.<x>` and `rng.<rank>.<device>`.
+"""
+
+PREFIX = "app."
+BACKBONE = "app.model.backbone."
+HEAD_WEIGHT = "app.model.head.weight"
+EMA = "app.ema."
+OPTIM_STATE = "app.optim.state."
+HEAD_STATE = "app.optim.state.head.weight."

@@ -1,0 +1,180 @@
+"""Reading a checkpoint back: a run resuming (collective), and everything after training without a group
+(eval, export, embed, `--init`), from a checkpoint written by any number of ranks."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import torch
+from torch import nn
+from tqdm import tqdm
+
+from facetrain.checkpoint.app_state import AppState
+from facetrain.checkpoint.layout import read_config, read_meta, resolve_checkpoint
+from facetrain.checkpoint.names import BACKBONE, EMA, HEAD_WEIGHT
+from facetrain.checkpoint.storage import load_entries, rows_of, stored
+from facetrain.checkpoint.writer import TrainState
+from facetrain.config import Config
+from facetrain.errors import FacetrainError
+from facetrain.heads import ShardedMarginHead
+from facetrain.parallel.dims import ParallelDims
+
+
+def load_checkpoint(
+    path: str | Path,
+    dims: ParallelDims,
+    backbone: nn.Module,
+    head: ShardedMarginHead | None,
+    optimizer: torch.optim.Optimizer,
+    scaler: torch.amp.GradScaler | None,
+    optimizer_name: str | None = None,
+    class_rows: list[int | None] | None = None,
+) -> TrainState:
+    """Collective: restore everything into already-built objects, the head resharded onto this run's ranks.
+
+    `backbone` may be one pipeline stage, and `head` None on a stage without one. A run resumed with
+    another `optimizer_name` (optim.name) than the checkpoint's starts that optimizer's state fresh,
+    with a warning: one optimizer's state (SGD's momentum) means nothing to another (AdamW's moments),
+    and the weights, step and schedule are what a run continues from. `class_rows`
+    (train.remap_classes, `facetrain.train.class_remap`) gives, for each class of this run, its row in
+    the checkpoint or None: the head's rows are then taken by class, and its optimizer state starts fresh.
+    """
+    checkpoint = resolve_checkpoint(path)
+    meta = read_meta(checkpoint)
+    trained_with = None if optimizer_name is None else read_config(checkpoint).optim.name
+    keep_optimizer = trained_with == optimizer_name
+    if not keep_optimizer and dims.is_primary:
+        tqdm.write(
+            f"warning: checkpoint {checkpoint} was trained with optim.name={trained_with}, this run uses "
+            f"{optimizer_name}: {trained_with}'s state cannot seed {optimizer_name}'s, so {optimizer_name} "
+            f"starts with fresh state; the weights, step {meta['step']} and the schedule carry on"
+        )
+    classes_fit = head is None or class_rows is not None or meta["num_classes"] == head.num_classes
+    if head is not None and not (classes_fit and meta["embedding_size"] == head.embedding_size):
+        raise FacetrainError(
+            f"checkpoint {checkpoint} has {meta['num_classes']} classes x {meta['embedding_size']} dims, "
+            f"but this run has {head.num_classes} x {head.embedding_size}; is it the same dataset and model?"
+        )
+    index = stored(checkpoint)
+    _check_backbone_fits(checkpoint, index, backbone)
+    if head is not None:
+        _check_sub_centers(checkpoint, index, head)
+    same_world = meta["world_size"] == dims.world_size
+    app = AppState(dims, backbone, head, optimizer, scaler)
+    load_entries({"app": app.to_load(index, keep_optimizer, class_rows is None, same_world)}, checkpoint,
+                 dims.control_group, collective=True)  # fmt: skip
+    if head is not None and class_rows is not None:
+        _load_head_by_class(checkpoint, head, class_rows)
+    if not same_world:  # the old per-rank streams do not map onto the new ranks
+        torch.manual_seed(meta["step"] * 1009 + dims.rank)
+    return TrainState(**{k: meta[k] for k in ("step", "epoch", "consumed", "best_accuracy", "best_step")})
+
+
+def _check_backbone_fits(checkpoint: Path, index: dict, backbone: nn.Module) -> None:
+    """One line naming the model the checkpoint was trained with when its weights cannot fill this
+    run's backbone (another model.backbone, embedding size or data.image_size)."""
+    for name, tensor in backbone.state_dict().items():
+        entry = index.get(BACKBONE + name)
+        if entry is not None and tuple(entry.size) == tuple(tensor.shape):
+            continue
+        found = "lacks it" if entry is None else f"has {list(entry.size)}"
+        try:
+            trained = read_config(checkpoint)
+            settings = (
+                f"model.backbone={trained.model.backbone}, model.embedding_size="
+                f"{trained.model.embedding_size}, data.image_size={list(trained.data.image_size)}"
+            )
+        except (OSError, FacetrainError):
+            settings = "other model settings"
+        raise FacetrainError(
+            f"checkpoint {checkpoint} was trained with {settings} and does not fit this run's backbone "
+            f"({name}: this run has {list(tensor.shape)}, the checkpoint {found}); resume with the "
+            "settings it was trained with, or choose another train.output_dir"
+        )
+
+
+def _check_sub_centers(checkpoint: Path, index: dict, head: ShardedMarginHead) -> None:
+    if HEAD_WEIGHT not in index:
+        raise FacetrainError(f"checkpoint {checkpoint} holds no head; start a run from it with --init")
+    width = index[HEAD_WEIGHT].size[1]
+    if width != head.sub_centers * head.embedding_size:
+        raise FacetrainError(
+            f"{checkpoint}: its head has {width // head.embedding_size} sub-centers a class, "
+            f"this run {head.sub_centers}; set head.sub_centers to match"
+        )
+
+
+def _load_head_by_class(checkpoint: Path, head: ShardedMarginHead, class_rows: list[int | None]) -> None:
+    """Fill this rank's rows of classes the checkpoint has from their rows there, reading each stored
+    range that holds any of them once; the others keep their fresh initialisation."""
+    wanted = torch.tensor(
+        [-1 if row is None else row for row in class_rows[head.class_start : head.class_stop]]
+    )
+    rows = head.per_class(head.weight)
+    for chunk in stored(checkpoint)[HEAD_WEIGHT].chunks:
+        start, count = chunk.offsets[0], chunk.sizes[0]
+        inside = (wanted >= start) & (wanted < start + count)
+        if inside.any():
+            values = read_rows(checkpoint, HEAD_WEIGHT, start, count)[wanted[inside] - start]
+            with torch.no_grad():
+                rows[inside.nonzero().squeeze(1).to(rows.device)] = values.to(rows.device, rows.dtype)
+
+
+def read_rows(checkpoint: Path, key: str, start: int, count: int) -> torch.Tensor:
+    """Rows [start, start + count) of a checkpoint's per-class tensor, without a group."""
+    entry = stored(checkpoint).get(key)
+    if entry is None:
+        raise FacetrainError(f"checkpoint {checkpoint} has no entry {key}; was it written by facetrain?")
+    rows = rows_of(torch.empty((count, *entry.size[1:]), dtype=entry.properties.dtype), start, entry.size[0])
+    load_entries({key: rows}, checkpoint)
+    return rows.view(count, *entry.size[1:])
+
+
+def read_entries(checkpoint: Path, keys: list[str]) -> dict[str, torch.Tensor]:
+    """Whole tensors of a checkpoint by key, without a group."""
+    index = stored(checkpoint)
+    missing = [key for key in keys if key not in index]
+    if missing:
+        raise FacetrainError(
+            f"checkpoint {checkpoint} has no entry {missing[0]}; was it written by facetrain?"
+        )
+    values = {key: torch.empty(index[key].size, dtype=index[key].properties.dtype) for key in keys}
+    load_entries(values, checkpoint)
+    return values
+
+
+def load_full_head(path: str | Path) -> torch.Tensor:
+    """The head's full C x (K x D) weight, from however many ranks wrote it."""
+    checkpoint = resolve_checkpoint(path)
+    return read_rows(checkpoint, HEAD_WEIGHT, 0, read_meta(checkpoint)["num_classes"])
+
+
+def load_backbone_weights(checkpoint: Path, backbone: nn.Module, prefix: str | None = None) -> None:
+    """Fill `backbone` (the whole model, or one pipeline stage of it) from the checkpoint: by default
+    the weights to use, the weight average when the run kept one."""
+    if prefix is None:
+        prefix = EMA if any(key.startswith(EMA) for key in stored(checkpoint)) else BACKBONE
+    values = {f"{prefix}{k}": torch.empty_like(v, device="cpu") for k, v in backbone.state_dict().items()}
+    load_entries(values, checkpoint)
+    backbone.load_state_dict({k[len(prefix) :]: v for k, v in values.items()})
+
+
+def load_ema_weights(path: str | Path, ema: nn.Module) -> bool:
+    """Restore a weight average into `ema`; False when the checkpoint holds none (its run had
+    model.ema_decay 0), and the average then starts from the restored weights."""
+    checkpoint = resolve_checkpoint(path)
+    if not any(key.startswith(EMA) for key in stored(checkpoint)):
+        return False
+    load_backbone_weights(checkpoint, ema, EMA)
+    return True
+
+
+def load_backbone(path: str | Path, device: str | torch.device = "cpu") -> tuple[nn.Module, Config, dict]:
+    """The trained backbone of any checkpoint (any number of ranks), in eval mode, without a group."""
+    from facetrain.models import build_backbone
+
+    checkpoint = resolve_checkpoint(path)
+    config = read_config(checkpoint)
+    backbone = build_backbone(config.model, tuple(config.data.image_size))
+    load_backbone_weights(checkpoint, backbone)
+    return backbone.to(device).eval(), config, read_meta(checkpoint)

@@ -1,0 +1,166 @@
+"""Writing a training checkpoint: every rank its share, atomically, keeping the last few.
+
+A checkpoint is first written as `step_N.tmp` and renamed only once complete, so a directory without
+the suffix is always whole; `last` and `best` then name it, and older ones are pruned.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import time
+from dataclasses import asdict, dataclass
+from pathlib import Path
+
+import torch
+from torch import nn
+
+from facetrain.checkpoint.app_state import AppState
+from facetrain.checkpoint.layout import is_checkpoint
+from facetrain.checkpoint.storage import save_entries
+from facetrain.config import Config, save_config
+from facetrain.errors import EveryRankError, FacetrainError
+from facetrain.files import atomic_write_text, fsync_directory
+from facetrain.heads import ShardedMarginHead
+from facetrain.parallel import comm
+from facetrain.parallel.dims import ParallelDims
+
+
+@dataclass
+class TrainState:
+    """Where the run is, kept in each checkpoint's meta.json."""
+
+    step: int = 0
+    epoch: int = 0
+    consumed: int = 0  # samples all ranks together have used in the current epoch
+    best_accuracy: float | None = None
+    best_step: int | None = None
+
+
+def save_checkpoint(
+    run_dir: Path,
+    state: TrainState,
+    config: Config,
+    dims: ParallelDims,
+    backbone: nn.Module,
+    head: ShardedMarginHead | None,
+    optimizer: torch.optim.Optimizer,
+    scaler: torch.amp.GradScaler | None,
+    class_names: list[str],
+    evaluation: dict | None = None,
+    is_best: bool = False,
+    keep: int = 3,
+    ema: nn.Module | None = None,
+) -> Path:
+    """Collective: every rank calls it. Returns the checkpoint directory.
+
+    `backbone` is the unwrapped backbone (or this rank's pipeline stage); `head` is None on pipeline
+    stages that hold no head; `ema` is the weight average when the run keeps one. What each rank
+    writes: `facetrain.checkpoint.app_state`.
+    """
+    root = run_dir / "checkpoints"
+    final = root / f"step_{state.step:08d}"
+    tmp = root / f"step_{state.step:08d}.tmp"
+    comm.primary_first(
+        lambda: _writable(lambda: _clear_leftovers(root), root, final),
+        also_others=False,
+        group=dims.control_group,
+    )
+
+    app = AppState(dims, backbone, head, optimizer, scaler, ema)
+    try:
+        save_entries({"app": app}, tmp, dims.control_group)
+    except OSError as error:  # every rank raises it, whichever rank failed
+        if dims.is_primary:
+            shutil.rmtree(tmp, ignore_errors=True)
+        raise EveryRankError(_write_failure(error, root, final)) from None
+
+    def finish() -> None:
+        meta = {
+            **asdict(state),
+            "world_size": dims.world_size,
+            "num_classes": len(class_names),
+            "embedding_size": config.model.embedding_size,
+            "evaluation": evaluation or {},
+            "saved_at": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
+            "elastic_run_id": os.environ.get("TORCHELASTIC_RUN_ID"),
+        }
+        atomic_write_text(tmp / "classes.json", json.dumps(class_names))
+        save_config(config, tmp / "config.yaml")
+        atomic_write_text(tmp / "meta.json", json.dumps(meta, indent=2))
+        fsync_directory(tmp)
+        _commit(tmp, final)
+        atomic_write_text(root / "last", final.name)
+        if is_best:
+            atomic_write_text(root / "best", final.name)
+        _prune(root, keep, final)
+
+    comm.primary_first(
+        lambda: _writable(finish, root, final, cleanup=tmp), also_others=False, group=dims.control_group
+    )
+    return final
+
+
+def _writable(write, root: Path, final: Path, cleanup: Path | None = None) -> None:
+    """Run `write`; a full disk or an unwritable folder becomes one line saying the rest is intact."""
+    try:
+        write()
+    except OSError as error:
+        if cleanup is not None:
+            shutil.rmtree(cleanup, ignore_errors=True)
+        raise FacetrainError(_write_failure(error, root, final)) from None
+
+
+def _write_failure(error: OSError, root: Path, final: Path) -> str:
+    reason = f"{error.strerror or error} ({error.filename or root})"
+    last = root / "last"
+    kept = (
+        f"the last complete one, {last.read_text().strip()}, is intact"
+        if last.is_file()
+        else "none was written before"
+    )
+    return (
+        f"cannot write checkpoint {final}: {reason}; {kept}. Free space or fix the folder's permissions, "
+        "then resume with --resume auto"
+    )
+
+
+def _clear_leftovers(root: Path) -> None:
+    """Remove what a crash left behind: a half-written `.tmp`, a checkpoint half-way through removal
+    (`.deleting`), or one that was being replaced (`.replaced`). None of them is ever read."""
+    root.mkdir(parents=True, exist_ok=True)
+    for leftover in root.glob("step_*.*"):
+        if leftover.is_dir() and leftover.suffix in (".tmp", ".deleting", ".replaced"):
+            shutil.rmtree(leftover)
+
+
+def _commit(tmp: Path, final: Path) -> None:
+    """Make the finished `tmp` the checkpoint `final` in one rename.
+
+    A checkpoint already at `final` (a run resumed from an earlier step reaches it again) is moved
+    aside first and removed only after, so a crash in between leaves the old one or the new one.
+    """
+    replaced = final.with_name(final.name + ".replaced")
+    if final.exists():
+        os.replace(final, replaced)
+    os.replace(tmp, final)
+    fsync_directory(final.parent)
+    if replaced.exists():
+        shutil.rmtree(replaced)
+
+
+def _prune(root: Path, keep: int, written: Path) -> None:
+    """Keep the newest `keep` checkpoints, never the one just written nor whatever `best` names.
+
+    Runs only after `last` names the new checkpoint. Each old one is renamed to `.deleting` before its
+    files go, so a crash half-way never leaves a partial directory that looks like a checkpoint.
+    """
+    best = (root / "best").read_text().strip() if (root / "best").is_file() else None
+    complete = sorted(p for p in root.glob("step_*") if is_checkpoint(p))
+    removable = [p for p in complete if p.name not in (written.name, best)]
+    for old in removable[: max(0, len(complete) - keep)]:
+        doomed = old.with_name(old.name + ".deleting")
+        os.replace(old, doomed)
+        fsync_directory(root)
+        shutil.rmtree(doomed)
