@@ -15,6 +15,7 @@ from facetrain.parallel.dims import init_parallel
 from facetrain.train.ema import WeightEma
 from facetrain.train.optim import build_fused_optimizer, build_optimizer
 from tests.distributed import run_distributed
+from tests.head_plans import head_plan
 
 DATA = Path(__file__).parent / "data" / "checkpoint_v1"
 NUM_CLASSES, DIM = 11, 6
@@ -28,7 +29,9 @@ def resume(rank, world_size, kind):
     cfg.model.embedding_size, cfg.optim.name, cfg.optim.lr = DIM, "adamw" if tiled else "sgd", 0.05
     torch.manual_seed(5)
     backbone = torch.nn.Sequential(torch.nn.Linear(4, DIM), torch.nn.BatchNorm1d(DIM))
-    head = ShardedMarginHead(NUM_CLASSES, DIM, margin="cosface", tile_classes=4 if tiled else None)
+    head = ShardedMarginHead(
+        NUM_CLASSES, DIM, margin="cosface", plan=head_plan(4 if tiled else None, fused=tiled)
+    )
     head.reset_parameters(seed=5)
     if tiled:
         head.fuse_optimizer(build_fused_optimizer(cfg.optim, head, torch.float32))
