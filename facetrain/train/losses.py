@@ -19,7 +19,6 @@ from collections.abc import Callable
 import torch
 
 from facetrain.config.schema import LossConfig
-from facetrain.errors import FacetrainError
 from facetrain.models import Backbone
 from facetrain.registry import Registry
 from facetrain.train.triplet import batch_hard_triplet_loss
@@ -54,10 +53,7 @@ def _margin(cfg: LossConfig, head: LossFn, backbone: Backbone) -> LossFn:
 @LOSSES.register("margin_triplet")
 def _margin_triplet(cfg: LossConfig, head: LossFn, backbone: Backbone) -> LossFn:
     if not backbone.set_metric_features(True):
-        raise FacetrainError(
-            "loss.name 'margin_triplet' needs a backbone with a pooled re-id output (small_pooled, "
-            "reid_r50), whose features before the BN neck the triplet loss uses; set model.backbone"
-        )
+        raise ValueError("the margin_triplet loss needs a backbone with a pooled output (its features)")
     return MarginTripletLoss(head, cfg.identity_weight, cfg.triplet_weight, cfg.triplet_margin)
 
 
