@@ -9,8 +9,7 @@ import torch
 from facetrain.config import Config, LossConfig, ModelConfig, validate
 from facetrain.errors import FacetrainError
 from facetrain.models import build_backbone
-from facetrain.train.losses import MarginTripletLoss, build_loss
-from facetrain.train.triplet import batch_hard_triplet_loss
+from facetrain.train.losses import MarginTripletLoss, batch_hard_triplet_loss, build_loss
 
 
 def naive_batch_hard(features: torch.Tensor, labels: list[int], margin: float | None) -> float:
