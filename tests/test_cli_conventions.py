@@ -79,7 +79,7 @@ def test_train_out_is_the_run_directory_and_quiet_drops_the_progress_line(tmp_pa
     assert (tmp_path / "elsewhere" / "checkpoints").is_dir() and not (tmp_path / "run").exists()
     assert "train: 100%" not in stdout + stderr and QUIET_ENV not in __import__("os").environ
     code, stdout, stderr = invoke("train", "-c", config, "-o", tmp_path / "a", "--set", "train.output_dir=b")
-    assert code == 2 and "-o and --set train.output_dir both name the run directory" in stderr
+    assert code == 2 and "error: -o and --set train.output_dir both set train.output_dir; give one" in stderr
     words = _resume_command(str(config), ("train.steps=9",), str(tmp_path / "a"), 2).split()
     assert words[-6:] == ["-o", str(tmp_path / "a"), "--nproc", "2", "--resume", "auto"]
 

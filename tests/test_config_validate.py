@@ -144,6 +144,8 @@ BAD_VALUES = [
         "2",
     ),
     (["parallel.pipeline_stages=3", "parallel.split_points=[stage2]"], "parallel.split_points", "['stage2']"),
+    (["model.bn_neck=false"], "model.bn_neck", "False"),
+    (["loss.name=margin_triplet", "data.sampler=identity"], "loss.name", "'margin_triplet'"),
 ]
 
 # wrong types are the loader's one line (no range to check on a boolean)

@@ -12,7 +12,7 @@ from click.testing import CliRunner
 
 from facetrain.cli import main
 from facetrain.errors import FacetrainError
-from facetrain.train.curves import curves_figure, plot_curves, read_run_curves
+from facetrain.train.metrics import curves_figure, plot_curves, read_run_curves
 
 PNG_SIGNATURE = b"\x89PNG\r\n\x1a\n"
 

@@ -27,7 +27,7 @@ from facetrain.export.exporter import export_model
 from facetrain.export.loading import load_model
 from facetrain.models import build_backbone
 from facetrain.models.dlib_resnet import MIN_INPUT_SIDE, dlib_layer_sequence, padded_sum
-from facetrain.train.init_weights import load_initial_backbone
+from facetrain.train.resume import load_initial_backbone
 
 CHIP = (150, 150)
 TOLERANCE = 1e-4

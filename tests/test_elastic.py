@@ -21,7 +21,7 @@ from facetrain.data.samplers import IdentitySampler, ResumableDistributedSampler
 from facetrain.errors import FacetrainError
 from facetrain.parallel.attempt_store import ATTEMPT_KEY, agree_on_prefix
 from facetrain.parallel.dims import ParallelDims, init_parallel
-from facetrain.train.elastic import hold_global_batch, membership_line
+from facetrain.train.resume import hold_global_batch, membership_line
 from facetrain.train.step_gate import StepGate, StopSignals
 from tests.distributed import run_distributed
 from tests.test_elastic_nodes import free_port

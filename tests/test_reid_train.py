@@ -6,11 +6,10 @@ from __future__ import annotations
 import pytest
 import torch
 
-from facetrain.config.schema import LossConfig, ModelConfig
+from facetrain.config import Config, LossConfig, ModelConfig, validate
 from facetrain.errors import FacetrainError
 from facetrain.models import build_backbone
-from facetrain.train.losses import MarginTripletLoss, build_loss
-from facetrain.train.triplet import batch_hard_triplet_loss
+from facetrain.train.losses import MarginTripletLoss, batch_hard_triplet_loss, build_loss
 
 
 def naive_batch_hard(features: torch.Tensor, labels: list[int], margin: float | None) -> float:
@@ -70,8 +69,11 @@ def test_bn_neck_off_and_its_errors():
     plain = build_backbone(ModelConfig(backbone="small_pooled", embedding_size=24, bn_neck=False), (32, 16))
     assert isinstance(plain.output.neck, torch.nn.Identity)
     assert not any(isinstance(m, torch.nn.BatchNorm1d) for m in plain.output.modules())
-    with pytest.raises(FacetrainError, match="model.bn_neck: false needs a backbone with a pooled"):
+    with pytest.raises(ValueError, match="bn_neck=False needs a backbone with a pooled output"):
         build_backbone(ModelConfig(backbone="small", embedding_size=24, bn_neck=False), (32, 32))
     face = build_backbone(ModelConfig(backbone="small", embedding_size=24), (32, 32))
-    with pytest.raises(FacetrainError, match="margin_triplet' needs a backbone with a pooled"):
+    with pytest.raises(ValueError, match="margin_triplet loss needs a backbone with a pooled output"):
         build_loss(LossConfig(name="margin_triplet"), lambda e, y: (e.sum(), e.sum()), face)
+    cfg = Config(model=ModelConfig(backbone="small", bn_neck=False))
+    with pytest.raises(FacetrainError, match="model.bn_neck = False: needs a backbone with a pooled re-id"):
+        validate(cfg)  # a user's config meets the one-line error before anything is built

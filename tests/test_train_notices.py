@@ -2,12 +2,9 @@
 
 from __future__ import annotations
 
-from facetrain.train.notices import (
-    UNDERFIT_CHECK_SHARE,
-    UnderfitWatch,
-    evaluation_line,
-    nothing_left_to_train,
-)
+from facetrain.train.evaluation import evaluation_line
+from facetrain.train.metrics import UNDERFIT_CHECK_SHARE, UnderfitWatch
+from facetrain.train.resume import nothing_left_to_train
 
 
 def test_evaluation_line_names_accuracy_spread_auc_tar_and_pairs():

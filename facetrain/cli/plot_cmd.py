@@ -35,7 +35,7 @@ def plot(runs: tuple[Path, ...], out: Path, labels: tuple[str, ...], overwrite: 
     """
     from facetrain.errors import FacetrainError
     from facetrain.files import refuse_to_overwrite
-    from facetrain.train.curves import plot_curves, read_run_curves
+    from facetrain.train.metrics import plot_curves, read_run_curves
 
     if labels and len(labels) != len(runs):
         raise FacetrainError(f"{len(labels)} --label for {len(runs)} runs; give one per run or none")

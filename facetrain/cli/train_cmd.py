@@ -73,16 +73,15 @@ def train(
     """
     from facetrain.config import config_source, load_config, override_origins, validate
 
+    options = {"model.init": ("--init", init), "train.output_dir": ("-o", output_dir)}
+    given = override_origins(
+        overrides, {key: name for key, (name, value) in options.items() if value is not None}
+    )
     config = load_config(config_path, overrides)
-    given = override_origins(overrides)
     if init is not None:
         config.model.init = os.path.expanduser(init)
-        given["model.init"] = "--init"
     if output_dir is not None:
-        if "train.output_dir" in given:
-            raise click.UsageError("-o and --set train.output_dir both name the run directory; give one")
         config.train.output_dir = os.path.expanduser(output_dir)
-        given["train.output_dir"] = "-o"
     launching = nproc > 1 and "WORLD_SIZE" not in os.environ
     # a bad config, or a path it names that is not there, fails here, once, before any rank starts
     source = config_source(config_path)

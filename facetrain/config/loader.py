@@ -54,9 +54,18 @@ def config_source(path: str | Path | None) -> str:
     return "defaults" if path is None else str(path)
 
 
-def override_origins(overrides: list[str] | tuple[str, ...]) -> dict[str, str]:
-    """The keys that `--set` gave, each mapped to "--set", for `where_given`."""
-    return {override.partition("=")[0].strip(): "--set" for override in overrides}
+def override_origins(
+    overrides: list[str] | tuple[str, ...], options: Mapping[str, str] | None = None
+) -> dict[str, str]:
+    """The keys that `--set` gave, each mapped to "--set", and those a command's own options gave
+    (`options`, e.g. {"train.output_dir": "-o"}), for `where_given`. A key given both ways is refused:
+    neither value would be plainly the one the user meant."""
+    given = {override.partition("=")[0].strip(): "--set" for override in overrides}
+    for key, option in (options or {}).items():
+        if key in given:
+            raise FacetrainError(f"{option} and --set {key} both set {key}; give one")
+        given[key] = option
+    return given
 
 
 def where_given(key: str, source: str, given: Mapping[str, str] | None) -> str:

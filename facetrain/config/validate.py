@@ -382,6 +382,26 @@ def _compiler_for_compile(s: Context) -> Problem | None:
     )
 
 
+def _pooled_output_settings(s: Context) -> Problem | None:
+    """The BN neck and the features before it exist only in a pooled re-id output (small_pooled,
+    reid_r50): the ablation without the neck and the triplet loss need such a backbone."""
+    from facetrain.models import POOLED_OUTPUT_BACKBONES
+
+    model, pooled = s.cfg.model, ", ".join(sorted(POOLED_OUTPUT_BACKBONES))
+    if model.backbone in POOLED_OUTPUT_BACKBONES:
+        return None
+    if not model.bn_neck:
+        return "model.bn_neck", False, f"needs a backbone with a pooled re-id output ({pooled}); remove it"
+    if s.cfg.loss.name == "margin_triplet":
+        return (
+            "loss.name",
+            "margin_triplet",
+            f"needs a backbone with a pooled re-id output ({pooled}), whose features before the BN neck "
+            "the triplet loss uses; set model.backbone",
+        )
+    return None
+
+
 RULES: list[Rule] = [
     _min_lr_at_most_lr,
     _identity_batches_divide,
@@ -399,4 +419,5 @@ RULES: list[Rule] = [
     _compiler_for_compile,
     _output_dir_is_a_folder,
     _output_dir_outside_the_data,
+    _pooled_output_settings,
 ]

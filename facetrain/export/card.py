@@ -161,6 +161,10 @@ def card_image_size(card: dict[str, Any], where: Path) -> tuple[int, int]:
         raise FacetrainError(
             f"model card {where} has no input.size [height, width]; re-export the model"
         ) from None
+    if min(int(height), int(width)) < 8:
+        raise FacetrainError(
+            f"model card {where}: input.size {height}x{width} is below 8x8; re-export the model"
+        )
     return int(height), int(width)
 
 

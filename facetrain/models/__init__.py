@@ -8,7 +8,6 @@ from __future__ import annotations
 
 from facetrain.config import validate_section
 from facetrain.config.schema import ModelConfig
-from facetrain.errors import FacetrainError
 from facetrain.models import (  # noqa: F401  (fill the registry)
     dlib_resnet,
     face_resnet,
@@ -18,30 +17,26 @@ from facetrain.models import (  # noqa: F401  (fill the registry)
     small,
 )
 from facetrain.models.backbone import Backbone, ConvStage
-from facetrain.models.embedding import PooledEmbedding
-from facetrain.models.registry import BACKBONES
+from facetrain.models.registry import BACKBONES, POOLED_OUTPUT_BACKBONES
 
-__all__ = ["BACKBONES", "Backbone", "ConvStage", "build_backbone"]
+__all__ = ["BACKBONES", "POOLED_OUTPUT_BACKBONES", "Backbone", "ConvStage", "build_backbone"]
 
 
 def build_backbone(cfg: ModelConfig, image_size: tuple[int, int] | list[int] | None = None) -> Backbone:
     """The backbone `cfg.backbone` for `image_size` (height, width); None: the backbone's own default
-    (112x112 for faces, 256x128 for re-id). The model section is checked as `facetrain.config.validate`
-    checks it, since library callers and checkpoints reach this without a validated config."""
+    (112x112 for faces, 256x128 for re-id). The model section's field checks run here too, since
+    library callers and checkpoints reach this without a validated config; the rules that relate keys
+    are `facetrain.config.validate`'s, and a mismatch reaching here is a caller's ValueError."""
     factory = BACKBONES.get(cfg.backbone)
     validate_section(cfg, "model.")
     size = None if image_size is None else (int(image_size[0]), int(image_size[1]))
     if size is not None and min(size) < 8:
-        raise FacetrainError(f"image size {size[0]}x{size[1]} is too small for a backbone; use at least 8x8")
+        raise ValueError(f"image size {size[0]}x{size[1]} is too small for a backbone; use at least 8x8")
+    if not cfg.bn_neck and cfg.backbone not in POOLED_OUTPUT_BACKBONES:
+        raise ValueError(f"bn_neck=False needs a backbone with a pooled output, not {cfg.backbone}")
     backbone = factory(cfg.embedding_size, cfg.dropout, size)
     if not cfg.bn_neck:
-        output = getattr(backbone, "output", None)
-        if not isinstance(output, PooledEmbedding):
-            raise FacetrainError(
-                f"model.bn_neck: false needs a backbone with a pooled re-id output (small_pooled, "
-                f"reid_r50), not {cfg.backbone}; remove model.bn_neck"
-            )
-        output.remove_neck()
+        backbone.output.remove_neck()
     backbone.set_activation_checkpointing(cfg.activation_checkpointing)
     backbone.set_channels_last(cfg.channels_last)
     return backbone

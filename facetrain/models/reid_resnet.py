@@ -12,12 +12,12 @@ from torchvision.models import resnet50
 
 from facetrain.models.backbone import Backbone, ConvStage
 from facetrain.models.embedding import PooledEmbedding
-from facetrain.models.registry import BACKBONES
+from facetrain.models.registry import register_pooled
 
 REID_INPUT_SIZE = (256, 128)
 
 
-@BACKBONES.register("reid_r50")
+@register_pooled("reid_r50")
 def reid_r50(embedding_size: int, dropout: float, input_size: tuple[int, int] | None) -> Backbone:
     net = resnet50(weights=None)
     last = net.layer4[0]

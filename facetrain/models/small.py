@@ -12,7 +12,7 @@ from torch import nn
 
 from facetrain.models.backbone import Backbone, ConvStage
 from facetrain.models.embedding import FlattenedEmbedding, PooledEmbedding, downsampled
-from facetrain.models.registry import BACKBONES
+from facetrain.models.registry import BACKBONES, register_pooled
 
 SMALL_INPUT_SIZE = (112, 112)
 WIDTHS = (24, 48, 96, 160)
@@ -68,7 +68,7 @@ def small_wide(embedding_size: int, dropout: float, input_size: tuple[int, int] 
     return small_network(embedding_size, dropout, input_size, widths=WIDE_WIDTHS)
 
 
-@BACKBONES.register("small_pooled")
+@register_pooled("small_pooled")
 def small_pooled(embedding_size: int, dropout: float, input_size: tuple[int, int] | None) -> Backbone:
     """`small` with a pooled output: for unaligned crops."""
     return small_network(embedding_size, dropout, input_size, pooled=True)

@@ -130,11 +130,7 @@ def _check_in(rank: int, world_size: int, status: str, wait_s: float) -> dict[in
         return {
             r: None if r in missing else store.get(_key(r)).decode() for r in range(world_size) if r != rank
         }
-    except (
-        RuntimeError,
-        ValueError,
-        IndexError,
-    ):  # no store, or its host is gone (rank 0 hosts it without an agent)
+    except (RuntimeError, ValueError, IndexError):  # no store, or its host (rank 0 without an agent) is gone
         return None
 
 

@@ -9,9 +9,8 @@ one-line message with a kind: `cause` (this rank's own problem), `every_rank` (t
 or `peer` (this rank stopped because another failed), in torch elastic's error file for the rank
 (`TORCHELASTIC_ERROR_FILE`), so torchrun's own summary shows the message too. The launcher reads every
 rank's file after all have exited: torch's agent keeps only the first failure it sees, which is often a
-bystander. The
-launcher prints the first `cause` after a one-line summary, and a `peer` message only when nothing
-better explains the failure, so a bystander is never blamed.
+bystander. The launcher prints the first `cause` after a one-line summary, and a `peer` message only
+when nothing better explains the failure, so a bystander is never blamed.
 
 With nccl (`parallel.backend` nccl, or auto on a machine with GPUs) more ranks than visible GPUs are
 refused in one line before any rank starts: NCCL cannot put two ranks on one GPU.

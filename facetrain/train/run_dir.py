@@ -34,7 +34,7 @@ from facetrain.config import Config, to_dict
 from facetrain.errors import EveryRankError, FacetrainError
 from facetrain.files import atomic_write_text
 from facetrain.run_lock import LOCK_NAME, acquire, holds, release
-from facetrain.train.metrics_log import COLUMNS as METRICS_COLUMNS
+from facetrain.train.metrics import COLUMNS as METRICS_COLUMNS
 
 RUN_CONFIG = "config.yaml"
 RUN_CONFIG_HEADER = "# facetrain train: this run's resolved config, rewritten at each start; edit a copy\n"

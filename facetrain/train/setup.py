@@ -24,12 +24,15 @@ from facetrain.parallel.dims import ParallelDims
 from facetrain.parallel.parallelize import parallelize_backbone
 from facetrain.train.class_remap import match_classes
 from facetrain.train.device_defaults import apply_device_defaults, resolve_device_defaults
-from facetrain.train.elastic import last_logged_step, membership_line
 from facetrain.train.head_plan import build_head
-from facetrain.train.init_weights import load_initial_backbone
 from facetrain.train.losses import build_loss
-from facetrain.train.notices import nothing_left_to_train
 from facetrain.train.optim import build_lr_scheduler, build_optimizer
+from facetrain.train.resume import (
+    last_logged_step,
+    load_initial_backbone,
+    membership_line,
+    nothing_left_to_train,
+)
 from facetrain.train.run_dir import (
     check_run_dir,
     claim_run_dir,

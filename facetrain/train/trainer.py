@@ -31,16 +31,13 @@ from facetrain.parallel import comm
 from facetrain.parallel.dims import ParallelDims, destroy_parallel, init_parallel, is_initialized
 from facetrain.parallel.failures import collective_failure_error, is_collective_failure
 from facetrain.progress import ProgressBar as tqdm  # plain lines when not on a terminal
-from facetrain.train.curves import write_run_curves
-from facetrain.train.elastic import hold_global_batch
 from facetrain.train.ema import WeightEma
-from facetrain.train.evaluation import TrainingVerifier
-from facetrain.train.metrics_log import MetricsLog
-from facetrain.train.notices import UnderfitWatch, evaluation_line
+from facetrain.train.evaluation import TrainingVerifier, evaluation_line
+from facetrain.train.metrics import MetricsLog, UnderfitWatch, write_run_curves
+from facetrain.train.resume import hold_global_batch
 from facetrain.train.setup import build_training_run
-from facetrain.train.step import train_step
+from facetrain.train.step import StepWindow, train_step
 from facetrain.train.step_gate import StepGate, StopSignals
-from facetrain.train.step_window import StepWindow
 
 
 @record  # every rank's entry point: an error other than a user error leaves its traceback for torchrun

@@ -1,8 +1,14 @@
-"""Training curves: loss, batch accuracy and verification accuracy against the step, for one run or several.
+"""A run's training figures: written as it trains, watched, read back and drawn.
 
-Drawn from what every run writes anyway: `metrics.csv` (a row per log interval, means over it) and
-`eval/step_N.json` (each verification, `eval.every`). The trainer draws its own run into
-`RUN/curves.png` when it finishes; `facetrain plot` draws several runs on one figure to compare them.
+Rank 0 appends a row per log interval (means over it) to `metrics.csv` beside the run, and to
+TensorBoard when it is installed. Once, at UNDERFIT_CHECK_SHARE of the schedule, the logged training
+accuracy is compared with chance: a recipe fitted to a few dozen identities can leave a run on
+thousands near chance for its whole schedule (docs/accuracy.md measured 8 % training accuracy after
+1,800 steps on 1,505 LFW people), which the loss alone does not tell a newcomer.
+
+The curves (loss, batch accuracy and verification accuracy against the step) are drawn from
+`metrics.csv` and `eval/step_N.json` (each verification, `eval.every`): the trainer draws its own run
+into `RUN/curves.png` when it finishes; `facetrain plot` draws several runs on one figure.
 """
 
 from __future__ import annotations
@@ -18,6 +24,75 @@ from facetrain.errors import FacetrainError
 from facetrain.files import write_atomic
 
 CURVES_FILE = "curves.png"
+COLUMNS = ["step", "epoch", "loss", "accuracy", "lr", "images_per_s", "elapsed_s"]
+# Checked once, when this share of the schedule is done: late enough for any sane warmup to be over,
+# early enough that stopping saves most of the run.
+UNDERFIT_CHECK_SHARE = 0.3
+# "Near chance": training accuracy within this many points of 1 / classes.
+UNDERFIT_MARGIN = 0.05
+
+
+class MetricsLog:
+    """Appends rows to `<run>/metrics.csv`; a resumed run continues the same file."""
+
+    def __init__(self, run_dir: Path, enabled: bool):
+        self.enabled = enabled
+        self.path = run_dir / "metrics.csv"
+        self.tensorboard = None
+        if not enabled:
+            return
+        if not self.path.exists():
+            with self.path.open("w", newline="") as handle:
+                csv.writer(handle).writerow(COLUMNS)
+        try:
+            from torch.utils.tensorboard import SummaryWriter
+        except ImportError:
+            return
+        self.tensorboard = SummaryWriter(str(run_dir / "tensorboard"))
+
+    def log(self, row: dict[str, float]) -> None:
+        if not self.enabled:
+            return
+        with self.path.open("a", newline="") as handle:
+            csv.writer(handle).writerow([row.get(c, "") for c in COLUMNS])
+        if self.tensorboard is not None:
+            for key, value in row.items():
+                if key not in ("step", "epoch"):
+                    self.tensorboard.add_scalar(f"train/{key}", value, row["step"])
+
+    def log_eval(self, step: int, results: dict[str, float]) -> None:
+        if self.enabled and self.tensorboard is not None:
+            for key, value in results.items():
+                if isinstance(value, int | float):
+                    self.tensorboard.add_scalar(f"eval/{key}", value, step)
+
+    def close(self) -> None:
+        if self.tensorboard is not None:
+            self.tensorboard.close()
+
+
+@dataclass
+class UnderfitWatch:
+    """Looks at the logged training accuracy once, at UNDERFIT_CHECK_SHARE of the schedule."""
+
+    total_steps: int
+    num_classes: int
+    checked: bool = False
+
+    def check(self, step: int, accuracy: float) -> str | None:
+        """The warning to print, once, if the run is near chance at the check point; else None."""
+        if self.checked or step < UNDERFIT_CHECK_SHARE * self.total_steps:
+            return None
+        self.checked = True
+        chance = 1.0 / max(self.num_classes, 1)
+        if accuracy >= chance + UNDERFIT_MARGIN:
+            return None
+        return (
+            f"warning: the model looks under-fitted: training accuracy {100 * accuracy:.2f} % after "
+            f"{step} of {self.total_steps} steps, near chance ({100 * chance:.2f} % for "
+            f"{self.num_classes} classes); more steps, a higher optim.lr or a recipe for this data size "
+            "(docs/accuracy.md) would help"
+        )
 
 
 @dataclass

@@ -1,0 +1,90 @@
+"""What a run continues from: its own checkpoint, on any number of ranks, or an earlier model's backbone.
+
+A resume says what changed in one line: the world size (`membership_line`), or that the checkpoint is
+already at train.steps (`nothing_left_to_train`). Under torchrun's elastic agent (`--nnodes MIN:MAX`)
+a run loses a node, is restarted on fewer ranks, and may grow back later; each attempt resumes from the last checkpoint with the head resharded. For it to
+train the same model, a step must mean the same thing on any number of ranks: `train.global_batch` fixes
+the images a step takes, and the micro-batch (`train.batch_size`) keeps its size, so fewer ranks
+accumulate more micro-batches. The sampler deals the same micro-batches in the same order on any world
+size (`facetrain/data/samplers.py`), so batch-norm sees the same batches and the gradient is the same
+sum, up to the order of float additions.
+
+An earlier model (`model.init`, `facetrain train --init`: fine-tuning) may be a training checkpoint,
+the checkpoint `facetrain import insightface` writes, or an export directory; only its backbone is
+taken, and the run's head starts fresh for the run's own identities. Keys and shapes must match
+exactly, so a wrong architecture is one line, not a silent partial load.
+"""
+
+from __future__ import annotations
+
+import csv
+import dataclasses
+from pathlib import Path
+
+from torch import nn
+
+from facetrain.config import Config
+from facetrain.errors import EveryRankError, FacetrainError
+from facetrain.export.loading import load_model
+from facetrain.models.state_match import first_state_mismatch
+
+
+def hold_global_batch(cfg: Config, replicas: int) -> Config:
+    """The config with optim.grad_accumulation = train.global_batch / (train.batch_size x replicas);
+    unchanged without train.global_batch. A global batch that does not divide is left to `validate`."""
+    global_batch = cfg.train.global_batch
+    if global_batch is None:
+        return cfg
+    accumulation = max(1, global_batch // (cfg.train.batch_size * replicas))
+    return dataclasses.replace(cfg, optim=dataclasses.replace(cfg.optim, grad_accumulation=accumulation))
+
+
+def last_logged_step(run_dir: Path) -> int | None:
+    """The last step metrics.csv holds: how far the previous attempt got, to within train.log_every."""
+    try:
+        with (run_dir / "metrics.csv").open() as handle:
+            rows = list(csv.DictReader(handle))
+        return int(rows[-1]["step"]) if rows else None
+    except (OSError, KeyError, ValueError, TypeError):
+        return None
+
+
+def membership_line(
+    old_world_size: int, new_world_size: int, resumed_step: int, reached_step: int | None, accumulation: int
+) -> str:
+    """One line per change: the world sizes, the step resumed from and the steps the change cost."""
+    lost = max(0, (reached_step or resumed_step) - resumed_step)
+    redone = f" (steps {resumed_step + 1}-{resumed_step + lost} are taken again)" if lost else ""
+    return (
+        f"membership: world size {old_world_size} -> {new_world_size}; resumed from step {resumed_step}, "
+        f"{lost} step{'s' if lost != 1 else ''} lost{redone}; {accumulation} micro-batch"
+        f"{'es' if accumulation != 1 else ''} a rank per step"
+    )
+
+
+def nothing_left_to_train(step: int, steps: int) -> str | None:
+    """A resume at or past train.steps trains nothing; without this note, `done: 10 steps` after
+    `--set train.steps=4` reads as if the new setting had been ignored."""
+    if step < steps:
+        return None
+    where = "already at" if step == steps else "past"
+    return (
+        f"note: the checkpoint's step {step} is {where} train.steps={steps}, so there is nothing left to "
+        f"train; raise train.steps above {step} to train on"
+    )
+
+
+def load_initial_backbone(path: str | Path, backbone: nn.Module, backbone_name: str) -> None:
+    try:
+        loaded = load_model(path)
+    except FacetrainError as error:
+        raise EveryRankError(f"model.init: {error}") from None
+    theirs = loaded.module.state_dict()
+    mismatch = first_state_mismatch(theirs, backbone.state_dict(), backbone_name)
+    if mismatch is not None:
+        trained_as = loaded.card.get("architecture", "another backbone")
+        raise EveryRankError(
+            f"model.init: {path}: {mismatch}; it holds a {trained_as}: set model.backbone "
+            "(and model.embedding_size, data.image_size) to match it"
+        )
+    backbone.load_state_dict(theirs)
