@@ -1,4 +1,4 @@
-"""The soak test: a 2-rank run of 400 steps killed with SIGKILL (every process at once, as a lost node
+"""The soak test: a 2-rank run of 240 steps killed with SIGKILL (every process at once, as a lost node
 would be) at three seeded random points and resumed each time ends bit for bit where an uninterrupted
 run ends. The kills land wherever the run is: mid-step, mid-checkpoint, during startup's resume."""
 
@@ -13,7 +13,7 @@ from facetrain.checkpoint import find_resume_point
 from tests.fault_helpers import assert_same_checkpoint, kill_all, signal_group, start, wait_for_step
 from tests.train_helpers import run_cli, tiny_config
 
-STEPS, EVERY, KILLS, SEED = 400, 40, 3, 14
+STEPS, EVERY, KILLS, SEED = 240, 40, 3, 14
 
 
 @pytest.mark.slow

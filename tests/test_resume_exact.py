@@ -1,8 +1,10 @@
-"""A run resumed mid-way continues exactly, with DataLoader workers and every augmentation on.
+"""A run resumed mid-way continues exactly, with DataLoader workers, every augmentation and a weight
+average (model.ema_decay) on, resumed inside the margin's warmup.
 
 Augmentation draws come from a per-sample seed (train seed, epoch, position), not from the workers'
-random streams, so stopping after k steps and resuming gives the losses and final weights of 2k steps
-trained straight. Only the CLI is used, so this holds whatever the trainer looks like inside.
+random streams, so stopping after k steps and resuming gives the losses, the trained weights and the
+weight average of 2k steps trained straight. Only the CLI is used, so this holds whatever the trainer
+looks like inside.
 """
 
 from __future__ import annotations
@@ -13,7 +15,8 @@ import pytest
 import torch
 from safetensors.torch import load_file
 
-from tests.train_helpers import logged_losses, run_cli, tiny_config
+from facetrain.checkpoint.names import BACKBONE, EMA
+from tests.train_helpers import checkpoint_entries, logged_losses, run_cli, tiny_config
 
 HALF = 3
 AUGMENTED_WITH_WORKERS = {
@@ -25,6 +28,8 @@ AUGMENTED_WITH_WORKERS = {
         "color_jitter": 0.3,
     },
 }
+WEIGHT_AVERAGE = {"backbone": "small", "embedding_size": 32, "ema_decay": 0.9}
+MARGIN_WARMUP = {"margin": "arcface", "scale": 16.0, "margin_params": {"m": 0.3}, "margin_warmup_steps": 4}
 
 
 def final_weights(run: Path, out: Path) -> dict[str, torch.Tensor]:
@@ -37,9 +42,21 @@ def final_weights(run: Path, out: Path) -> dict[str, torch.Tensor]:
 @pytest.mark.slow
 def test_two_ranks_with_workers_resume_to_the_same_losses_and_weights(tmp_path):
     straight = tiny_config(
-        tmp_path, "straight", data=AUGMENTED_WITH_WORKERS, train={"steps": 2 * HALF, "checkpoint_every": HALF}
+        tmp_path,
+        "straight",
+        data=AUGMENTED_WITH_WORKERS,
+        model=WEIGHT_AVERAGE,
+        head=MARGIN_WARMUP,
+        train={"steps": 2 * HALF, "checkpoint_every": HALF},
     )
-    halves = tiny_config(tmp_path, "halves", data=AUGMENTED_WITH_WORKERS, train={"steps": HALF})
+    halves = tiny_config(
+        tmp_path,
+        "halves",
+        data=AUGMENTED_WITH_WORKERS,
+        model=WEIGHT_AVERAGE,
+        head=MARGIN_WARMUP,
+        train={"steps": HALF},
+    )
     for args in (
         ("-c", str(straight)),
         ("-c", str(halves)),
@@ -51,6 +68,13 @@ def test_two_ranks_with_workers_resume_to_the_same_losses_and_weights(tmp_path):
     expected, resumed = logged_losses(tmp_path / "straight"), logged_losses(tmp_path / "halves")
     assert len(expected) == len(resumed) == 2 * HALF
     assert resumed == pytest.approx(expected, abs=1e-6)
+
+    for prefix in (EMA, BACKBONE):  # the weight average and the trained weights beside it
+        expected_entries = checkpoint_entries(tmp_path / "straight", prefix)
+        resumed_entries = checkpoint_entries(tmp_path / "halves", prefix)
+        assert sorted(expected_entries) == sorted(resumed_entries) and expected_entries
+        for name, tensor in expected_entries.items():
+            torch.testing.assert_close(resumed_entries[name], tensor, rtol=0, atol=1e-6, msg=prefix + name)
 
     weights = final_weights(tmp_path / "straight", tmp_path / "straight_export")
     resumed_weights = final_weights(tmp_path / "halves", tmp_path / "halves_export")

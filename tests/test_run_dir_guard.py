@@ -19,7 +19,7 @@ from facetrain.data.synthetic import generate_synthetic
 from facetrain.errors import FacetrainError
 from facetrain.run_lock import LOCK_NAME
 from facetrain.train.run_dir import RUN_MARKER, check_run_dir, is_run_dir
-from tests.fault_helpers import error_lines, kill_all, start, wait_for_step
+from tests.fault_helpers import error_lines, kill_all, signal_group, start, wait_for_step
 from tests.train_helpers import run_cli, tiny_config, trained_tiny_run
 
 
@@ -45,6 +45,8 @@ def test_a_second_run_into_a_busy_run_directory_is_refused_naming_the_holder(tmp
     first = start("train", "-c", str(slow))
     try:
         wait_for_step(first, run, 1)
+        # paused, it still holds its flock, and the refusals below do not wait for cores it is using
+        signal_group(first, signal.SIGSTOP)
         holder = f"facetrain train (PID {first.pid} on host {socket.gethostname()}, since "
         refusals = {
             "train": run_cli("train", "-c", str(other)),
