@@ -18,10 +18,12 @@ from tests.train_helpers import REPO
 ENV = {**os.environ, "PYTHONUNBUFFERED": "1", "OMP_NUM_THREADS": "1"}
 
 
-def checkpoint_tensors(path: Path) -> dict[str, torch.Tensor]:
-    """Every tensor of a checkpoint (backbone, head shards, optimizer state, RNG states)."""
+def checkpoint_tensors(path: Path, prefix: str = "") -> dict[str, torch.Tensor]:
+    """Every tensor of a checkpoint (backbone, head shards, optimizer state, RNG states), or those whose
+    keys start with `prefix`, by the rest of the key."""
     checkpoint = resolve_checkpoint(path)
-    return read_entries(checkpoint, list(stored(checkpoint)))
+    keys = [key for key in stored(checkpoint) if key.startswith(prefix)]
+    return {key[len(prefix) :]: value for key, value in read_entries(checkpoint, keys).items()}
 
 
 def assert_same_checkpoint(actual: Path, expected: Path) -> None:

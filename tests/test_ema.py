@@ -1,7 +1,6 @@
 """model.ema_decay: the weight average against a plain reference, and in training: verified, checkpointed
 as the backbone (the trained weights beside it) and read back as the model (`load_backbone`, what
-export and eval use). That it resumes exactly is
-tests/test_resume_exact.py's (the average is on there)."""
+export and eval use). That it resumes exactly is tests/test_resume_exact.py's."""
 
 from __future__ import annotations
 
@@ -15,7 +14,8 @@ from facetrain.checkpoint import load_backbone
 from facetrain.checkpoint.names import BACKBONE, EMA
 from facetrain.eval.verify_pairs import load_pairs, verify
 from facetrain.train.ema import WeightEma
-from tests.train_helpers import checkpoint_entries, run_cli, tiny_config
+from tests.fault_helpers import checkpoint_tensors
+from tests.train_helpers import run_cli, tiny_config
 
 
 def small_net() -> nn.Module:
@@ -57,15 +57,15 @@ RECIPE = {
 
 
 @pytest.mark.slow
-def test_training_verifies_and_exports_the_average(tmp_path):
+def test_training_verifies_and_reads_back_the_average(tmp_path):
     pairs = str(tmp_path / "synth" / "heldout" / "pairs.txt")
-    config = tiny_config(tmp_path, "straight", **RECIPE, eval={"pairs": pairs}, train={"steps": 6})
+    config = tiny_config(tmp_path, "run", **RECIPE, eval={"pairs": pairs}, train={"steps": 6})
     result = run_cli("train", "-c", str(config), "--nproc", "2")
     assert result.returncode == 0, result.stderr
 
     # the checkpoint's backbone is the average, and it is what was verified and what load_backbone reads
-    run = tmp_path / "straight"
-    average, trained = checkpoint_entries(run, EMA), checkpoint_entries(run, BACKBONE)
+    run = tmp_path / "run"
+    average, trained = checkpoint_tensors(run, EMA), checkpoint_tensors(run, BACKBONE)
     assert any(not torch.equal(average[k], trained[k]) for k in average if average[k].is_floating_point())
     backbone, config, _ = load_backbone(run)
     for name, tensor in backbone.state_dict().items():

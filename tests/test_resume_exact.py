@@ -16,7 +16,8 @@ import torch
 from safetensors.torch import load_file
 
 from facetrain.checkpoint.names import BACKBONE, EMA
-from tests.train_helpers import checkpoint_entries, logged_losses, run_cli, tiny_config
+from tests.fault_helpers import checkpoint_tensors
+from tests.train_helpers import logged_losses, run_cli, tiny_config
 
 HALF = 3
 AUGMENTED_WITH_WORKERS = {
@@ -28,8 +29,12 @@ AUGMENTED_WITH_WORKERS = {
         "color_jitter": 0.3,
     },
 }
-WEIGHT_AVERAGE = {"backbone": "small", "embedding_size": 32, "ema_decay": 0.9}
-MARGIN_WARMUP = {"margin": "arcface", "scale": 16.0, "margin_params": {"m": 0.3}, "margin_warmup_steps": 4}
+# a weight average, and an ArcFace margin still warming up when the run is resumed at step HALF
+RUN = {
+    "data": AUGMENTED_WITH_WORKERS,
+    "model": {"backbone": "small", "embedding_size": 32, "ema_decay": 0.9},
+    "head": {"margin": "arcface", "scale": 16.0, "margin_params": {"m": 0.3}, "margin_warmup_steps": 4},
+}
 
 
 def final_weights(run: Path, out: Path) -> dict[str, torch.Tensor]:
@@ -41,22 +46,8 @@ def final_weights(run: Path, out: Path) -> dict[str, torch.Tensor]:
 
 @pytest.mark.slow
 def test_two_ranks_with_workers_resume_to_the_same_losses_and_weights(tmp_path):
-    straight = tiny_config(
-        tmp_path,
-        "straight",
-        data=AUGMENTED_WITH_WORKERS,
-        model=WEIGHT_AVERAGE,
-        head=MARGIN_WARMUP,
-        train={"steps": 2 * HALF, "checkpoint_every": HALF},
-    )
-    halves = tiny_config(
-        tmp_path,
-        "halves",
-        data=AUGMENTED_WITH_WORKERS,
-        model=WEIGHT_AVERAGE,
-        head=MARGIN_WARMUP,
-        train={"steps": HALF},
-    )
+    straight = tiny_config(tmp_path, "straight", **RUN, train={"steps": 2 * HALF, "checkpoint_every": HALF})
+    halves = tiny_config(tmp_path, "halves", **RUN, train={"steps": HALF})
     for args in (
         ("-c", str(straight)),
         ("-c", str(halves)),
@@ -70,8 +61,8 @@ def test_two_ranks_with_workers_resume_to_the_same_losses_and_weights(tmp_path):
     assert resumed == pytest.approx(expected, abs=1e-6)
 
     for prefix in (EMA, BACKBONE):  # the weight average and the trained weights beside it
-        expected_entries = checkpoint_entries(tmp_path / "straight", prefix)
-        resumed_entries = checkpoint_entries(tmp_path / "halves", prefix)
+        expected_entries = checkpoint_tensors(tmp_path / "straight", prefix)
+        resumed_entries = checkpoint_tensors(tmp_path / "halves", prefix)
         assert sorted(expected_entries) == sorted(resumed_entries) and expected_entries
         for name, tensor in expected_entries.items():
             torch.testing.assert_close(resumed_entries[name], tensor, rtol=0, atol=1e-6, msg=prefix + name)

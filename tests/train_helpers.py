@@ -73,12 +73,3 @@ def run_cli(*args: str, timeout: float = 300, cwd: Path | None = None) -> subpro
 def logged_losses(run_dir: Path) -> list[float]:
     with (run_dir / "metrics.csv").open() as handle:
         return [float(row["loss"]) for row in csv.DictReader(handle)]
-
-
-def checkpoint_entries(run: Path, prefix: str) -> dict:
-    """The tensors of a run's last checkpoint whose keys start with `prefix`, by the rest of the key."""
-    from facetrain.checkpoint import read_entries, resolve_checkpoint, stored
-
-    checkpoint = resolve_checkpoint(run)
-    keys = [k for k in stored(checkpoint) if k.startswith(prefix)]
-    return {k[len(prefix) :]: v for k, v in read_entries(checkpoint, keys).items()}
