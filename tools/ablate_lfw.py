@@ -21,6 +21,13 @@ chips of `facetrain align --template dlib`):
     .venv/bin/facetrain import dlib -o runs/dlib_resnet
     .venv/bin/facetrain align ../shared/data/lfw_dev -o runs/lfw_dev_dlib --template dlib --fallback center
     .venv/bin/python tools/ablate_lfw.py dlib_zero_shot --lfw runs/lfw_dev_dlib --zero-shot runs/dlib_resnet
+
+--orl also verifies every run on ORL's balanced s31-s40 pairs (tools/ablate_orl.py's protocol) of a
+copy aligned like the training photos: a second set, of other people photographed otherwise, that no
+run has seen:
+
+    .venv/bin/facetrain align ../shared/data/orl -o runs/orl_aligned --fallback center
+    .venv/bin/python tools/ablate_lfw.py recipe --folds 2 --seeds 0 1 2 --orl runs/orl_aligned
 """
 
 from __future__ import annotations
@@ -119,6 +126,9 @@ def main() -> None:
         metavar="CHECKPOINT",
         help="verify this checkpoint on each fold, no training",
     )
+    parser.add_argument(
+        "--orl", type=Path, help="also verify each run on ORL s31-s40's balanced pairs of this aligned copy"
+    )
     args = parser.parse_args()
     if HELD_OUT_FOLD in args.folds:
         sys.exit(f"fold {HELD_OUT_FOLD} is held out for the outside check: develop on folds 2-10")
@@ -130,6 +140,12 @@ def main() -> None:
         )
     if (args.out / args.name).exists():
         sys.exit(f"{args.out / args.name} exists; pick another row name or remove it")
+    orl_pairs = None
+    if args.orl:
+        from ablate_orl import write_orl_split
+
+        orl = args.orl.resolve()
+        orl_pairs = write_orl_split(orl, args.out / f"split_{orl.name}")[1]
     rows = []
     for fold in args.folds:
         train_list, pairs_csv = write_fold_split(
@@ -151,10 +167,14 @@ def main() -> None:
             ]
             run = args.out / args.name / f"fold{fold}_seed{seed}"
             row = {"fold": fold, "seed": seed, **train_and_verify(args.config, run, overrides, args.nproc)}
+            if orl_pairs is not None:
+                orl_figures = pick_figures(verify_extra(run, "orl", orl_pairs))
+                row.update({f"orl_{key}": value for key, value in orl_figures.items()})
             rows.append(row)
             print(json.dumps(row), flush=True)
     over = f"folds {args.folds}" + ("" if args.zero_shot else f" x seeds {args.seeds}")
-    figures = summarize(args.name, rows, ["accuracy", "auc", "tar_far_1e-2"], over)
+    metrics = ["accuracy", "auc", "tar_far_1e-2"]
+    figures = summarize(args.name, rows, metrics + [f"orl_{m}" for m in metrics if orl_pairs], over)
     record = {"name": args.name, "config": str(args.config), "set": args.set, "figures": figures}
     append_row(args.out / "rows.jsonl", {**record, "runs": rows})
 

@@ -36,10 +36,6 @@ def parse_market1501_name(name: str) -> tuple[int, int]:
     return int(match.group(1)), int(match.group(2))
 
 
-def is_market1501_root(path: str | Path) -> bool:
-    return (Path(path) / SPLITS["train"]).is_dir() and (Path(path) / SPLITS["query"]).is_dir()
-
-
 def load_market1501_split(root: str | Path, split: str) -> pd.DataFrame:
     """Columns path, pid, camid of one split (`train`, `gallery`/`test`, `query`), sorted by file name.
 
