@@ -140,6 +140,11 @@ def main() -> None:
         )
     if (args.out / args.name).exists():
         sys.exit(f"{args.out / args.name} exists; pick another row name or remove it")
+    if args.orl and args.zero_shot:
+        sys.exit(
+            "--orl checks trained runs; score a checkpoint on ORL once with "
+            "`facetrain eval CHECKPOINT --pairs ORL_PAIRS.csv` (tools/ablate_orl.py writes the pairs)"
+        )
     orl_pairs = None
     if args.orl:
         from ablate_orl import write_orl_split
