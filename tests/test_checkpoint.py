@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import pickle
+import sys
 
 import pytest
 import torch
@@ -168,3 +169,14 @@ def test_backbone_statistics_are_rank_zeros(tmp_path):
     backbone.append(torch.nn.BatchNorm1d(DIM))
     load_backbone_weights(resolve_checkpoint(tmp_path), backbone)
     assert all(torch.equal(backbone.state_dict()[k], v) for k, v in rank_zero.items())
+
+
+def test_a_torch_without_dcp_row_shards_refuses_a_sharded_head(monkeypatch):
+    """torch < 2.14 ignores `rows_of`'s offsets and would keep one rank's classes: refused in one line;
+    a whole head (one rank) still checkpoints there."""
+    from facetrain.checkpoint.storage import rows_of
+
+    monkeypatch.setitem(sys.modules, "torch.distributed.checkpoint.protocol", None)  # import fails
+    assert rows_of(torch.zeros(6, 4), 0, 6).global_shape == (6, 4)
+    with pytest.raises(FacetrainError, match=r"needs torch >= 2.14 .* train on one rank"):
+        rows_of(torch.zeros(3, 4), 3, 6)

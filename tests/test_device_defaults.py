@@ -222,3 +222,13 @@ def test_the_backbone_estimate_runs_nothing_real():
     assert not backbone.training
     assert all(torch.equal(state[name], tensor) for name, tensor in backbone.state_dict().items())
     assert torch.equal(rng, torch.get_rng_state())
+
+
+def test_a_compiled_backbone_is_measured_eagerly():
+    """model.compile compiles the backbone in place before the head is planned; inductor cannot compile
+    the meta-device forward (found on an H200: training with model.compile on CUDA failed at start)."""
+    backbone = small_backbone()
+    eager = backbone_training_bytes(backbone, (4, 3, 112, 112))
+    backbone.compile()
+    assert backbone_training_bytes(backbone, (4, 3, 112, 112)) == eager
+    assert backbone_training_bytes(torch.compile(small_backbone()), (4, 3, 112, 112)) == eager

@@ -34,11 +34,12 @@ from facetrain.checkpoint.reader import (
     read_entries,
     read_rows,
 )
-from facetrain.checkpoint.storage import stored
+from facetrain.checkpoint.storage import check_row_shards_supported, stored
 from facetrain.checkpoint.writer import TrainState, save_checkpoint
 
 __all__ = [
     "TrainState",
+    "check_row_shards_supported",
     "complete_checkpoints",
     "find_damage",
     "find_resume_point",

@@ -13,6 +13,7 @@ loading rows gets exactly those, from however many ranks wrote them.
 from __future__ import annotations
 
 import errno
+import importlib.util
 import io
 import os
 import pickle
@@ -116,8 +117,21 @@ def stored(directory: Path) -> dict[str, TensorStorageMetadata]:
     return {k: v for k, v in entries.items() if isinstance(v, TensorStorageMetadata)}
 
 
+def check_row_shards_supported() -> None:
+    """Refuse a torch whose DCP predates the `CheckpointableTensor` protocol (torch < 2.14): it would
+    store every rank's head rows under one key as if each were the whole tensor, keeping one rank's."""
+    if importlib.util.find_spec("torch.distributed.checkpoint.protocol") is None:
+        raise EveryRankError(
+            f"a head sharded over several ranks needs torch >= 2.14 to checkpoint (this is {torch.__version__}: "
+            "its torch.distributed.checkpoint would keep one rank's classes); upgrade torch "
+            "(`make install`) or train on one rank"
+        )
+
+
 def rows_of(tensor: torch.Tensor, start: int, total: int) -> torch.Tensor:
     """`tensor` (rows x anything) as rows [start, start + rows) of a `total`-row tensor, for DCP."""
+    if (start, tensor.shape[0]) != (0, total):
+        check_row_shards_supported()
     rows = tensor.view(tensor.shape[0], -1)
     rows.global_shape = (total, rows.shape[1])
     rows.global_offsets = ((start, 0),)

@@ -13,6 +13,7 @@ pipeline); on CUDA from the GPU's free memory less what the backbone will take o
 
 from __future__ import annotations
 
+import contextlib
 import itertools
 import os
 from collections.abc import Sequence
@@ -210,11 +211,22 @@ def _saved_activation_bytes(backbone: nn.Module, batch_shape: Sequence[int]) -> 
     training = backbone.training
     backbone.train()
     try:
-        with torch.random.fork_rng(devices=[]), torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t):
+        with (
+            torch.random.fork_rng(devices=[]),
+            torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t),
+            _eagerly(),
+        ):
             functional_call(backbone, on_meta, (torch.empty(tuple(batch_shape), device="meta"),))
     finally:
         backbone.train(training)
     return sum(tensor.numel() * 4 for tensor in saved.values())
+
+
+def _eagerly():
+    """A compiled backbone (model.compile) runs eagerly: inductor cannot compile a meta-device forward.
+    torch before 2.6 has no stances; there the backbone is measured as it is."""
+    set_stance = getattr(torch.compiler, "set_stance", None)
+    return set_stance("force_eager") if set_stance is not None else contextlib.nullcontext()
 
 
 def free_memory_bytes(device: torch.device) -> int:

@@ -15,7 +15,7 @@ import torch
 from torch import nn
 from tqdm import tqdm
 
-from facetrain.checkpoint import TrainState, load_checkpoint, read_meta
+from facetrain.checkpoint import TrainState, check_row_shards_supported, load_checkpoint, read_meta
 from facetrain.config import Config
 from facetrain.data import build_train_dataset, build_train_loader, prepare_train_data
 from facetrain.models import build_backbone
@@ -63,6 +63,8 @@ class TrainingRun(NamedTuple):
 
 
 def build_training_run(cfg: Config, dims: ParallelDims, resume: str | None) -> TrainingRun:
+    if dims.dp > 1:  # a head sharded over the data-parallel ranks: refused now, not at the first save
+        check_row_shards_supported()
     run_dir = Path(cfg.train.output_dir)
     comm.primary_first(lambda: claim_run_dir(run_dir), also_others=False, group=dims.control_group)
     checkpoint, notes = find_checkpoint_to_resume(run_dir, resume, _job_restarted(run_dir, dims))
