@@ -9,9 +9,10 @@ value and what is allowed, so a user fixes it without reading a traceback.
 from __future__ import annotations
 
 import dataclasses
+import itertools
 import os
 import shutil
-from collections.abc import Callable, Iterator, Mapping
+from collections.abc import Iterator, Mapping
 from pathlib import Path
 from typing import Any
 
@@ -21,19 +22,8 @@ from facetrain.config.path_rules import missing_path
 from facetrain.config.schema import Config
 from facetrain.errors import FacetrainError
 
-
-@dataclasses.dataclass(frozen=True)
-class Context:
-    """What the rules see: the world size and device type when known (None: those rules are skipped)."""
-
-    cfg: Config
-    world_size: int | None
-    device_type: str | None
-
-
-# A rule returns (key, value, what the value must be) when broken, None when it holds.
+# A broken rule: (key, value, what the value must be).
 Problem = tuple[str, Any, str]
-Rule = Callable[[Context], Problem | None]
 
 
 def validate(
@@ -47,23 +37,17 @@ def validate(
 
     `source` names the config file in the message, `given` the option that set a key instead
     (`override_origins`: "--set"), so a user looks where the bad value was typed; `world_size` and
-    `device_type` ("cpu", "cuda") enable the rules that need them: pipeline stages must divide the
-    world size, fp16 and nccl need CUDA.
+    `device_type` ("cpu", "cuda") enable the rules that need them (None: those rules are skipped):
+    pipeline stages must divide the world size, fp16 and nccl need CUDA.
     """
-    problem = next(field_problems(cfg), None)
-    if problem is None:
-        context = Context(cfg, world_size, device_type)
-        problem = next((found for rule in RULES if (found := rule(context)) is not None), None)
-    if problem is not None:
-        key, value, allowed = problem
+    problems = itertools.chain(field_problems(cfg), _rule_problems(cfg, world_size, device_type))
+    for key, value, allowed in problems:  # the first one only
         raise FacetrainError(f"{where_given(key, source, given)}: {key} = {show(value)}: {allowed}")
 
 
 def validate_section(section: Any, prefix: str) -> None:
     """The field checks of one section, for library code that receives a section without a whole config."""
-    problem = next(field_problems(section, prefix), None)
-    if problem is not None:
-        key, value, allowed = problem
+    for key, value, allowed in field_problems(section, prefix):  # the first one only
         raise FacetrainError(f"{key} = {show(value)}: {allowed}")
 
 
@@ -86,56 +70,6 @@ def field_problems(section: Any, prefix: str = "") -> Iterator[Problem]:
 
 def show(value: Any) -> str:
     return repr(value) if isinstance(value, str) else str(value)
-
-
-def _min_lr_at_most_lr(s: Context) -> Problem | None:
-    optim = s.cfg.optim
-    if optim.min_lr > optim.lr:
-        return "optim.min_lr", optim.min_lr, f"must be <= optim.lr ({show(optim.lr)})"
-    return None
-
-
-def _identity_batches_divide(s: Context) -> Problem | None:
-    data, batch = s.cfg.data, s.cfg.train.batch_size
-    if data.sampler == "identity" and batch % data.images_per_identity:
-        return (
-            "train.batch_size",
-            batch,
-            f"must be a multiple of data.images_per_identity ({data.images_per_identity}) for the "
-            "identity sampler",
-        )
-    return None
-
-
-def _metric_loss_settings(s: Context) -> Problem | None:
-    cfg = s.cfg
-    if cfg.loss.name != "margin_triplet":
-        return None
-    if cfg.data.sampler != "identity":
-        return (
-            "loss.name",
-            cfg.loss.name,
-            f"needs data.sampler 'identity', not {cfg.data.sampler!r} (the triplet loss needs K images "
-            "of each identity in a batch)",
-        )
-    if cfg.parallel.pipeline_stages > 1:
-        return (
-            "loss.name",
-            cfg.loss.name,
-            "must be 'margin' when parallel.pipeline_stages > 1 (stages pass one tensor, not the features)",
-        )
-    return None
-
-
-def _margin_takes_params(s: Context) -> Problem | None:
-    from facetrain.heads.margins import build_margin
-
-    head = s.cfg.head
-    try:
-        build_margin(head.margin, **head.margin_params)
-    except FacetrainError as error:
-        return "head.margin_params", head.margin_params, str(error)
-    return None
 
 
 def fused_optimizer_conflict(cfg: Config) -> Problem | None:
@@ -161,49 +95,6 @@ def fused_optimizer_conflict(cfg: Config) -> Problem | None:
     )  # fmt: skip
 
 
-def _global_batch_fits(s: Context) -> Problem | None:
-    """train.global_batch is made of whole micro-batches (train.batch_size) on every data-parallel rank."""
-    train, stages = s.cfg.train, s.cfg.parallel.pipeline_stages
-    if train.global_batch is None:
-        return None
-    if stages > 1:
-        return (
-            "train.global_batch",
-            train.global_batch,
-            "must be unset when parallel.pipeline_stages > 1 (a pipeline cannot accumulate micro-batches)",
-        )
-    per_round = train.batch_size * (s.world_size or 1)
-    if train.global_batch % per_round:
-        ranks = f" x {s.world_size} ranks" if s.world_size else ""
-        return (
-            "train.global_batch",
-            train.global_batch,
-            f"must be a multiple of train.batch_size ({train.batch_size}){ranks} = {per_round}",
-        )
-    return None
-
-
-def _head_mode_settings(s: Context) -> Problem | None:
-    """bf16 storage needs the tiled head's fused optimizer (it alone rounds updates stochastically), and
-    so none of the settings that optimizer cannot honour (`fused_optimizer_conflict`). Sub-centers
-    exist in the untiled head only (head.mode auto then always picks it)."""
-    head = s.cfg.head
-    low_precision = [key for key in ("weight_dtype", "state_dtype") if getattr(head, key) == "bf16"]
-    if head.sub_centers > 1 and (head.mode == "tiled" or low_precision):
-        return (
-            "head.sub_centers",
-            head.sub_centers,
-            "needs the untiled head: head.mode untiled or auto, weight_dtype and state_dtype fp32",
-        )
-    if low_precision and (head.mode == "untiled" or not head.fused_optimizer):
-        return (
-            f"head.{low_precision[0]}",
-            "bf16",
-            "needs the tiled head's fused optimizer: head.mode tiled or auto, head.fused_optimizer true",
-        )
-    return fused_optimizer_conflict(s.cfg) if low_precision else None
-
-
 def check_pairs_settings(identities: int, images_per_identity: int, folds: int, per_fold: int) -> None:
     """Fail before rendering anything when the held-out set cannot fill the requested pairs file."""
     if folds < 1 or per_fold < 1:
@@ -218,206 +109,207 @@ def check_pairs_settings(identities: int, images_per_identity: int, folds: int, 
         )
 
 
-def _synthetic_pairs_fit(s: Context) -> Problem | None:
-    synth = s.cfg.data.synth
-    if not synth.heldout_identities:
-        return None
+def _rule_problems(cfg: Config, world_size: int | None, device_type: str | None) -> Iterator[Problem]:
+    """The rules relating several keys, in the order they are reported. Only the first problem is used,
+    so each check may assume that those above it hold."""
+    from facetrain.heads.margins import build_margin
+
+    optim, data, train, parallel, head = cfg.optim, cfg.data, cfg.train, cfg.parallel, cfg.head
+    evaluation, stages, triplet = cfg.eval, parallel.pipeline_stages, cfg.loss.name == "margin_triplet"
+    if optim.min_lr > optim.lr:
+        yield "optim.min_lr", optim.min_lr, f"must be <= optim.lr ({show(optim.lr)})"
+    if data.sampler == "identity" and train.batch_size % data.images_per_identity:
+        yield (
+            "train.batch_size",
+            train.batch_size,
+            f"must be a multiple of data.images_per_identity ({data.images_per_identity}) for the "
+            "identity sampler",
+        )
+    if triplet and data.sampler != "identity":
+        yield (
+            "loss.name",
+            cfg.loss.name,
+            f"needs data.sampler 'identity', not {data.sampler!r} (the triplet loss needs K images "
+            "of each identity in a batch)",
+        )
+    if triplet and stages > 1:
+        yield (
+            "loss.name",
+            cfg.loss.name,
+            "must be 'margin' when parallel.pipeline_stages > 1 (stages pass one tensor, not the features)",
+        )
     try:
-        check_pairs_settings(
-            synth.heldout_identities,
-            synth.heldout_images_per_identity,
-            synth.pairs_folds,
-            synth.pairs_per_fold,
-        )
+        build_margin(head.margin, **head.margin_params)
     except FacetrainError as error:
-        return "data.synth.heldout_identities", synth.heldout_identities, str(error)
-    return None
+        yield "head.margin_params", head.margin_params, str(error)
 
-
-def _output_dir_is_a_folder(s: Context) -> Problem | None:
-    """Read-only: a run directory that is, or lies under, an existing file cannot be created."""
-    output_dir = Path(s.cfg.train.output_dir)
-    for path in (output_dir, *output_dir.parents):
-        if path.exists() and not path.is_dir():
-            blocker = "is a file" if path == output_dir else f"lies under {path}, which is a file"
-            return "train.output_dir", str(output_dir), f"{blocker}; choose a folder"
-    return None
-
-
-def _output_dir_outside_the_data(s: Context) -> Problem | None:
-    """A run directory in the training data would become part of it: its `checkpoints/` an identity
-    folder without images, its files entries of the dataset."""
-    output_dir, data = Path(s.cfg.train.output_dir), Path(s.cfg.data.path)
-    inside, container = Path(os.path.realpath(output_dir)), Path(os.path.realpath(data))
-    if inside.is_relative_to(container):
-        where = "is data.path" if inside == container else "lies in data.path"
-        return (
-            "train.output_dir",
-            str(output_dir),
-            f"{where} ({data}), and the run's files would become part of the dataset; choose a folder "
-            "outside the data",
+    # train.global_batch is made of whole micro-batches (train.batch_size) on every data-parallel rank
+    if train.global_batch is not None and stages > 1:
+        yield (
+            "train.global_batch",
+            train.global_batch,
+            "must be unset when parallel.pipeline_stages > 1 (a pipeline cannot accumulate micro-batches)",
         )
-    return None
+    per_round = train.batch_size * (world_size or 1)
+    if train.global_batch is not None and train.global_batch % per_round:
+        ranks = f" x {world_size} ranks" if world_size else ""
+        yield (
+            "train.global_batch",
+            train.global_batch,
+            f"must be a multiple of train.batch_size ({train.batch_size}){ranks} = {per_round}",
+        )
 
+    # bf16 storage needs the tiled head's fused optimizer (it alone rounds updates stochastically), and
+    # so none of the settings that optimizer cannot honour; sub-centers exist in the untiled head only
+    # (head.mode auto then always picks it)
+    low_precision = [key for key in ("weight_dtype", "state_dtype") if getattr(head, key) == "bf16"]
+    if head.sub_centers > 1 and (head.mode == "tiled" or low_precision):
+        yield (
+            "head.sub_centers",
+            head.sub_centers,
+            "needs the untiled head: head.mode untiled or auto, weight_dtype and state_dtype fp32",
+        )
+    if low_precision and (head.mode == "untiled" or not head.fused_optimizer):
+        yield (
+            f"head.{low_precision[0]}",
+            "bf16",
+            "needs the tiled head's fused optimizer: head.mode tiled or auto, head.fused_optimizer true",
+        )
+    if low_precision and (conflict := fused_optimizer_conflict(cfg)) is not None:
+        yield conflict
 
-def _pipeline_settings(s: Context) -> Problem | None:
-    """A pipelined backbone supports fp32 only, replaces gradient accumulation by micro-batches, and does
-    not verify during training (the whole backbone lives on no single rank)."""
-    cfg = s.cfg
-    parallel = cfg.parallel
-    stages = parallel.pipeline_stages
-    if stages == 1:
-        if parallel.split_points:
-            return "parallel.split_points", parallel.split_points, "needs parallel.pipeline_stages > 1"
-        return None
-    if cfg.train.precision != "fp32":
-        return "train.precision", cfg.train.precision, "must be 'fp32' when parallel.pipeline_stages > 1"
-    if cfg.optim.grad_accumulation != 1:
-        return (
-            "optim.grad_accumulation",
-            cfg.optim.grad_accumulation,
-            "must be 1 when parallel.pipeline_stages > 1 (set parallel.microbatches instead)",
-        )
-    if cfg.eval.pairs:
-        return (
-            "eval.pairs",
-            cfg.eval.pairs,
-            "must be unset when parallel.pipeline_stages > 1; evaluate the checkpoint afterwards with "
-            "facetrain eval",
-        )
-    if cfg.train.batch_size % parallel.microbatches:
-        return (
-            "parallel.microbatches",
-            parallel.microbatches,
-            f"must divide train.batch_size ({cfg.train.batch_size})",
-        )
-    if parallel.schedule == "1f1b" and parallel.microbatches < stages:
-        return (
-            "parallel.microbatches",
-            parallel.microbatches,
-            f"must be >= parallel.pipeline_stages ({stages}) with parallel.schedule '1f1b'",
-        )
-    if parallel.split_points and len(parallel.split_points) != stages - 1:
-        return (
-            "parallel.split_points",
-            parallel.split_points,
-            f"must name parallel.pipeline_stages - 1 = {stages - 1} modules, or none to balance by cost",
-        )
-    return None
+    synth = data.synth
+    if synth.heldout_identities:
+        try:
+            check_pairs_settings(
+                synth.heldout_identities,
+                synth.heldout_images_per_identity,
+                synth.pairs_folds,
+                synth.pairs_per_fold,
+            )
+        except FacetrainError as error:
+            yield "data.synth.heldout_identities", synth.heldout_identities, str(error)
 
-
-def _verification_sets_named(s: Context) -> Problem | None:
-    """Each verification set logs and reports under its file's stem, and `eval.best_by` picks one of
-    them by that name: two sets of one name would be indistinguishable."""
+    # a pipelined backbone supports fp32 only, replaces gradient accumulation by micro-batches, and does
+    # not verify during training (the whole backbone lives on no single rank)
+    if stages == 1 and parallel.split_points:
+        yield "parallel.split_points", parallel.split_points, "needs parallel.pipeline_stages > 1"
+    if stages > 1:
+        yield from _pipeline_problems(cfg)
     from facetrain.eval.set_names import duplicate_name, set_names
 
-    evaluation = s.cfg.eval
     files = evaluation.pairs_files()
-    clash = duplicate_name(files)
-    if clash is not None:
+    if (clash := duplicate_name(files)) is not None:
+        # sets log and report under their file's stem, and eval.best_by picks one by that name
         name, paths = clash
-        return (
+        yield (
             "eval.pairs",
             evaluation.pairs,
             f"{' and '.join(paths)} would both be the set {name!r}; rename one (sets are named by the "
             "file's stem)",
         )
     if evaluation.best_by is not None and evaluation.best_by not in set_names(files):
-        if not files:
-            return "eval.best_by", evaluation.best_by, "needs eval.pairs, the sets it chooses from"
-        return (
-            "eval.best_by",
-            evaluation.best_by,
-            f"must be one of the eval.pairs sets: {', '.join(set_names(files))}",
-        )
-    return None
-
-
-def _named_paths_exist(s: Context) -> Problem | None:
-    return missing_path(s.cfg)
-
-
-def _head_only_steps_without_pipeline(s: Context) -> Problem | None:
-    if s.cfg.optim.head_only_steps and s.cfg.parallel.pipeline_stages > 1:
-        return (
+        if files:
+            allowed = f"must be one of the eval.pairs sets: {', '.join(set_names(files))}"
+        else:
+            allowed = "needs eval.pairs, the sets it chooses from"
+        yield "eval.best_by", evaluation.best_by, allowed
+    if optim.head_only_steps and stages > 1:
+        yield (
             "optim.head_only_steps",
-            s.cfg.optim.head_only_steps,
+            optim.head_only_steps,
             "must be 0 when parallel.pipeline_stages > 1 (a pipelined backbone cannot be frozen)",
         )
-    return None
-
-
-def _stages_divide_world(s: Context) -> Problem | None:
-    stages = s.cfg.parallel.pipeline_stages
-    if s.world_size is not None and s.world_size % stages:
-        return (
+    if (missing := missing_path(cfg)) is not None:
+        yield missing
+    if world_size is not None and world_size % stages:
+        yield (
             "parallel.pipeline_stages",
             stages,
-            f"must divide the world size {s.world_size} (world = stages x replicas)",
+            f"must divide the world size {world_size} (world = stages x replicas)",
         )
-    return None
 
+    if device_type not in (None, "cuda") and train.precision == "fp16":
+        yield "train.precision", "fp16", f"needs CUDA, this run is on {device_type}; use 'bf16'"
+    if device_type not in (None, "cuda") and parallel.backend == "nccl":
+        yield "parallel.backend", "nccl", f"needs CUDA, this run is on {device_type}; use 'gloo' or 'auto'"
+    # torch.compile's CPU kernels are C++ built at the first step: without a compiler the run would fail
+    # there, after the data is loaded, with a long traceback
+    compilers = (os.environ.get("CXX", ""), "g++", "c++", "clang++")
+    if cfg.model.compile and device_type == "cpu" and not any(shutil.which(c) for c in compilers if c):
+        yield (
+            "model.compile",
+            True,
+            "on a CPU needs a C++ compiler (g++ or clang++ on PATH, or CXX); install one or set false",
+        )
 
-def _cuda_only_settings(s: Context) -> Problem | None:
-    if s.device_type is None or s.device_type == "cuda":
-        return None
-    if s.cfg.train.precision == "fp16":
-        return "train.precision", "fp16", f"needs CUDA, this run is on {s.device_type}; use 'bf16'"
-    if s.cfg.parallel.backend == "nccl":
-        return "parallel.backend", "nccl", f"needs CUDA, this run is on {s.device_type}; use 'gloo' or 'auto'"
-    return None
+    # read-only: a run directory that is, or lies under, an existing file cannot be created
+    output_dir = Path(train.output_dir)
+    for path in (output_dir, *output_dir.parents):
+        if path.exists() and not path.is_dir():
+            blocker = "is a file" if path == output_dir else f"lies under {path}, which is a file"
+            yield "train.output_dir", str(output_dir), f"{blocker}; choose a folder"
+    # a run directory in the training data would become part of it: its `checkpoints/` an identity
+    # folder without images, its files entries of the dataset
+    data_path = Path(data.path)
+    inside, container = Path(os.path.realpath(output_dir)), Path(os.path.realpath(data_path))
+    if inside.is_relative_to(container):
+        where = "is data.path" if inside == container else "lies in data.path"
+        yield (
+            "train.output_dir",
+            str(output_dir),
+            f"{where} ({data_path}), and the run's files would become part of the dataset; choose a "
+            "folder outside the data",
+        )
 
-
-def _compiler_for_compile(s: Context) -> Problem | None:
-    """torch.compile's CPU kernels are C++ built at the first step: without a compiler the run would
-    fail there, after the data is loaded, with a long traceback."""
-    if not s.cfg.model.compile or s.device_type != "cpu":
-        return None
-    if any(shutil.which(name) for name in (os.environ.get("CXX", ""), "g++", "c++", "clang++") if name):
-        return None
-    return (
-        "model.compile",
-        True,
-        "on a CPU needs a C++ compiler (g++ or clang++ on PATH, or CXX); install one or set false",
-    )
-
-
-def _pooled_output_settings(s: Context) -> Problem | None:
-    """The BN neck and the features before it exist only in a pooled re-id output (small_pooled,
-    reid_r50): the ablation without the neck and the triplet loss need such a backbone."""
+    # the BN neck and the features before it exist only in a pooled re-id output (small_pooled,
+    # reid_r50): the ablation without the neck and the triplet loss need such a backbone
     from facetrain.models import POOLED_OUTPUT_BACKBONES
 
-    model, pooled = s.cfg.model, ", ".join(sorted(POOLED_OUTPUT_BACKBONES))
-    if model.backbone in POOLED_OUTPUT_BACKBONES:
-        return None
-    if not model.bn_neck:
-        return "model.bn_neck", False, f"needs a backbone with a pooled re-id output ({pooled}); remove it"
-    if s.cfg.loss.name == "margin_triplet":
-        return (
+    pooled = ", ".join(sorted(POOLED_OUTPUT_BACKBONES))
+    if cfg.model.backbone not in POOLED_OUTPUT_BACKBONES and not cfg.model.bn_neck:
+        yield "model.bn_neck", False, f"needs a backbone with a pooled re-id output ({pooled}); remove it"
+    if cfg.model.backbone not in POOLED_OUTPUT_BACKBONES and triplet:
+        yield (
             "loss.name",
             "margin_triplet",
             f"needs a backbone with a pooled re-id output ({pooled}), whose features before the BN neck "
             "the triplet loss uses; set model.backbone",
         )
-    return None
 
 
-RULES: list[Rule] = [
-    _min_lr_at_most_lr,
-    _identity_batches_divide,
-    _metric_loss_settings,
-    _margin_takes_params,
-    _global_batch_fits,
-    _head_mode_settings,
-    _synthetic_pairs_fit,
-    _pipeline_settings,
-    _verification_sets_named,
-    _head_only_steps_without_pipeline,
-    _named_paths_exist,
-    _stages_divide_world,
-    _cuda_only_settings,
-    _compiler_for_compile,
-    _output_dir_is_a_folder,
-    _output_dir_outside_the_data,
-    _pooled_output_settings,
-]
+def _pipeline_problems(cfg: Config) -> Iterator[Problem]:
+    parallel, train, stages = cfg.parallel, cfg.train, cfg.parallel.pipeline_stages
+    if train.precision != "fp32":
+        yield "train.precision", train.precision, "must be 'fp32' when parallel.pipeline_stages > 1"
+    if cfg.optim.grad_accumulation != 1:
+        yield (
+            "optim.grad_accumulation",
+            cfg.optim.grad_accumulation,
+            "must be 1 when parallel.pipeline_stages > 1 (set parallel.microbatches instead)",
+        )
+    if cfg.eval.pairs:
+        yield (
+            "eval.pairs",
+            cfg.eval.pairs,
+            "must be unset when parallel.pipeline_stages > 1; evaluate the checkpoint afterwards with "
+            "facetrain eval",
+        )
+    if train.batch_size % parallel.microbatches:
+        yield (
+            "parallel.microbatches",
+            parallel.microbatches,
+            f"must divide train.batch_size ({train.batch_size})",
+        )
+    if parallel.schedule == "1f1b" and parallel.microbatches < stages:
+        yield (
+            "parallel.microbatches",
+            parallel.microbatches,
+            f"must be >= parallel.pipeline_stages ({stages}) with parallel.schedule '1f1b'",
+        )
+    if parallel.split_points and len(parallel.split_points) != stages - 1:
+        yield (
+            "parallel.split_points",
+            parallel.split_points,
+            f"must name parallel.pipeline_stages - 1 = {stages - 1} modules, or none to balance by cost",
+        )

@@ -150,26 +150,18 @@ def choose_mode(
     """`head.mode`, with auto resolved: the untiled head (the fastest) when it fits comfortably, else tiled.
 
     `needs_tiles`: the settings ask for what only the tiled head does (bf16 storage). `free_bytes` is
-    the device's free memory (the tightest rank's); `reserved_bytes` what else will claim it on CUDA
-    (`backbone_training_bytes`).
+    the device's free memory (the tightest rank's). On CUDA it is exact and what else will claim it
+    (`reserved_bytes`, `backbone_training_bytes`) is estimated, so the head may have all of the rest but
+    `cuda_margin`. A CPU's available memory is shared with the data workers and the page cache and moves
+    while the run starts, so there the head takes at most half of it.
     """
     if requested != "auto":
         return requested
-    if needs_tiles or untiled.total > auto_budget(device_type, free_bytes, reserved_bytes):
-        return "tiled"
-    return "untiled"
-
-
-def auto_budget(device_type: str, free_bytes: int, reserved_bytes: int = 0) -> float:
-    """The most the untiled head may take for head.mode auto to choose it.
-
-    On CUDA the free memory is exact and the backbone's later needs are estimated, so the head may have
-    all of the rest but `cuda_margin`. A CPU's available memory is shared with the data workers and the
-    page cache and moves while the run starts, so there the head takes at most half of it.
-    """
     if device_type == "cuda":
-        return free_bytes - reserved_bytes - cuda_margin(free_bytes)
-    return AUTO_MEMORY_FRACTION * free_bytes
+        budget = free_bytes - reserved_bytes - cuda_margin(free_bytes)
+    else:
+        budget = AUTO_MEMORY_FRACTION * free_bytes
+    return "tiled" if needs_tiles or untiled.total > budget else "untiled"
 
 
 def cuda_margin(free_bytes: int) -> float:

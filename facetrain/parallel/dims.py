@@ -170,7 +170,7 @@ def init_parallel(
     same code runs as a plain single process. A group created earlier (a test harness, a caller that
     runs several trainings in one job) is reused.
     """
-    joined = dist.is_available() and dist.is_initialized()
+    joined = is_initialized()
     if joined:
         rank, world_size = dist.get_rank(), dist.get_world_size()
     else:
