@@ -26,14 +26,11 @@ class ClassRemap:
     rows: list[int | None]
     dropped: int
 
-    @property
-    def kept(self) -> int:
-        return sum(row is not None for row in self.rows)
-
     def describe(self) -> str:
+        kept = sum(row is not None for row in self.rows)
         return (
             f"note: train.remap_classes: the head's rows follow their classes by name from {self.checkpoint}: "
-            f"{self.kept} classes kept, {len(self.rows) - self.kept} new (fresh rows), {self.dropped} dropped "
+            f"{kept} classes kept, {len(self.rows) - kept} new (fresh rows), {self.dropped} dropped "
             "(no longer in the data); the head's optimizer state starts fresh, and the data from the start "
             "of an epoch"
         )

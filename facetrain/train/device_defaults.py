@@ -51,10 +51,7 @@ class DeviceDefaults:
     def describe(self) -> str:
         """The one log line: what this run uses on its device."""
         on = {True: "on", False: "off"}
-        parts = [
-            f"pin_memory {on[self.pin_memory]}",
-            f"DDP broadcast_buffers {on[self.broadcast_buffers]}",
-        ]
+        parts = [f"pin_memory {on[self.pin_memory]}", f"DDP broadcast_buffers {on[self.broadcast_buffers]}"]
         if self.device_type == "cuda":
             parts += [
                 f"cudnn.benchmark {on[self.cudnn_benchmark]}",
@@ -66,7 +63,6 @@ class DeviceDefaults:
 
 
 def tile_classes(configured: int | None, device_type: str) -> int:
-    """head.tile_classes, or the device's default when it is null."""
     return configured if configured is not None else TILE_CLASSES.get(device_type, TILE_CLASSES["cpu"])
 
 

@@ -1,19 +1,16 @@
 """Verification on one or several pair sets during training: rank 0 embeds and scores, every rank
 learns the result.
 
-Like insightface, which validates on lfw.bin, cfp_fp.bin and agedb_30.bin at once, `eval.pairs` may
-list several sets; each is named by its file's stem, printed as one line with its XNorm and its best
-accuracy so far, written to TensorBoard under eval/NAME/ (when TensorBoard is installed), and the run
-ends with a table of them all. `eval.best_by` names the set whose accuracy keeps `best/` (default:
-the first); the figures of a verification at the top level of its `eval/step_N.json` are that set's,
-so a single set reads as it always did.
+Like insightface (lfw.bin, cfp_fp.bin and agedb_30.bin at once), `eval.pairs` may list several sets,
+each named by its file's stem: a console line each with its XNorm and best accuracy so far, scalars
+under eval/NAME/ in TensorBoard (when installed), and a table of them all when the run ends.
+`eval.best_by` names the set whose accuracy keeps `best/` (default: the first) and whose figures are
+the top level of its `eval/step_N.json`, so a single set reads as it always did.
 
-Every rank needs that accuracy, because keeping the best checkpoint is a collective save. A
-verification that fails (a pairs image became unreadable, the disk is full) must not cost the
-training: rank 0 reports it in one line, every rank learns that it failed, and the trainer goes on
-without it.
-
-The other ranks wait for rank 0 on the CPU group (`ParallelDims.control_group`), not in an NCCL
+Every rank needs that accuracy, because keeping the best checkpoint is a collective save. A failed
+verification (a pairs image became unreadable, the disk is full) must not cost the training: rank 0
+reports it in one line, every rank learns that it failed, and the trainer goes on without it. The
+other ranks wait for rank 0 on the CPU group (`ParallelDims.control_group`), not in an NCCL
 collective, whose watchdog would abort them while rank 0 embeds the pairs.
 """
 
@@ -64,8 +61,8 @@ class TrainingVerifier:
 
         Rank 0 gets every set's figures under "sets"; the others learn the accuracy of `eval.best_by`'s.
         """
-        # [accuracy, failed]
         group = self.dims.control_group
+        # [accuracy, failed]
         outcome = torch.zeros(2, dtype=torch.float64, device=comm.collective_device(group))
         results: dict = {}
         if self.dims.is_primary:
@@ -104,30 +101,17 @@ class TrainingVerifier:
                 progress=False,
             )
             sets[name] = outcome.as_dict()
-        history = self._history(step)
+        if self.history is None:
+            self.history = read_history(self.out_dir, step)
         for name, figures in sets.items():
-            history.setdefault(name, {})[step] = figures
-            best_step = self._best_step(name)
-            figures["best_accuracy"] = history[name][best_step]["accuracy"]
-            figures["best_step"] = best_step
+            verified = self.history.setdefault(name, {})
+            verified[step] = figures
+            figures["best_step"] = best_step(verified)
+            figures["best_accuracy"] = verified[figures["best_step"]]["accuracy"]
         results = {**sets[self.best_by], "step": step, "best_by": self.best_by, "sets": sets}
         self.out_dir.mkdir(parents=True, exist_ok=True)
         (self.out_dir / f"step_{step:08d}.json").write_text(json.dumps(results, indent=2))
         return results
-
-    def _history(self, step: int) -> dict[str, dict[int, dict]]:
-        if self.history is None:
-            self.history = read_history(self.out_dir, step)
-        return self.history
-
-    def _best_step(self, name: str) -> int:
-        return best_step(self.history[name])
-
-    def report_lines(self, results: dict) -> list[str]:
-        return report_lines(results, self.best_by)
-
-    def tensorboard_scalars(self, results: dict) -> dict[str, float]:
-        return tensorboard_scalars(results)
 
     def final_table(self) -> str | None:
         """Every set's last and best verification, printed when `facetrain train` ends; None before any
@@ -177,8 +161,6 @@ def report_lines(results: dict, best_by: str) -> list[str]:
 
 
 def tensorboard_scalars(results: dict) -> dict[str, float]:
-    """NAME/accuracy, NAME/xnorm, NAME/auc and NAME/best_accuracy of every set, which
-    `MetricsLog.log_eval` writes under eval/ (when TensorBoard is installed)."""
     return {
         f"{name}/{key}": float(figures[key])
         for name, figures in (results.get("sets") or {}).items()
@@ -212,8 +194,7 @@ def final_table(history: dict[str, dict[int, dict]], names: list[str], best_by: 
     if len(rows) == 1:
         return None
     widths = [max(len(row[column]) for row in rows) for column in range(len(rows[0]))]
-    lines = ["verification:"]
-    lines += [
+    lines = ["verification:"] + [
         "  " + "  ".join(cell.ljust(width) for cell, width in zip(row, widths)).rstrip() for row in rows
     ]
     if len(names) > 1:

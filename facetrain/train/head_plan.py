@@ -35,7 +35,6 @@ from facetrain.train.optim import build_fused_optimizer
 def build_head(
     cfg: Config, num_classes: int, dims: ParallelDims, backbone: nn.Module | None = None
 ) -> ShardedMarginHead:
-    """The sharded head as `resolve_head_plan` plans it; the primary rank logs the plan."""
     plan, reasons = resolve_head_plan(cfg, num_classes, dims, backbone)
     settings = cfg.head
     head = ShardedMarginHead(

@@ -33,19 +33,15 @@ LossFn = Callable[[object, torch.Tensor], tuple[torch.Tensor, torch.Tensor]]
 LOSSES: Registry[LossFn] = Registry("loss")
 
 
-def pairwise_distances(features: torch.Tensor) -> torch.Tensor:
-    squared = features.pow(2).sum(1)
-    distances = squared[:, None] + squared[None, :] - 2 * features @ features.T
-    # the clamp keeps the square root's gradient finite where an image meets itself
-    return distances.clamp_min(1e-12).sqrt()
-
-
 def batch_hard_triplet_loss(
     features: torch.Tensor, labels: torch.Tensor, margin: float | None = 0.3
 ) -> torch.Tensor:
     """Mean over anchors with a positive of `relu(d(a, hardest p) - d(a, hardest n) + margin)`;
     margin None is the soft margin `log(1 + exp(d_ap - d_an))`. Zero when no anchor has both."""
-    distances = pairwise_distances(features.float())
+    features = features.float()
+    squared = features.pow(2).sum(1)
+    # the clamp keeps the square root's gradient finite where an image meets itself
+    distances = (squared[:, None] + squared[None, :] - 2 * features @ features.T).clamp_min(1e-12).sqrt()
     same = labels[:, None] == labels[None, :]
     itself = torch.eye(len(labels), dtype=torch.bool, device=labels.device)
     positives, negatives = same & ~itself, ~same

@@ -166,13 +166,6 @@ def curves_figure(runs: list[RunCurves]) -> Figure:
 
 
 def plot_curves(runs: list[RunCurves], out: Path) -> Path:
-    """`curves_figure` written atomically to `out` (PNG)."""
     figure = curves_figure(runs)
-    out = Path(out)
-    write_atomic(out, lambda tmp: figure.savefig(tmp, format="png"))
-    return out
-
-
-def write_run_curves(run_dir: Path) -> Path:
-    """RUN/curves.png of the run itself, replaced each time the run finishes (a resumed run too)."""
-    return plot_curves([read_run_curves(run_dir)], Path(run_dir) / CURVES_FILE)
+    write_atomic(Path(out), lambda tmp: figure.savefig(tmp, format="png"))
+    return Path(out)

@@ -35,15 +35,13 @@ OPTIMIZERS: Registry[torch.optim.Optimizer] = Registry("optimizer")
 
 
 @OPTIMIZERS.register("sgd")
-def _sgd(groups, cfg: OptimConfig, grad_scaling: bool) -> torch.optim.Optimizer:
-    return torch.optim.SGD(groups, lr=cfg.lr, momentum=cfg.momentum, **_implementation(groups, grad_scaling))
+def _sgd(groups, cfg: OptimConfig, **implementation) -> torch.optim.Optimizer:
+    return torch.optim.SGD(groups, lr=cfg.lr, momentum=cfg.momentum, **implementation)
 
 
 @OPTIMIZERS.register("adamw")
-def _adamw(groups, cfg: OptimConfig, grad_scaling: bool) -> torch.optim.Optimizer:
-    return torch.optim.AdamW(
-        groups, lr=cfg.lr, betas=tuple(cfg.betas), **_implementation(groups, grad_scaling)
-    )
+def _adamw(groups, cfg: OptimConfig, **implementation) -> torch.optim.Optimizer:
+    return torch.optim.AdamW(groups, lr=cfg.lr, betas=tuple(cfg.betas), **implementation)
 
 
 def build_optimizer(
@@ -52,21 +50,14 @@ def build_optimizer(
     """One optimizer over both; the head may have its own weight decay (a pipeline stage may have none),
     and the backbone its own learning rate (optim.backbone_lr_scale, for fine-tuning). `grad_scaling`:
     the steps go through an enabled GradScaler (fp16)."""
-    groups = [
-        {
-            "params": list(backbone.parameters()),
-            "weight_decay": cfg.weight_decay,
-            "lr": cfg.lr * cfg.backbone_lr_scale,
-            "name": "backbone",
-        }
-    ]
+    lr, decay = cfg.lr * cfg.backbone_lr_scale, cfg.weight_decay
+    groups = [{"params": list(backbone.parameters()), "weight_decay": decay, "lr": lr, "name": "backbone"}]
     if head is not None:
         # A head that updates itself (head.fused_optimizer) keeps a group without parameters: the
         # schedule still sets its learning rate, which train_step hands to the head.
-        fused = getattr(head, "fused_optimizer", None) is not None
-        params = [] if fused else list(head.parameters())
+        params = [] if getattr(head, "fused_optimizer", None) is not None else list(head.parameters())
         groups.append({"params": params, "weight_decay": head_weight_decay(cfg), "name": "head"})
-    optimizer = OPTIMIZERS.build(cfg.name, groups, cfg, grad_scaling)
+    optimizer = OPTIMIZERS.build(cfg.name, groups, cfg, **_implementation(groups, grad_scaling))
     for group in optimizer.param_groups:
         group.setdefault("initial_lr", group["lr"])
     return optimizer
@@ -79,18 +70,13 @@ def head_weight_decay(cfg: OptimConfig) -> float:
 def build_fused_optimizer(cfg: OptimConfig, head: nn.Module, state_dtype: torch.dtype) -> FusedOptimizer:
     """The tiled head's own optimizer over its weight, with optim's settings for the head."""
     settings = {"sgd": {"momentum": cfg.momentum}, "adamw": {"betas": tuple(cfg.betas)}}[cfg.name]
+    decay = head_weight_decay(cfg)
     return FUSED_OPTIMIZERS.build(
-        cfg.name,
-        [head.weight],
-        lr=cfg.lr,
-        weight_decay=head_weight_decay(cfg),
-        state_dtype=state_dtype,
-        **settings,
+        cfg.name, [head.weight], lr=cfg.lr, weight_decay=decay, state_dtype=state_dtype, **settings
     )
 
 
 def head_learning_rate(optimizer: torch.optim.Optimizer) -> float:
-    """This step's learning rate for the head: its parameter group's, as the schedule set it."""
     return next(group["lr"] for group in optimizer.param_groups if group.get("name") == "head")
 
 

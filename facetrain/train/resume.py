@@ -2,12 +2,12 @@
 
 A resume says what changed in one line: the world size (`membership_line`), or that the checkpoint is
 already at train.steps (`nothing_left_to_train`). Under torchrun's elastic agent (`--nnodes MIN:MAX`)
-a run loses a node, is restarted on fewer ranks, and may grow back later; each attempt resumes from the last checkpoint with the head resharded. For it to
-train the same model, a step must mean the same thing on any number of ranks: `train.global_batch` fixes
-the images a step takes, and the micro-batch (`train.batch_size`) keeps its size, so fewer ranks
-accumulate more micro-batches. The sampler deals the same micro-batches in the same order on any world
-size (`facetrain/data/samplers.py`), so batch-norm sees the same batches and the gradient is the same
-sum, up to the order of float additions.
+a run that loses a node restarts on fewer ranks, and may grow back later; each attempt resumes from the
+last checkpoint with the head resharded. To train the same model, a step must mean the same on any
+number of ranks: `train.global_batch` fixes the images a step takes and the micro-batch
+(`train.batch_size`) keeps its size, so fewer ranks accumulate more micro-batches. The sampler deals
+the same micro-batches in the same order on any world size (`facetrain/data/samplers.py`), so
+batch-norm sees the same batches and the gradient is the same sum, up to the order of float additions.
 
 An earlier model (`model.init`, `facetrain train --init`: fine-tuning) may be a training checkpoint,
 the checkpoint `facetrain import insightface` writes, or an export directory; only its backbone is

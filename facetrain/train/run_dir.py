@@ -18,7 +18,7 @@ import json
 import os
 import time
 from collections.abc import Iterator
-from contextlib import contextmanager
+from contextlib import contextmanager, suppress
 from pathlib import Path
 
 import yaml
@@ -76,13 +76,11 @@ def check_run_dir(run_dir: Path) -> None:
                 f"{path} was not written by facetrain and training would replace it; move it out of "
                 "train.output_dir, or choose another train.output_dir"
             )
-    if run_dir.is_dir() and not is_run_dir(run_dir):
-        entries = sorted(run_dir.iterdir())
-        if entries:
-            raise EveryRankError(
-                f"train.output_dir {run_dir} is not a facetrain run and holds files of its own (first: "
-                f"{entries[0]}); training would write among them: choose a new or empty folder"
-            )
+    if run_dir.is_dir() and not is_run_dir(run_dir) and (entries := sorted(run_dir.iterdir())):
+        raise EveryRankError(
+            f"train.output_dir {run_dir} is not a facetrain run and holds files of its own (first: "
+            f"{entries[0]}); training would write among them: choose a new or empty folder"
+        )
 
 
 def claim_run_dir(run_dir: Path) -> None:
@@ -119,25 +117,18 @@ def writing_into_run(path: Path, command: str, advice: str) -> Iterator[None]:
     Where the lock file cannot be created (a read-only run), nobody can write there either: the write
     itself then fails with its own message.
     """
-    run = enclosing_run(path)
+    path = Path(os.path.abspath(path))
+    run = next((candidate for candidate in (path, *path.parents) if is_run_dir(candidate)), None)
     locked = False
     if run is not None and not holds(run):
-        try:
+        with suppress(OSError):
             acquire(run, command, advice)
             locked = True
-        except OSError:
-            pass
     try:
         yield
     finally:
         if locked:
             release(run)
-
-
-def enclosing_run(path: Path) -> Path | None:
-    """The facetrain run directory `path` is, or lies in; None when it lies in none."""
-    path = Path(os.path.abspath(path))
-    return next((candidate for candidate in (path, *path.parents) if is_run_dir(candidate)), None)
 
 
 def _unwritable(run_dir: Path, error: OSError) -> FacetrainError:
@@ -165,9 +156,8 @@ def restarted_by_elastic_agent(run_dir: Path) -> bool:
     checkpoint must carry this job's TORCHELASTIC_RUN_ID, so a restart never takes over checkpoints of
     an earlier job that the first attempt refused to train over.
     """
-    if int(os.environ.get("TORCHELASTIC_RESTART_COUNT", "0")) == 0:
-        return False
-    finished = complete_checkpoints(run_dir)
+    restarts = int(os.environ.get("TORCHELASTIC_RESTART_COUNT", "0"))
+    finished = complete_checkpoints(run_dir) if restarts else []
     if not finished:
         return False
     try:

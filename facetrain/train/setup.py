@@ -71,12 +71,12 @@ def build_training_run(cfg: Config, dims: ParallelDims, resume: str | None) -> T
     check_run_dir(run_dir)
     device_defaults = resolve_device_defaults(dims.device.type, cfg)
     cfg = apply_device_defaults(device_defaults, cfg)
-    if dims.is_primary:
-        tqdm.write(device_defaults.describe())
+    accumulation = cfg.optim.grad_accumulation
     if cfg.train.deterministic:
         torch.use_deterministic_algorithms(True, warn_only=True)
     comm.primary_first(lambda: write_run_config(cfg, run_dir), also_others=False, group=dims.control_group)
     if dims.is_primary:
+        tqdm.write(device_defaults.describe())
         for note in notes:
             tqdm.write(f"note: {note}")
 
@@ -105,13 +105,7 @@ def build_training_run(cfg: Config, dims: ParallelDims, resume: str | None) -> T
     head = build_head(cfg, dataset.num_classes, dims, backbone) if dims.is_last_stage else None
     loss = build_loss(cfg.loss, head, local) if head is not None else None
     loader, sampler = build_train_loader(
-        dataset,
-        cfg.data,
-        cfg.train.batch_size,
-        dims.dp_rank,
-        dims.dp,
-        cfg.train.seed,
-        cfg.optim.grad_accumulation,
+        dataset, cfg.data, cfg.train.batch_size, dims.dp_rank, dims.dp, cfg.train.seed, accumulation
     )
     optimizer = build_optimizer(cfg.optim, local, head, grad_scaling=cfg.train.precision == "fp16")
     scaler = torch.amp.GradScaler(dims.device.type, enabled=cfg.train.precision == "fp16")
@@ -129,25 +123,15 @@ def build_training_run(cfg: Config, dims: ParallelDims, resume: str | None) -> T
                 tqdm.write(remap.describe())
             written_by = read_meta(checkpoint)["world_size"]
             if written_by != dims.world_size or resume is None:  # resize, or torchrun restarted the job
-                line = membership_line(
-                    written_by,
-                    dims.world_size,
-                    state.step,
-                    last_logged_step(run_dir),
-                    cfg.optim.grad_accumulation,
-                )
-                tqdm.write(line)
+                reached = last_logged_step(run_dir)
+                tqdm.write(membership_line(written_by, dims.world_size, state.step, reached, accumulation))
             if (note := nothing_left_to_train(state.step, cfg.train.steps)) is not None:
                 tqdm.write(note)
     scheduler = build_lr_scheduler(optimizer, cfg.optim, cfg.train.steps, start_step=state.step)
-    step_settings = StepSettings(
-        device=dims.device,
-        precision=cfg.train.precision,
-        accumulation=cfg.optim.grad_accumulation,
-        grad_clip=cfg.optim.grad_clip,
-        channels_last=cfg.model.channels_last,
+    settings = StepSettings(
+        dims.device, cfg.train.precision, accumulation, cfg.optim.grad_clip, cfg.model.channels_last
     )
-    parts = StepParts(model, head, optimizer, scaler, step_settings, pipeline, loss)
+    parts = StepParts(model, head, optimizer, scaler, settings, pipeline, loss)
     data = TrainingData(dataset, loader, sampler)
     return TrainingRun(cfg, run_dir, data, local, parts, scheduler, state, checkpoint)
 

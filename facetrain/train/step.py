@@ -12,7 +12,7 @@ from __future__ import annotations
 import contextlib
 import time
 from collections.abc import Callable, Iterator
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import NamedTuple
 
 import torch
@@ -51,13 +51,6 @@ class StepResult(NamedTuple):
     accuracy: torch.Tensor
 
 
-def _sync_unless(model: nn.Module, last_micro_step: bool):
-    """DDP all-reduces gradients on the last micro-step only; earlier ones accumulate locally."""
-    if isinstance(model, DistributedDataParallel) and not last_micro_step:
-        return model.no_sync()
-    return contextlib.nullcontext()
-
-
 @dataclass
 class StepParts:
     """What one optimizer step trains and how: `model` is the backbone as parallelized for data
@@ -83,6 +76,7 @@ def train_step(
     head learns."""
     settings, optimizer, scaler, pipeline = parts.settings, parts.optimizer, parts.scaler, parts.pipeline
     criterion = parts.head if parts.loss is None else parts.loss
+    ddp = isinstance(parts.model, DistributedDataParallel)
     fused = getattr(parts.head, "fused_optimizer", None)
     if fused is not None:  # the tiled head updates itself inside the backward, at the schedule's rate
         fused.param_groups[0]["lr"] = head_learning_rate(optimizer)
@@ -95,7 +89,9 @@ def train_step(
         if pipeline is not None:
             loss, accuracy = pipeline.step(images, labels, criterion)
         else:
-            with _sync_unless(parts.model, micro_step == settings.accumulation - 1):
+            # DDP all-reduces gradients on the last micro-step only; earlier ones accumulate locally
+            accumulating = ddp and micro_step < settings.accumulation - 1
+            with parts.model.no_sync() if accumulating else contextlib.nullcontext():
                 with settings.autocast():
                     with torch.set_grad_enabled(train_backbone):
                         outputs = parts.model(images)
@@ -116,21 +112,13 @@ def train_step(
     return StepResult(loss_sum / settings.accumulation, accuracy_sum / settings.accumulation)
 
 
-@dataclass
 class StepWindow:
     """Step figures since the last log, summed on the device, plus a watch for non-finite losses."""
 
-    device: torch.device
-    steps: int = 0
-    started: float = field(default_factory=time.perf_counter)
-    sums: torch.Tensor | None = None
-    nonfinite_in_a_row: torch.Tensor | None = None
-    worst_nonfinite_run: torch.Tensor | None = None
-    first_nonfinite_step: torch.Tensor | None = None
-
-    def __post_init__(self):
-        self.sums = torch.zeros(2, device=self.device)
-        self.nonfinite_in_a_row = torch.zeros((), dtype=torch.int64, device=self.device)
+    def __init__(self, device: torch.device):
+        self.steps, self.started = 0, time.perf_counter()
+        self.sums = torch.zeros(2, device=device)
+        self.nonfinite_in_a_row = torch.zeros((), dtype=torch.int64, device=device)
         self.worst_nonfinite_run = torch.zeros_like(self.nonfinite_in_a_row)
         self.first_nonfinite_step = torch.full_like(self.nonfinite_in_a_row, -1)
 
@@ -152,10 +140,6 @@ class StepWindow:
                 f"the loss became non-finite at step {first}; last good checkpoint: "
                 f"{last_checkpoint or 'none'}; lower optim.lr or use train.precision=fp32"
             )
-
-    def means(self) -> tuple[float, float]:
-        loss, accuracy = (self.sums / max(self.steps, 1)).tolist()
-        return loss, accuracy
 
     def reset(self) -> None:
         self.sums.zero_()

@@ -29,8 +29,6 @@ from facetrain.parallel import comm
 from facetrain.parallel.dims import ParallelDims
 
 STOP_SIGNALS = (signal.SIGTERM, signal.SIGINT)
-
-
 _received: signal.Signals | None = None  # the first stop signal since the handlers went in
 
 
@@ -97,14 +95,7 @@ class StepGate:
         return self.stop_signal is not None or self.data_failed
 
     def checkpoint_written(self) -> None:
-        """Restart the checkpoint clock: a checkpoint was just written, for whatever reason."""
         self.last_checkpoint_at = time.monotonic()
-
-    def _clock_says_checkpoint(self) -> bool:
-        every = self.checkpoint_every_s
-        return (
-            self.dims.is_primary and every is not None and time.monotonic() - self.last_checkpoint_at >= every
-        )
 
     def next_step(self, signals: StopSignals) -> list | None:
         """The next step's micro-batches, or None when the ranks agreed to stop before it.
@@ -119,11 +110,9 @@ class StepGate:
                 micro_batches.append(next(self.batches))
         except DataError as error:
             self.data_error = error
-        local = [
-            int(signals.received or 0),
-            int(self.data_error is not None),
-            int(self._clock_says_checkpoint()),
-        ]
+        every, elapsed = self.checkpoint_every_s, time.monotonic() - self.last_checkpoint_at
+        clock_due = self.dims.is_primary and every is not None and elapsed >= every
+        local = [int(signals.received or 0), int(self.data_error is not None), int(clock_due)]
         flags = torch.tensor(local, dtype=torch.int64, device=comm.collective_device(self.dims.control_group))
         comm.all_reduce_(flags, "max", self.dims.control_group)
         signal_number, data_failed, checkpoint_due = flags.tolist()

@@ -3,8 +3,7 @@
 Read `train` and then `Trainer.fit` from top to bottom: join the process group, check the config, build
 the run (`setup.build_training_run`: data, model parts, optimizer, schedule, resumed state), then step
 until `train.steps`. Each step is `train_step`; after it come the logging, verification and
-checkpointing that are due. Step figures stay on the device and are
-read once per log interval, so the loop never stalls the GPU between logs.
+checkpointing that are due. Step figures stay on the device until a log, so the loop never stalls the GPU.
 
 Nothing a run did is lost to a fault it can survive. Before each step the ranks agree on whether to
 stop (`step_gate`): a SIGTERM or SIGINT, or a data error on any rank, stops every rank at the same step
@@ -32,8 +31,8 @@ from facetrain.parallel.dims import ParallelDims, destroy_parallel, init_paralle
 from facetrain.parallel.failures import collective_failure_error, is_collective_failure
 from facetrain.progress import ProgressBar as tqdm  # plain lines when not on a terminal
 from facetrain.train.ema import WeightEma
-from facetrain.train.evaluation import TrainingVerifier, evaluation_line
-from facetrain.train.metrics import MetricsLog, UnderfitWatch, write_run_curves
+from facetrain.train.evaluation import TrainingVerifier, evaluation_line, report_lines, tensorboard_scalars
+from facetrain.train.metrics import CURVES_FILE, MetricsLog, UnderfitWatch, plot_curves, read_run_curves
 from facetrain.train.resume import hold_global_batch
 from facetrain.train.setup import build_training_run
 from facetrain.train.step import StepWindow, train_step
@@ -82,18 +81,13 @@ class Trainer:
         cfg = self.cfg
         self.verifier = TrainingVerifier(cfg, dims) if cfg.eval.pairs and not dims.pp_enabled else None
         self.ema = None if cfg.model.ema_decay == 0 else WeightEma(self.backbone, cfg.model.ema_decay)
-        if (
-            self.ema is not None
-            and self.resumed_from
-            and load_ema_weights(self.resumed_from, self.ema.module)
-        ):
+        if self.ema and self.resumed_from and load_ema_weights(self.resumed_from, self.ema.module):
             self.ema.updates = self.state.step  # the average continues from the checkpoint
         self.last_checkpoint = str(self.resumed_from) if self.resumed_from else None
         self.saved_step = self.state.step if self.resumed_from else None
         self.evaluation: dict = {}
         self.evaluation_failure: str | None = None
-        # images per micro-step over all data-parallel replicas
-        self.global_batch = self.cfg.train.batch_size * dims.dp
+        self.global_batch = cfg.train.batch_size * dims.dp  # images per micro-step over all replicas
 
     def fit(self) -> dict:
         cfg, dims, state, head = self.cfg, self.dims, self.state, self.parts.head
@@ -111,10 +105,7 @@ class Trainer:
         started = time.perf_counter()
         signals = StopSignals().install()
         try:
-            while state.step < cfg.train.steps:
-                step_batches = gate.next_step(signals)
-                if step_batches is None:
-                    break
+            while state.step < cfg.train.steps and (step_batches := gate.next_step(signals)) is not None:
                 lr = self.scheduler.get_last_lr()[0]
                 train_backbone = state.step >= cfg.optim.head_only_steps
                 self.backbone.train(train_backbone)  # a frozen backbone keeps its batch-norm statistics too
@@ -142,12 +133,8 @@ class Trainer:
                     )  # fmt: skip
                     window.reset()
                 is_best = self.verify_if_due(final_step, log)
-                if (
-                    state.step % cfg.train.checkpoint_every == 0
-                    or final_step
-                    or is_best
-                    or gate.checkpoint_due
-                ):
+                due = gate.checkpoint_due or state.step % cfg.train.checkpoint_every == 0
+                if is_best or final_step or due:
                     window.check_finite(tolerated, self.last_checkpoint)  # never save a diverged model
                     self.save(is_best, final_step)
                     gate.checkpoint_written()
@@ -172,9 +159,9 @@ class Trainer:
             self.evaluation_failure, self.verifier = self.verifier.failure, None
             return False
         self.evaluation = outcome
-        log.log_eval(state.step, {**outcome, **self.verifier.tensorboard_scalars(outcome)})
+        log.log_eval(state.step, {**outcome, **tensorboard_scalars(outcome)})
         if self.dims.is_primary:
-            for line in self.verifier.report_lines(outcome):
+            for line in report_lines(outcome, self.verifier.best_by):
                 tqdm.write(line)
         if state.best_accuracy is not None and outcome["accuracy"] <= state.best_accuracy:
             return False
@@ -217,7 +204,7 @@ class Trainer:
         }
         if dims.is_primary:
             (self.run_dir / "summary.json").write_text(json.dumps(summary, indent=2))
-            curves = write_run_curves(self.run_dir)
+            curves = plot_curves([read_run_curves(self.run_dir)], self.run_dir / CURVES_FILE)
             if gate.stop_signal is None:
                 verified = ""
                 if self.evaluation:
@@ -228,8 +215,7 @@ class Trainer:
                     f"done: {state.step} steps{verified}; checkpoints in {self.run_dir / 'checkpoints'}, "
                     f"curves in {curves}"
                 )
-                table = self.verifier.final_table() if self.verifier is not None else None
-                if table is not None:
+                if self.verifier is not None and (table := self.verifier.final_table()) is not None:
                     tqdm.write(table)
         if self.evaluation_failure is not None:
             raise EveryRankError(
@@ -239,7 +225,7 @@ class Trainer:
         return summary
 
     def _log_row(self, window: StepWindow, lr: float, elapsed_s: float) -> dict:
-        loss, accuracy = window.means()
+        loss, accuracy = (window.sums / max(window.steps, 1)).tolist()
         seconds = max(time.perf_counter() - window.started, 1e-9)
         images = window.steps * self.cfg.optim.grad_accumulation * self.global_batch
         return {
@@ -257,12 +243,10 @@ class Trainer:
         state, dataset, control = self.state, self.data.dataset, self.dims.control_group
         while True:
             self.data.sampler.set_epoch(state.epoch, state.consumed)
-            yielded = False
             for images, labels in self.data.loader:
                 state.consumed += self.global_batch
-                yielded = True
                 yield images, labels
-            if not yielded and state.consumed == 0:
+            if state.consumed == 0:  # not one batch this epoch, nor before a resume within it
                 raise EveryRankError(
                     "the training set gives no full batch per rank; lower train.batch_size or add images"
                 )
