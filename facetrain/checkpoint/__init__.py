@@ -4,15 +4,8 @@
       step_00005000/    a torch.distributed.checkpoint (DCP) directory + meta.json, config.yaml, classes.json
       last, best        small files naming a checkpoint directory
 
-Read in this order:
-
-- `app_state`: what a checkpoint holds: one `Stateful` over the model parts and optimizers, saved and
-  loaded by DCP through torch's `get_/set_model_state_dict` and `get_/set_optimizer_state_dict`; the
-  head as row ranges of one C-row tensor, which DCP reshards N -> M by itself.
-- `writer`: `save_checkpoint`, atomic (`step_N.tmp` renamed when whole), pruning old ones.
-- `reader`: `load_checkpoint` to resume, and `load_backbone` / `load_full_head` without a group.
-- `layout`: finding a checkpoint (`--resume auto`, pointers, damaged ones) and its small files.
-- `storage`: DCP with a safe index reader; `names`: the keys; `legacy`: reading the first format.
+Read `app_state` (what a checkpoint holds) first, then `writer`, `reader`, `layout` (finding one and
+its small files), `storage` (DCP with a safe index reader), `names` (the keys) and `legacy`.
 """
 
 from facetrain.checkpoint.layout import (
@@ -21,7 +14,6 @@ from facetrain.checkpoint.layout import (
     find_resume_point,
     holds_checkpoints,
     read_classes,
-    read_config,
     read_meta,
     resolve_checkpoint,
 )
@@ -50,7 +42,6 @@ __all__ = [
     "load_ema_weights",
     "load_full_head",
     "read_classes",
-    "read_config",
     "read_entries",
     "read_meta",
     "read_rows",

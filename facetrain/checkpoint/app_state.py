@@ -1,18 +1,16 @@
 """What a training checkpoint holds, as the one `Stateful` that DCP saves and loads (`{"app": state}`).
 
 The model parts (the backbone or this rank's pipeline stage, and the head where this rank holds one)
-go through torch's `get_/set_model_state_dict`, the optimizers (the trainer's, and the tiled head's
-fused one) through `get_/set_optimizer_state_dict`, so torch decides where each value lives (AdamW's
-`step` stays on the CPU) and checks the names. Two things are facetrain's own:
+and the optimizers (the trainer's, and the tiled head's fused one) go through torch's
+`get_/set_model_state_dict` and `get_/set_optimizer_state_dict`, so torch decides where each value
+lives (AdamW's `step` stays on the CPU) and checks the names. Two things are facetrain's own:
 
-- The head's weight and its per-class optimizer state are saved as this rank's rows of one C-row
-  tensor (`storage.rows_of`), so DCP reshards them N -> M by itself, exactly for any split of the
-  classes. A DTensor would carry them as well only for torch.chunk's split; `class_range` gives the
-  first C mod N ranks one class more, which a DTensor's `Shard(0)` cannot describe (docs/training.md).
-- Only replica 0 of each stage saves the backbone and its optimizer state: parameters match over
-  replicas, but batch-norm statistics come from each replica's own batch, and replica 0's are the
-  ones verified. Param groups are not saved: the config gives them, and the schedule the learning
-  rate at the resumed step.
+- The head's weight and per-class optimizer state are saved as this rank's rows of one C-row tensor
+  (`storage.rows_of`), so DCP reshards them N -> M for any split of the classes, even `class_range`'s
+  (the first C mod N ranks hold one class more), which a DTensor's `Shard(0)` cannot describe.
+- Only replica 0 of each stage saves the backbone and its optimizer state: batch-norm statistics come
+  from each replica's own batch, and replica 0's are the ones verified. Param groups are not saved:
+  the config gives them, and the schedule the learning rate at the resumed step.
 """
 
 from __future__ import annotations
@@ -29,7 +27,7 @@ from torch.distributed.checkpoint.state_dict import (
 )
 from torch.distributed.checkpoint.stateful import Stateful
 
-from facetrain.checkpoint.names import PREFIX
+from facetrain.checkpoint.names import OPTIM_STATE, PREFIX
 from facetrain.checkpoint.storage import rows_of
 from facetrain.heads import ShardedMarginHead
 from facetrain.parallel.dims import ParallelDims
@@ -45,10 +43,8 @@ class AppState(Stateful):
                  ema: nn.Module | None = None):  # fmt: skip
         self.dims, self.head, self.scaler, self.ema = dims, head, scaler, ema
         self.parts = nn.ModuleDict({"backbone": backbone, **({"head": head} if head is not None else {})})
-        fused = getattr(head, "fused_optimizer", None)
-        self.optimizers = [optimizer, *([fused] if fused is not None else [])]
-        self.stored: dict[str, TensorStorageMetadata] | None = None
-        self.keep_optimizer = self.keep_head = self.same_world = True
+        self.optimizers = [o for o in (optimizer, getattr(head, "fused_optimizer", None)) if o is not None]
+        self.stored: dict[str, TensorStorageMetadata] | None = None  # set by `to_load`, with what to load
 
     def to_load(self, stored: dict, keep_optimizer: bool, keep_head: bool, same_world: bool) -> AppState:
         """Load from a checkpoint of index `stored`: its optimizer state when it fits this run's
@@ -58,30 +54,22 @@ class AppState(Stateful):
         self.same_world = same_world
         return self
 
-    def _mine(self, key: str) -> bool:
-        """Whether this rank writes `key` (of the model or the optimizer state, without its section)."""
-        return key.startswith(HEAD) or self.dims.writes_backbone
-
     def state_dict(self) -> dict[str, torch.Tensor]:
-        return self._saved() if self.stored is None else self._targets()
-
-    def _saved(self) -> dict[str, torch.Tensor]:
+        if self.stored is not None:
+            return self._targets()
         entries = {}
         for key, value in get_model_state_dict(self.parts).items():
-            if self._mine(key):
+            if key.startswith(HEAD) or self.dims.writes_backbone:  # this rank's head rows, or replica 0
                 entries[f"model.{key}"] = value.detach().cpu()
         for optimizer in [o for o in self.optimizers if o.state]:  # torch would fill an empty one
             for name, values in get_optimizer_state_dict(self.parts, optimizer)["state"].items():
-                for state, value in values.items():
-                    if self._mine(name):
+                if name.startswith(HEAD) or self.dims.writes_backbone:
+                    for state, value in values.items():
                         entries[f"optim.state.{name}.{state}"] = torch.as_tensor(value).detach().cpu()
         head = self.head
-        for key, value in list(entries.items()):  # the head's per-class tensors, as this rank's rows
-            if (
-                key.startswith(("model.head.", "optim.state.head."))
-                and value.shape[:1] == head.weight.shape[:1]
-            ):
-                entries[key] = rows_of(head.per_class(value), head.class_start, head.num_classes)
+        for key in [k for k in entries if k.startswith(("model.head.", "optim.state.head."))]:
+            if entries[key].shape[:1] == head.weight.shape[:1]:  # per class: as this rank's rows
+                entries[key] = rows_of(head.per_class(entries[key]), head.class_start, head.num_classes)
         if self.ema is not None and self.dims.writes_backbone:
             entries.update({f"ema.{k}": v.detach().cpu() for k, v in self.ema.state_dict().items()})
         if self.scaler is not None and self.scaler.is_enabled() and self.dims.is_primary:
@@ -92,32 +80,27 @@ class AppState(Stateful):
             entries[f"rng.{self.dims.rank}.cuda"] = torch.cuda.get_rng_state()
         return entries
 
-    def _target(self, key: str) -> torch.Tensor | None:
-        """An empty tensor to load `key` into, shaped and typed as stored (this rank's rows of a
-        per-class one); None when the checkpoint lacks it."""
-        meta = self.stored.get(PREFIX + key)
-        if meta is None:
-            return None
-        head = self.head
-        if key == f"model.{HEAD}" or (key.startswith(f"optim.state.{HEAD}.") and len(meta.size) == 2):
-            empty = torch.empty((head.class_count, meta.size[1]), dtype=meta.properties.dtype)
-            return rows_of(empty, head.class_start, meta.size[0])
-        return torch.empty(meta.size, dtype=meta.properties.dtype)
-
     def _targets(self) -> dict[str, torch.Tensor]:
         wanted = [f"model.{k}" for k in get_model_state_dict(self.parts) if k != HEAD or self.keep_head]
         if self.keep_optimizer:
             names = {n for n, p in self.parts.named_parameters() if n != HEAD or self.keep_head}
-            prefix = len(PREFIX + "optim.state.")
-            wanted += [k[len(PREFIX) :] for k in self.stored if k.startswith(PREFIX + "optim.state.")
-                       and k[prefix:].rsplit(".", 1)[0] in names]  # fmt: skip
+            for key in [k for k in self.stored if k.startswith(OPTIM_STATE)]:
+                if key[len(OPTIM_STATE) :].rsplit(".", 1)[0] in names:  # optim.state.<param>.<state>
+                    wanted.append(key[len(PREFIX) :])
         if self.ema is not None:
             wanted += [f"ema.{k}" for k in self.ema.state_dict()]
         wanted += ["scaler.scale", "scaler.growth_tracker"] if self.scaler is not None else []
         if self.same_world:
             wanted += [f"rng.{self.dims.rank}.torch", f"rng.{self.dims.rank}.cuda"]
-        targets = {key: self._target(key) for key in wanted}
-        return {key: value for key, value in targets.items() if value is not None}
+        targets = {}
+        for key in [k for k in wanted if PREFIX + k in self.stored]:  # empty, shaped and typed as stored
+            meta = self.stored[PREFIX + key]
+            if key == f"model.{HEAD}" or (key.startswith(f"optim.state.{HEAD}.") and len(meta.size) == 2):
+                empty = torch.empty((self.head.class_count, meta.size[1]), dtype=meta.properties.dtype)
+                targets[key] = rows_of(empty, self.head.class_start, meta.size[0])  # this rank's rows
+            else:
+                targets[key] = torch.empty(meta.size, dtype=meta.properties.dtype)
+        return targets
 
     def load_state_dict(self, loaded: dict[str, torch.Tensor]) -> None:
         head = self.head
@@ -131,9 +114,8 @@ class AppState(Stateful):
                 name, state = key[len("optim.state.") :].rsplit(".", 1)
                 is_rows = name == HEAD and value.dim() == 2 and value.shape[0] == head.class_count
                 states.setdefault(name, {})[state] = value.view_as(head.weight) if is_rows else value
-        if states:
-            for optimizer in self.optimizers:
-                set_optimizer_state(self.parts, optimizer, states)
+        for optimizer in self.optimizers:
+            set_optimizer_state(self.parts, optimizer, states)
         if self.ema is not None and any(k.startswith("ema.") for k in loaded):
             self.ema.load_state_dict({k[len("ema.") :]: v for k, v in loaded.items() if k.startswith("ema.")})
         if "scaler.scale" in loaded and self.scaler is not None and self.scaler.is_enabled():

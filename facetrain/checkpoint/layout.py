@@ -17,20 +17,12 @@ POINTERS = ("last", "best")
 STEP_NAME = re.compile(r"step_\d{8}")
 
 
-def is_checkpoint(path: Path) -> bool:
-    """A finished checkpoint directory: named step_NNNNNNNN (a `.tmp` one is still being written),
-    with DCP's index and facetrain's meta.json."""
-    return (
-        STEP_NAME.fullmatch(path.name) is not None
-        and (path / ".metadata").is_file()
-        and (path / "meta.json").is_file()
-    )
-
-
 def complete_checkpoints(run_dir: Path) -> list[Path]:
-    """The run's finished checkpoints, oldest step first."""
+    """The run's finished checkpoints, oldest step first: named step_NNNNNNNN (a `.tmp` one is still
+    being written), with DCP's index and facetrain's meta.json."""
     root = run_dir / "checkpoints"
-    return sorted(p for p in root.glob("step_*") if is_checkpoint(p)) if root.is_dir() else []
+    named = [p for p in root.glob("step_*") if STEP_NAME.fullmatch(p.name)]
+    return sorted(p for p in named if (p / ".metadata").is_file() and (p / "meta.json").is_file())
 
 
 def holds_checkpoints(run_dir: Path) -> bool:
@@ -44,13 +36,9 @@ def find_damage(checkpoint: Path) -> str | None:
     for name in _READERS:
         try:
             _parsed(checkpoint / name)
-        except _Unreadable as error:
+        except FacetrainError as error:
             return str(error)
     return find_data_damage(checkpoint)
-
-
-class _Unreadable(Exception):
-    pass
 
 
 _READERS = {
@@ -61,51 +49,34 @@ _READERS = {
 
 
 def _parsed(path: Path):
-    """The parsed contents of one of a checkpoint's small files; _Unreadable says why not."""
+    """The parsed contents of one of a checkpoint's small files."""
     parse, kind = _READERS[path.name]
     try:
         value = parse(path.read_text())
+        problem = None if isinstance(value, kind) else f"not a {kind.__name__} of facetrain's"
     except OSError as error:
-        raise _Unreadable(f"{path} is missing or unreadable ({error.strerror or error})") from None
+        problem = error.strerror or str(error)
     except (UnicodeDecodeError, ValueError, yaml.YAMLError) as error:
         reason = str(error).strip().splitlines()[0] if str(error).strip() else type(error).__name__
-        raise _Unreadable(
-            f"{path} is missing or unreadable (not valid {path.suffix[1:]}: {reason})"
-        ) from None
-    if not isinstance(value, kind):
-        raise _Unreadable(f"{path} is missing or unreadable (not a {kind.__name__} of facetrain's)")
+        problem = f"not valid {path.suffix[1:]}: {reason}"
+    if problem is not None:
+        raise FacetrainError(f"{path} is missing or unreadable ({problem})")
     return value
 
 
-def damaged_checkpoint_error(checkpoint: Path, damage: str) -> FacetrainError:
-    """One line for a checkpoint that cannot be read, offering the newest whole one before it."""
-    earlier = [p for p in complete_checkpoints(checkpoint.parent.parent) if p.name < checkpoint.name]
-    whole = [p for p in reversed(earlier) if find_damage(p) is None]
-    offer = f"use the one before it, {whole[0]}" if whole else "use another checkpoint"
-    return FacetrainError(f"checkpoint {checkpoint} is damaged: {damage}; {offer}")
-
-
-def _pointer_target(pointer: Path) -> Path:
-    return pointer.parent / pointer.read_text().strip()
-
-
 def resolve_checkpoint(path: str | Path) -> Path:
-    """A checkpoint directory from itself, a `last`/`best` pointer, a checkpoints dir or a run dir.
-
-    A run without a `last` pointer (it was lost, or the run stopped before writing it) resolves to its
-    newest finished checkpoint.
-    """
+    """A checkpoint directory from itself, a `last`/`best` pointer, a checkpoints dir or a run dir; a run
+    without a `last` pointer (lost, or never written) resolves to its newest finished checkpoint."""
     path = Path(path)
     for candidate in (path, path / "last", path / "checkpoints" / "last"):
         if candidate.is_file() and candidate.name in POINTERS:
-            target = _pointer_target(candidate)
+            target = candidate.parent / candidate.read_text().strip()
             if (target / ".metadata").is_file():
                 return target
             raise FacetrainError(f"{candidate} points to {target.name}, which is missing or incomplete")
         if (candidate / ".metadata").is_file() and (candidate / "meta.json").is_file():
             return candidate
-    run_dir = path.parent if path.name == "checkpoints" else path
-    finished = complete_checkpoints(run_dir)
+    finished = complete_checkpoints(path.parent if path.name == "checkpoints" else path)
     if finished:
         return finished[-1]
     raise FacetrainError(
@@ -114,25 +85,20 @@ def resolve_checkpoint(path: str | Path) -> Path:
 
 
 def find_resume_point(run_dir: Path) -> tuple[Path | None, list[str]]:
-    """What `--resume auto` resumes from, and notes on what it passed over and why.
-
-    The `last` pointer's checkpoint when it is whole; otherwise (the pointer is missing or names a
-    missing or damaged checkpoint) the newest whole checkpoint before it. Step order, not file times,
-    decides "newest", so a run directory copied elsewhere resumes the same way. None when the run has
-    no finished checkpoint; an error when it has some but none is whole (starting afresh would write
-    over them).
-    """
+    """What `--resume auto` resumes from, and notes on what it passed over and why: the `last` pointer's
+    checkpoint, or the newest whole one before it when the pointer is missing or names a missing or
+    damaged one. Step order, not file times, decides "newest", so a copied run directory resumes the same
+    way. None when the run has no finished checkpoint; an error when none is whole (starting afresh would
+    write over them)."""
     finished = complete_checkpoints(run_dir)
     pointer = run_dir / "checkpoints" / "last"
     notes: list[str] = []
     candidates = finished
     if pointer.is_file():
-        target = _pointer_target(pointer)
-        if target in finished:
-            candidates = finished[: finished.index(target) + 1]
-        else:
+        target = pointer.parent / pointer.read_text().strip()
+        if target not in finished:
             notes.append(f"{pointer} names {target.name}, which is missing or incomplete")
-            candidates = [p for p in finished if p.name < target.name] or finished
+        candidates = [p for p in finished if p == target or p.name < target.name] or finished
     elif finished:
         notes.append(f"{pointer} is missing; taking the newest finished checkpoint")
     for checkpoint in reversed(candidates):
@@ -158,14 +124,17 @@ def read_classes(checkpoint: Path) -> list[str]:
 
 
 def read_config(checkpoint: Path) -> Config:
-    path = checkpoint / "config.yaml"
-    return from_dict(Config, _read(checkpoint, "config.yaml"), source=str(path))
+    return from_dict(Config, _read(checkpoint, "config.yaml"), source=str(checkpoint / "config.yaml"))
 
 
 def _read(checkpoint: Path, name: str):
     """A checkpoint's small file, read as `find_damage` reads it: a damaged one is one line, the same
-    whether training resumes from it, `--init` starts from it or `export` reads it."""
+    whether training resumes from it, `--init` starts from it or `export` reads it; it offers the newest
+    whole checkpoint before it."""
     try:
         return _parsed(checkpoint / name)
-    except _Unreadable as error:
-        raise damaged_checkpoint_error(checkpoint, str(error)) from None
+    except FacetrainError as error:
+        earlier = [p for p in complete_checkpoints(checkpoint.parent.parent) if p.name < checkpoint.name]
+        whole = [p for p in reversed(earlier) if find_damage(p) is None]
+        offer = f"use the one before it, {whole[0]}" if whole else "use another checkpoint"
+        raise FacetrainError(f"checkpoint {checkpoint} is damaged: {error}; {offer}") from None

@@ -12,7 +12,7 @@ from tqdm import tqdm
 from facetrain.checkpoint.app_state import AppState
 from facetrain.checkpoint.layout import read_config, read_meta, resolve_checkpoint
 from facetrain.checkpoint.names import BACKBONE, EMA, HEAD_WEIGHT
-from facetrain.checkpoint.storage import load_entries, rows_of, stored
+from facetrain.checkpoint.storage import load_entries, rows_of, stored, stored_entry
 from facetrain.checkpoint.writer import TrainState
 from facetrain.config import Config
 from facetrain.errors import FacetrainError
@@ -30,14 +30,13 @@ def load_checkpoint(
     optimizer_name: str | None = None,
     class_rows: list[int | None] | None = None,
 ) -> TrainState:
-    """Collective: restore everything into already-built objects, the head resharded onto this run's ranks.
+    """Collective: restore everything into already-built objects (`backbone` may be one pipeline stage,
+    `head` None on a stage without one), the head resharded onto this run's ranks.
 
-    `backbone` may be one pipeline stage, and `head` None on a stage without one. A run resumed with
-    another `optimizer_name` (optim.name) than the checkpoint's starts that optimizer's state fresh,
-    with a warning: one optimizer's state (SGD's momentum) means nothing to another (AdamW's moments),
-    and the weights, step and schedule are what a run continues from. `class_rows`
-    (train.remap_classes, `facetrain.train.class_remap`) gives, for each class of this run, its row in
-    the checkpoint or None: the head's rows are then taken by class, and its optimizer state starts fresh.
+    Another `optimizer_name` (optim.name) than the checkpoint's starts that optimizer's state fresh, with
+    a warning: SGD's momentum means nothing to AdamW's moments, and the weights, step and schedule carry
+    on. `class_rows` (train.remap_classes, `facetrain.train.class_remap`) gives each class of this run
+    its checkpoint row or None: the head's rows are then taken by class, its optimizer state fresh.
     """
     checkpoint = resolve_checkpoint(path)
     meta = read_meta(checkpoint)
@@ -57,8 +56,13 @@ def load_checkpoint(
         )
     index = stored(checkpoint)
     _check_backbone_fits(checkpoint, index, backbone)
-    if head is not None:
-        _check_sub_centers(checkpoint, index, head)
+    if head is not None and HEAD_WEIGHT not in index:
+        raise FacetrainError(f"checkpoint {checkpoint} holds no head; start a run from it with --init")
+    if head is not None and index[HEAD_WEIGHT].size[1] != head.sub_centers * head.embedding_size:
+        raise FacetrainError(
+            f"{checkpoint}: its head has {index[HEAD_WEIGHT].size[1] // head.embedding_size} sub-centers "
+            f"a class, this run {head.sub_centers}; set head.sub_centers to match"
+        )
     same_world = meta["world_size"] == dims.world_size
     app = AppState(dims, backbone, head, optimizer, scaler)
     load_entries({"app": app.to_load(index, keep_optimizer, class_rows is None, same_world)}, checkpoint,
@@ -93,23 +97,11 @@ def _check_backbone_fits(checkpoint: Path, index: dict, backbone: nn.Module) -> 
         )
 
 
-def _check_sub_centers(checkpoint: Path, index: dict, head: ShardedMarginHead) -> None:
-    if HEAD_WEIGHT not in index:
-        raise FacetrainError(f"checkpoint {checkpoint} holds no head; start a run from it with --init")
-    width = index[HEAD_WEIGHT].size[1]
-    if width != head.sub_centers * head.embedding_size:
-        raise FacetrainError(
-            f"{checkpoint}: its head has {width // head.embedding_size} sub-centers a class, "
-            f"this run {head.sub_centers}; set head.sub_centers to match"
-        )
-
-
 def _load_head_by_class(checkpoint: Path, head: ShardedMarginHead, class_rows: list[int | None]) -> None:
     """Fill this rank's rows of classes the checkpoint has from their rows there, reading each stored
     range that holds any of them once; the others keep their fresh initialisation."""
-    wanted = torch.tensor(
-        [-1 if row is None else row for row in class_rows[head.class_start : head.class_stop]]
-    )
+    mine = class_rows[head.class_start : head.class_stop]
+    wanted = torch.tensor([-1 if row is None else row for row in mine])
     rows = head.per_class(head.weight)
     for chunk in stored(checkpoint)[HEAD_WEIGHT].chunks:
         start, count = chunk.offsets[0], chunk.sizes[0]
@@ -122,9 +114,7 @@ def _load_head_by_class(checkpoint: Path, head: ShardedMarginHead, class_rows: l
 
 def read_rows(checkpoint: Path, key: str, start: int, count: int) -> torch.Tensor:
     """Rows [start, start + count) of a checkpoint's per-class tensor, without a group."""
-    entry = stored(checkpoint).get(key)
-    if entry is None:
-        raise FacetrainError(f"checkpoint {checkpoint} has no entry {key}; was it written by facetrain?")
+    entry = stored_entry(checkpoint, key)
     rows = rows_of(torch.empty((count, *entry.size[1:]), dtype=entry.properties.dtype), start, entry.size[0])
     load_entries({key: rows}, checkpoint)
     return rows.view(count, *entry.size[1:])
@@ -132,13 +122,8 @@ def read_rows(checkpoint: Path, key: str, start: int, count: int) -> torch.Tenso
 
 def read_entries(checkpoint: Path, keys: list[str]) -> dict[str, torch.Tensor]:
     """Whole tensors of a checkpoint by key, without a group."""
-    index = stored(checkpoint)
-    missing = [key for key in keys if key not in index]
-    if missing:
-        raise FacetrainError(
-            f"checkpoint {checkpoint} has no entry {missing[0]}; was it written by facetrain?"
-        )
-    values = {key: torch.empty(index[key].size, dtype=index[key].properties.dtype) for key in keys}
+    entries = {key: stored_entry(checkpoint, key) for key in keys}
+    values = {key: torch.empty(entry.size, dtype=entry.properties.dtype) for key, entry in entries.items()}
     load_entries(values, checkpoint)
     return values
 
@@ -149,11 +134,10 @@ def load_full_head(path: str | Path) -> torch.Tensor:
     return read_rows(checkpoint, HEAD_WEIGHT, 0, read_meta(checkpoint)["num_classes"])
 
 
-def load_backbone_weights(checkpoint: Path, backbone: nn.Module, prefix: str | None = None) -> None:
-    """Fill `backbone` (the whole model, or one pipeline stage of it) from the checkpoint: by default
-    the weights to use, the weight average when the run kept one."""
-    if prefix is None:
-        prefix = EMA if any(key.startswith(EMA) for key in stored(checkpoint)) else BACKBONE
+def load_backbone_weights(checkpoint: Path, backbone: nn.Module) -> None:
+    """Fill `backbone` (the whole model, or one pipeline stage of it) from the checkpoint with the weights
+    to use: the weight average when the run kept one."""
+    prefix = EMA if any(key.startswith(EMA) for key in stored(checkpoint)) else BACKBONE
     values = {f"{prefix}{k}": torch.empty_like(v, device="cpu") for k, v in backbone.state_dict().items()}
     load_entries(values, checkpoint)
     backbone.load_state_dict({k[len(prefix) :]: v for k, v in values.items()})
@@ -165,7 +149,7 @@ def load_ema_weights(path: str | Path, ema: nn.Module) -> bool:
     checkpoint = resolve_checkpoint(path)
     if not any(key.startswith(EMA) for key in stored(checkpoint)):
         return False
-    load_backbone_weights(checkpoint, ema, EMA)
+    load_backbone_weights(checkpoint, ema)
     return True
 
 

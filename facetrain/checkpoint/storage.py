@@ -1,13 +1,8 @@
 """torch.distributed.checkpoint (DCP) reads and writes: safe to open, damage named by file, rows by offset.
 
-DCP stores tensors with weights-only serialization but pickles its `.metadata` index; `SafeReader`
-unpickles that index with an allow-list of DCP's own metadata classes, so a tampered checkpoint is
-refused instead of running code, and names the data file any read fails on. Every entry facetrain
-writes is a plain tensor under a flat key.
-
-`rows_of` marks a tensor as rows [start, start + n) of a larger one (torch's `CheckpointableTensor`
-protocol): a rank saves its class rows of the head that way and DCP records where they sit, and a rank
-loading rows gets exactly those, from however many ranks wrote them.
+DCP stores tensors weights-only but pickles its `.metadata` index: `SafeReader` unpickles it with an
+allow-list of DCP's own metadata classes, so a tampered checkpoint is refused instead of running code,
+and names the data file any read fails on. Every entry facetrain writes is a plain tensor, flat key.
 """
 
 from __future__ import annotations
@@ -32,10 +27,9 @@ from torch.distributed.checkpoint.metadata import Metadata, TensorStorageMetadat
 from torch.distributed.checkpoint.planner import LoadPlan
 from torch.distributed.checkpoint.stateful import Stateful
 
-from facetrain.checkpoint.legacy import is_first_format, upgrade_first_format
+from facetrain.checkpoint.legacy import upgrade_first_format
 from facetrain.errors import EveryRankError, FacetrainError
 
-_ALLOWED_MODULE_PREFIXES = ("torch.distributed.checkpoint.",)
 _ALLOWED_GLOBALS = {
     *(("torch", dtype) for dtype in ("float32", "float64", "float16", "bfloat16", "int64", "int32")),
     *(("torch", name) for name in ("uint8", "bool", "Size", "strided")),
@@ -50,7 +44,7 @@ _ALLOWED_GLOBALS = {
 
 class _MetadataUnpickler(pickle.Unpickler):
     def find_class(self, module: str, name: str):
-        if module.startswith(_ALLOWED_MODULE_PREFIXES) or (module, name) in _ALLOWED_GLOBALS:
+        if module.startswith("torch.distributed.checkpoint.") or (module, name) in _ALLOWED_GLOBALS:
             return super().find_class(module, name)
         raise pickle.UnpicklingError(f"checkpoint metadata refers to {module}.{name}, which is not allowed")
 
@@ -90,31 +84,35 @@ class SafeReader(FileSystemReader):
 
 def read_index(directory: Path) -> Metadata:
     """The checkpoint's index, read once per version of the file."""
+    path = directory / ".metadata"
     try:
-        version = (directory / ".metadata").stat().st_mtime_ns
-    except OSError:
-        version = None
-    return _read_index(str(directory), version)
+        return _read_index(path, path.stat().st_mtime_ns)
+    except OSError as error:
+        raise FacetrainError(f"cannot read checkpoint index {path}: {error.strerror}") from None
 
 
 @lru_cache(maxsize=8)
-def _read_index(directory: str, version: int | None) -> Metadata:
-    path = Path(directory) / ".metadata"
+def _read_index(path: Path, version: int) -> Metadata:
     try:
         metadata = _MetadataUnpickler(io.BytesIO(path.read_bytes())).load()
-    except OSError as error:
-        raise FacetrainError(f"cannot read checkpoint index {path}: {error.strerror}") from None
     except (pickle.UnpicklingError, AttributeError, EOFError) as error:
         raise FacetrainError(f"refusing checkpoint index {path}: {error}") from None
     if not isinstance(metadata, Metadata):
         raise FacetrainError(f"{path} is not a torch.distributed.checkpoint index")
-    return upgrade_first_format(metadata) if is_first_format(metadata) else metadata
+    return upgrade_first_format(metadata)
 
 
 def stored(directory: Path) -> dict[str, TensorStorageMetadata]:
     """Key -> global size and dtype of every tensor in a checkpoint."""
     entries = read_index(directory).state_dict_metadata
     return {k: v for k, v in entries.items() if isinstance(v, TensorStorageMetadata)}
+
+
+def stored_entry(directory: Path, key: str) -> TensorStorageMetadata:
+    entry = stored(directory).get(key)
+    if entry is None:
+        raise FacetrainError(f"checkpoint {directory} has no entry {key}; was it written by facetrain?")
+    return entry
 
 
 def check_row_shards_supported() -> None:
@@ -129,7 +127,8 @@ def check_row_shards_supported() -> None:
 
 
 def rows_of(tensor: torch.Tensor, start: int, total: int) -> torch.Tensor:
-    """`tensor` (rows x anything) as rows [start, start + rows) of a `total`-row tensor, for DCP."""
+    """`tensor` (rows x anything) as rows [start, start + rows) of a `total`-row tensor (torch's
+    `CheckpointableTensor` protocol): DCP records where they sit, and a reader gets exactly its rows."""
     if (start, tensor.shape[0]) != (0, total):
         check_row_shards_supported()
     rows = tensor.view(tensor.shape[0], -1)
@@ -141,51 +140,39 @@ def rows_of(tensor: torch.Tensor, start: int, total: int) -> torch.Tensor:
 
 
 def save_entries(entries: dict, directory: Path, group=None) -> None:
-    """Collective: every rank passes its entries; a key several ranks hold is written once.
-
-    When writing fails on any rank, every rank raises an OSError saying why: the rank's own error, or
-    ENOSPC when the disk has less room left than this rank's tensors need (torch's zip writer reports a
-    full disk only as "unexpected pos")."""
+    """Collective: every rank passes its entries; a key several ranks hold is written once. When writing
+    fails on any rank, every rank raises an OSError saying why: the rank's own error, or ENOSPC when the
+    disk has less room left than this rank's tensors need (torch's zip writer says "unexpected pos")."""
+    distributed = dist.is_initialized()
     with warnings.catch_warnings():
         warnings.filterwarnings("ignore", message=".*assuming the intent is to save in a single process")
         try:
-            dcp.save(
-                entries, checkpoint_id=str(directory), process_group=group, no_dist=not dist.is_initialized()
-            )
+            dcp.save(entries, checkpoint_id=str(directory), process_group=group, no_dist=not distributed)
         except CheckpointException as error:
             failure = first_failure(error)
             if isinstance(failure, OSError):
                 raise failure from None
-            flat = [
-                v
-                for e in entries.values()
-                for v in (e.state_dict() if isinstance(e, Stateful) else {0: e}).values()
-            ]
-            needed = sum(t.numel() * t.element_size() for t in flat if torch.is_tensor(t))
+            states = [e.state_dict() if isinstance(e, Stateful) else {0: e} for e in entries.values()]
+            needed = sum(
+                t.numel() * t.element_size() for s in states for t in s.values() if torch.is_tensor(t)
+            )
             if shutil.disk_usage(directory if directory.exists() else directory.parent).free < needed:
                 raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC), str(directory)) from None
             raise OSError(errno.EIO, f"writing failed ({failure})", str(directory)) from None
 
 
 def load_entries(entries: dict, directory: Path, group=None, collective: bool = False) -> None:
-    """Fill `entries` (tensors, or a Stateful under one key) in place from the checkpoint.
-
-    `collective`: every rank of the group calls it (resuming); otherwise this process reads alone."""
-    missing = [k for k, v in entries.items() if torch.is_tensor(v) and k not in stored(directory)]
-    if missing:
-        raise FacetrainError(
-            f"checkpoint {directory} has no entry {missing[0]}; was it written by facetrain?"
-        )
+    """Fill `entries` (tensors, or a Stateful under one key) in place from the checkpoint. `collective`:
+    every rank of the group calls it (resuming); otherwise this process reads alone."""
+    for key in [k for k, v in entries.items() if torch.is_tensor(v)]:
+        stored_entry(directory, key)
     distributed = collective and dist.is_initialized()
     with warnings.catch_warnings():
         warnings.filterwarnings("ignore", message=".*assuming the intent is to load in a single process")
         warnings.filterwarnings("ignore", message=".*pickle protocol")
         try:
             dcp.load(
-                entries,
-                storage_reader=SafeReader(str(directory)),
-                process_group=group,
-                no_dist=not distributed,
+                entries, storage_reader=SafeReader(directory), process_group=group, no_dist=not distributed
             )
         except CheckpointException as error:
             failure = first_failure(error)

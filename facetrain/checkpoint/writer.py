@@ -1,8 +1,6 @@
-"""Writing a training checkpoint: every rank its share, atomically, keeping the last few.
-
-A checkpoint is first written as `step_N.tmp` and renamed only once complete, so a directory without
-the suffix is always whole; `last` and `best` then name it, and older ones are pruned.
-"""
+"""Writing a training checkpoint: every rank its share, atomically, keeping the last few. It is first
+written as `step_N.tmp` and renamed only once complete, so a directory without the suffix is always
+whole; `last` and `best` then name it, and older ones are pruned."""
 
 from __future__ import annotations
 
@@ -17,7 +15,7 @@ import torch
 from torch import nn
 
 from facetrain.checkpoint.app_state import AppState
-from facetrain.checkpoint.layout import is_checkpoint
+from facetrain.checkpoint.layout import complete_checkpoints
 from facetrain.checkpoint.storage import save_entries
 from facetrain.config import Config, save_config
 from facetrain.errors import EveryRankError, FacetrainError
@@ -53,20 +51,12 @@ def save_checkpoint(
     keep: int = 3,
     ema: nn.Module | None = None,
 ) -> Path:
-    """Collective: every rank calls it. Returns the checkpoint directory.
-
-    `backbone` is the unwrapped backbone (or this rank's pipeline stage); `head` is None on pipeline
-    stages that hold no head; `ema` is the weight average when the run keeps one. What each rank
-    writes: `facetrain.checkpoint.app_state`.
-    """
+    """Collective: every rank calls it, `backbone` unwrapped (or this rank's pipeline stage), `head` None
+    on a stage without one. Returns the checkpoint directory; what each rank writes: `app_state`."""
     root = run_dir / "checkpoints"
     final = root / f"step_{state.step:08d}"
     tmp = root / f"step_{state.step:08d}.tmp"
-    comm.primary_first(
-        lambda: _writable(lambda: _clear_leftovers(root), root, final),
-        also_others=False,
-        group=dims.control_group,
-    )
+    _on_primary(lambda: _clear_leftovers(root), dims, root, final)
 
     app = AppState(dims, backbone, head, optimizer, scaler, ema)
     try:
@@ -96,30 +86,31 @@ def save_checkpoint(
             atomic_write_text(root / "best", final.name)
         _prune(root, keep, final)
 
-    comm.primary_first(
-        lambda: _writable(finish, root, final, cleanup=tmp), also_others=False, group=dims.control_group
-    )
+    _on_primary(finish, dims, root, final, cleanup=tmp)
     return final
 
 
-def _writable(write, root: Path, final: Path, cleanup: Path | None = None) -> None:
-    """Run `write`; a full disk or an unwritable folder becomes one line saying the rest is intact."""
-    try:
-        write()
-    except OSError as error:
-        if cleanup is not None:
-            shutil.rmtree(cleanup, ignore_errors=True)
-        raise FacetrainError(_write_failure(error, root, final)) from None
+def _on_primary(write, dims: ParallelDims, root: Path, final: Path, cleanup: Path | None = None) -> None:
+    """Run `write` on rank 0 while the others wait; a full disk or an unwritable folder becomes one line
+    saying the rest is intact."""
+
+    def guarded() -> None:
+        try:
+            write()
+        except OSError as error:
+            if cleanup is not None:
+                shutil.rmtree(cleanup, ignore_errors=True)
+            raise FacetrainError(_write_failure(error, root, final)) from None
+
+    comm.primary_first(guarded, also_others=False, group=dims.control_group)
 
 
 def _write_failure(error: OSError, root: Path, final: Path) -> str:
     reason = f"{error.strerror or error} ({error.filename or root})"
     last = root / "last"
-    kept = (
-        f"the last complete one, {last.read_text().strip()}, is intact"
-        if last.is_file()
-        else "none was written before"
-    )
+    kept = "none was written before"
+    if last.is_file():
+        kept = f"the last complete one, {last.read_text().strip()}, is intact"
     return (
         f"cannot write checkpoint {final}: {reason}; {kept}. Free space or fix the folder's permissions, "
         "then resume with --resume auto"
@@ -136,11 +127,9 @@ def _clear_leftovers(root: Path) -> None:
 
 
 def _commit(tmp: Path, final: Path) -> None:
-    """Make the finished `tmp` the checkpoint `final` in one rename.
-
-    A checkpoint already at `final` (a run resumed from an earlier step reaches it again) is moved
-    aside first and removed only after, so a crash in between leaves the old one or the new one.
-    """
+    """Make the finished `tmp` the checkpoint `final` in one rename. One already at `final` (a run resumed
+    from an earlier step reaches it again) is moved aside and removed only after, so a crash in between
+    leaves the old one or the new one."""
     replaced = final.with_name(final.name + ".replaced")
     if final.exists():
         os.replace(final, replaced)
@@ -151,13 +140,11 @@ def _commit(tmp: Path, final: Path) -> None:
 
 
 def _prune(root: Path, keep: int, written: Path) -> None:
-    """Keep the newest `keep` checkpoints, never the one just written nor whatever `best` names.
-
-    Runs only after `last` names the new checkpoint. Each old one is renamed to `.deleting` before its
-    files go, so a crash half-way never leaves a partial directory that looks like a checkpoint.
-    """
+    """Keep the newest `keep` checkpoints, never the one just written nor whatever `best` names; runs
+    after `last` names the new one. Each old one is renamed to `.deleting` before its files go, so a
+    crash half-way never leaves a partial directory that looks like a checkpoint."""
     best = (root / "best").read_text().strip() if (root / "best").is_file() else None
-    complete = sorted(p for p in root.glob("step_*") if is_checkpoint(p))
+    complete = complete_checkpoints(root.parent)
     removable = [p for p in complete if p.name not in (written.name, best)]
     for old in removable[: max(0, len(complete) - keep)]:
         doomed = old.with_name(old.name + ".deleting")
