@@ -12,7 +12,7 @@ from tqdm import tqdm
 from facetrain.checkpoint.app_state import AppState
 from facetrain.checkpoint.layout import read_config, read_meta, resolve_checkpoint
 from facetrain.checkpoint.names import BACKBONE, EMA, HEAD_WEIGHT
-from facetrain.checkpoint.storage import load_entries, rows_of, stored, stored_entry
+from facetrain.checkpoint.storage import load_entries, rows_of, stored, stored_entries
 from facetrain.checkpoint.writer import TrainState
 from facetrain.config import Config
 from facetrain.errors import FacetrainError
@@ -114,7 +114,7 @@ def _load_head_by_class(checkpoint: Path, head: ShardedMarginHead, class_rows: l
 
 def read_rows(checkpoint: Path, key: str, start: int, count: int) -> torch.Tensor:
     """Rows [start, start + count) of a checkpoint's per-class tensor, without a group."""
-    entry = stored_entry(checkpoint, key)
+    entry = stored_entries(checkpoint, [key])[key]
     rows = rows_of(torch.empty((count, *entry.size[1:]), dtype=entry.properties.dtype), start, entry.size[0])
     load_entries({key: rows}, checkpoint)
     return rows.view(count, *entry.size[1:])
@@ -122,7 +122,7 @@ def read_rows(checkpoint: Path, key: str, start: int, count: int) -> torch.Tenso
 
 def read_entries(checkpoint: Path, keys: list[str]) -> dict[str, torch.Tensor]:
     """Whole tensors of a checkpoint by key, without a group."""
-    entries = {key: stored_entry(checkpoint, key) for key in keys}
+    entries = stored_entries(checkpoint, keys)
     values = {key: torch.empty(entry.size, dtype=entry.properties.dtype) for key, entry in entries.items()}
     load_entries(values, checkpoint)
     return values

@@ -108,11 +108,13 @@ def stored(directory: Path) -> dict[str, TensorStorageMetadata]:
     return {k: v for k, v in entries.items() if isinstance(v, TensorStorageMetadata)}
 
 
-def stored_entry(directory: Path, key: str) -> TensorStorageMetadata:
-    entry = stored(directory).get(key)
-    if entry is None:
-        raise FacetrainError(f"checkpoint {directory} has no entry {key}; was it written by facetrain?")
-    return entry
+def stored_entries(directory: Path, keys: list[str]) -> dict[str, TensorStorageMetadata]:
+    """The index entries of `keys`, read once; the first missing one is a one-line error."""
+    index = stored(directory)
+    missing = next((key for key in keys if key not in index), None)
+    if missing is not None:
+        raise FacetrainError(f"checkpoint {directory} has no entry {missing}; was it written by facetrain?")
+    return {key: index[key] for key in keys}
 
 
 def check_row_shards_supported() -> None:
@@ -164,8 +166,7 @@ def save_entries(entries: dict, directory: Path, group=None) -> None:
 def load_entries(entries: dict, directory: Path, group=None, collective: bool = False) -> None:
     """Fill `entries` (tensors, or a Stateful under one key) in place from the checkpoint. `collective`:
     every rank of the group calls it (resuming); otherwise this process reads alone."""
-    for key in [k for k, v in entries.items() if torch.is_tensor(v)]:
-        stored_entry(directory, key)
+    stored_entries(directory, [k for k, v in entries.items() if torch.is_tensor(v)])
     distributed = collective and dist.is_initialized()
     with warnings.catch_warnings():
         warnings.filterwarnings("ignore", message=".*assuming the intent is to load in a single process")
