@@ -4,6 +4,9 @@ A bar redraws itself in place with carriage returns; a log file or a pipe keeps 
 training log becomes one line of thousands of bars. Written anywhere but a terminal, the same bar
 prints its state as one plain line every `LINE_EVERY_S` seconds, and once more when it ends.
 With `QUIET_ENV` set (what every command's `-q/--quiet` does) there is no bar at all.
+
+During a training run the bars' plain lines and every `write` also go to the run's `train.log`
+(`facetrain.run_log`), at the same pace wherever the output goes.
 """
 
 from __future__ import annotations
@@ -13,6 +16,8 @@ import sys
 import time
 
 from tqdm import tqdm
+
+from facetrain import run_log
 
 LINE_EVERY_S = 30.0
 # the bar's words without its drawing: "train:  33% 100/300 [00:40<01:20, 2.50step/s, loss=1.2]"
@@ -37,14 +42,24 @@ class ProgressBar(tqdm):
             kwargs["disable"] = True
         self.plain_lines = not is_terminal(kwargs.get("file") or sys.stderr)
         self._last_line_at = time.monotonic()  # no line at the start: the first comes after the interval
+        self._last_logged_at = self._last_line_at  # of the run's log, when the bar is drawn on a terminal
         self._closing = False
         if self.plain_lines:
             kwargs.setdefault("mininterval", LINE_EVERY_S)
             kwargs.setdefault("bar_format", PLAIN_FORMAT)
         super().__init__(*args, **kwargs)
 
+    @classmethod
+    def write(cls, s, file=None, end="\n", nolock=False):
+        run_log.note(s)
+        super().write(s, file=file, end=end, nolock=nolock)
+
     def display(self, msg=None, pos=None):
         if not self.plain_lines:
+            now = time.monotonic()  # the run's log gets the plain line a pipe would get
+            if msg != "" and (self._closing or now - self._last_logged_at >= LINE_EVERY_S):
+                self._last_logged_at = now
+                run_log.note(self.format_meter(**{**self.format_dict, "bar_format": PLAIN_FORMAT}))
             return super().display(msg, pos)
         if msg == "":  # clearing a bar: a plain line is never taken back
             return True
@@ -52,8 +67,10 @@ class ProgressBar(tqdm):
         if not self._closing and now - self._last_line_at < LINE_EVERY_S:
             return True  # a redraw after another message (tqdm.write) repeats no line
         self._last_line_at = now
+        line = self.__str__() if msg is None else msg
+        run_log.note(line)
         # tqdm's close() ends the last line itself
-        self.fp.write(self.__str__() if msg is None else msg)
+        self.fp.write(line)
         if not self._closing:
             self.fp.write("\n")
         self.fp.flush()

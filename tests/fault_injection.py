@@ -3,7 +3,8 @@
     python -m tests.fault_injection POINT SAVE_NUMBER facetrain-arguments...
 
 At checkpoint write number SAVE_NUMBER (1 = the first this process writes) the process is killed with
-SIGKILL at POINT, or, for `disk-full`, the write fails with ENOSPC. The faults are wrapped around
+SIGKILL at POINT, or, for `disk-full`, the write fails with ENOSPC, or, for `signals`, every process of
+its group (its loader workers too) gets SIGINT, SIGUSR1 and SIGTERM before and after the tensor files. The faults are wrapped around
 facetrain's own functions here, so production code carries no switch for them.
 
 Points, in the order a write passes them:
@@ -15,6 +16,7 @@ Points, in the order a write passes them:
   replacing  an existing step_N (rewritten after resuming from earlier) is moved aside, the new one
              not yet renamed in
   disk-full  writing the tensor files fails with "No space left on device"
+  signals    stop signals arrive while the checkpoint is written (the process is not killed)
 """
 
 from __future__ import annotations
@@ -28,12 +30,18 @@ import sys
 import facetrain.checkpoint.writer as checkpoint_module
 from facetrain.cli import main
 
-POINTS = ("tensors", "meta", "renamed", "pointer", "pruning", "replacing", "disk-full")
+POINTS = ("tensors", "meta", "renamed", "pointer", "pruning", "replacing", "disk-full", "signals")
+STOP_SIGNALS = (signal.SIGINT, signal.SIGUSR1, signal.SIGTERM)
 
 
 def die() -> None:
     sys.stderr.flush()
     os.kill(os.getpid(), signal.SIGKILL)
+
+
+def signal_group() -> None:
+    for sig in STOP_SIGNALS:
+        os.killpg(0, sig)
 
 
 def inject(point: str, save_number: int) -> None:
@@ -52,9 +60,13 @@ def inject(point: str, save_number: int) -> None:
         saves["count"] += 1
         if armed() and point == "disk-full":
             raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC), str(directory / "__0_0.distcp"))
+        if armed() and point == "signals":
+            signal_group()
         save_tensors(tensors, directory, *args, **kwargs)
         if armed() and point == "tensors":
             die()
+        if armed() and point == "signals":
+            signal_group()
 
     def faulty_commit(tmp, final):
         if armed() and point == "meta":

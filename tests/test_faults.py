@@ -24,7 +24,7 @@ from facetrain.train.run_dir import (
     RUN_CONFIG_HEADER,
     check_run_dir,
     find_checkpoint_to_resume,
-    restarted_by_elastic_agent,
+    restarted_job,
 )
 from tests.fault_helpers import (
     ENV,
@@ -188,16 +188,30 @@ def test_a_users_config_yaml_in_the_output_dir_is_never_replaced(tmp_path):
 def test_a_torchrun_restart_resumes_only_its_own_job(finished_run, tmp_path, monkeypatch):
     run = copy_run(finished_run, tmp_path)
     monkeypatch.delenv("TORCHELASTIC_RESTART_COUNT", raising=False)
-    assert not restarted_by_elastic_agent(run)  # a first attempt
+    assert not restarted_job(run)  # a first attempt
     monkeypatch.setenv("TORCHELASTIC_RESTART_COUNT", "1")
     monkeypatch.setenv("TORCHELASTIC_RUN_ID", "another-job")
-    assert not restarted_by_elastic_agent(run)  # the checkpoints are an earlier job's: refuse as usual
+    assert not restarted_job(run)  # the checkpoints are an earlier job's: refuse as usual
     with pytest.raises(FacetrainError, match="already holds checkpoints"):
         find_checkpoint_to_resume(run, None)
     meta = run / "checkpoints" / "step_00000006" / "meta.json"
     meta.write_text(meta.read_text().replace('"elastic_run_id": null', '"elastic_run_id": "this-job"'))
     monkeypatch.setenv("TORCHELASTIC_RUN_ID", "this-job")
-    assert restarted_by_elastic_agent(run)
+    assert restarted_job(run)
+    assert find_checkpoint_to_resume(run, None)[0].name == "step_00000006"
+
+
+def test_a_slurm_requeue_resumes_only_its_own_job(finished_run, tmp_path, monkeypatch):
+    run = copy_run(finished_run, tmp_path)
+    monkeypatch.delenv("TORCHELASTIC_RESTART_COUNT", raising=False)
+    monkeypatch.setenv("SLURM_JOB_ID", "4242")
+    monkeypatch.setenv("SLURM_RESTART_COUNT", "0")
+    assert not restarted_job(run)  # the job's first start: an earlier run's checkpoints are refused
+    monkeypatch.setenv("SLURM_RESTART_COUNT", "1")
+    assert not restarted_job(run)  # requeued, but the checkpoints are not this job's
+    meta = run / "checkpoints" / "step_00000006" / "meta.json"
+    meta.write_text(meta.read_text().replace('"slurm_job_id": null', '"slurm_job_id": "4242"'))
+    assert restarted_job(run)
     assert find_checkpoint_to_resume(run, None)[0].name == "step_00000006"
 
 

@@ -7,7 +7,6 @@ from pathlib import Path
 
 import torch
 from torch import nn
-from tqdm import tqdm
 
 from facetrain.checkpoint.app_state import AppState
 from facetrain.checkpoint.layout import read_config, read_meta, resolve_checkpoint
@@ -18,6 +17,7 @@ from facetrain.config import Config
 from facetrain.errors import FacetrainError
 from facetrain.heads import ShardedMarginHead
 from facetrain.parallel.dims import ParallelDims
+from facetrain.progress import ProgressBar as tqdm  # its lines also go to the run log
 
 
 def load_checkpoint(

@@ -75,6 +75,7 @@ def save_checkpoint(
             "evaluation": evaluation or {},
             "saved_at": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
             "elastic_run_id": os.environ.get("TORCHELASTIC_RUN_ID"),
+            "slurm_job_id": os.environ.get("SLURM_JOB_ID"),
         }
         atomic_write_text(tmp / "classes.json", json.dumps(class_names))
         save_config(config, tmp / "config.yaml")

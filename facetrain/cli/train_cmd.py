@@ -58,8 +58,9 @@ def train(
     """Train a backbone with the class-sharded margin-softmax head.
 
     Every rank holds 1/N of the class weights and the backbone is replicated with DDP. The resolved
-    config is written to the run directory (-o) and into every checkpoint. SIGTERM or Ctrl-C stops the
-    run after the current step with a checkpoint, and prints the command that resumes it.
+    config is written to the run directory (-o) and into every checkpoint. SIGTERM, SIGUSR1 or Ctrl-C
+    stops the run after the current step with a checkpoint, exit code 0, and prints the command that
+    resumes it; under Slurm a requeued job resumes by itself (docs/cluster.md).
 
     \b
     Examples:
@@ -96,16 +97,28 @@ def train(
         check_run_dir(Path(config.train.output_dir))
         backend = config.parallel.backend  # more nccl ranks than GPUs are refused before any starts
         timeout_s = config.parallel.timeout_s
-        sys.exit(
-            launch_local(
-                nproc, train_rank, config, resume, resume_command, backend=backend, timeout_s=timeout_s
-            )
+        code = launch_local(
+            nproc, train_rank, config, resume, resume_command, backend=backend, timeout_s=timeout_s
         )
-    if "TORCHELASTIC_RUN_ID" in os.environ:  # a rank under torchrun's agent
-        _defer_stop_signals()
+        _ignore_stop_signals()
+        sys.exit(code)
+    _defer_stop_signals()
+    try:
+        if "TORCHELASTIC_RUN_ID" in os.environ:  # a rank under torchrun's agent, which may be killed
+            from facetrain.parallel.launcher_watch import run_watched
+
+            timeout_s = config.parallel.timeout_s
+            run_watched(_train_and_report, os.getppid(), timeout_s, config, resume, resume_command)
+        else:
+            _train_and_report(config, resume, resume_command)
+    finally:
+        _ignore_stop_signals()
+
+
+def _train_and_report(config, resume: str | None, resume_command: str) -> None:
     from facetrain.train.trainer import train as run_training
 
-    _say_how_to_resume(run_training(config, resume), resume_command)
+    _say_how_to_resume(run_training(config, resume), resume_command, config.train.output_dir)
 
 
 def train_rank(config, resume: str | None, resume_command: str) -> None:
@@ -124,16 +137,27 @@ def train_rank(config, resume: str | None, resume_command: str) -> None:
         summary = run_training(config, resume)
     except FacetrainError as error:
         sys.exit(report_user_error(error))
-    _say_how_to_resume(summary, resume_command)
+    finally:
+        _ignore_stop_signals()
+    _say_how_to_resume(summary, resume_command, config.train.output_dir)
 
 
 def _defer_stop_signals() -> None:
-    """Under a launcher's agent, SIGTERM is how it stops the other ranks once one failed; caught for
-    the whole process, it lets this rank finish reporting why it stops instead of dying silently. The
-    training loop stops at its next step boundary when one arrives."""
+    """A stop signal is caught for the rank's whole life, start-up included, and the training loop
+    stops at its next step boundary (before the first step, when it came during start-up). A
+    scheduler's stop may come at any moment; and under a launcher's agent, SIGTERM is how it stops the
+    other ranks once one failed: caught, it lets this rank finish reporting why it stops instead of
+    dying silently."""
     from facetrain.train.step_gate import StopSignals
 
     StopSignals().install()
+
+
+def _ignore_stop_signals() -> None:
+    """The run's work is done (`step_gate.ignore_stop_signals`): a late stop signal changes no exit code."""
+    from facetrain.train.step_gate import ignore_stop_signals
+
+    ignore_stop_signals()
 
 
 def _resume_command(
@@ -155,8 +179,10 @@ def _resume_command(
     return command
 
 
-def _say_how_to_resume(summary: dict, resume_command: str) -> None:
+def _say_how_to_resume(summary: dict, resume_command: str, run_dir: str) -> None:
     if summary.get("stopped_by") and os.environ.get("RANK", "0") == "0":
-        click.echo(
-            f"stopped at step {summary['steps']} by {summary['stopped_by']}; resume with: {resume_command}"
-        )
+        from facetrain import run_log
+
+        line = f"stopped at step {summary['steps']} by {summary['stopped_by']}; resume with: {resume_command}"
+        click.echo(line)
+        run_log.append(Path(run_dir), line)

@@ -4,7 +4,6 @@ from __future__ import annotations
 
 from pathlib import Path
 
-import cv2
 import torch
 from torch.utils.data import DataLoader
 
@@ -12,6 +11,7 @@ from facetrain.config import DataConfig
 from facetrain.data.dataset import FaceDataset, SampleTable
 from facetrain.data.folder import scan_image_folder
 from facetrain.data.listfile import scan_list_file
+from facetrain.data.loader_workers import init_loader_worker
 from facetrain.data.market1501 import scan_market1501_train
 from facetrain.data.recordio import scan_recordio
 from facetrain.data.reid_images import scan_reid_train
@@ -126,11 +126,6 @@ def _identity(
     )
 
 
-def _single_threaded_worker(worker_id: int) -> None:
-    """Each worker is one core's worth of decoding; OpenCV's own thread pool would oversubscribe the CPU."""
-    cv2.setNumThreads(0)
-
-
 def build_train_loader(
     dataset: FaceDataset,
     cfg: DataConfig,
@@ -153,7 +148,7 @@ def build_train_loader(
         pin_memory=cfg.pin_memory,
         persistent_workers=cfg.persistent_workers and workers > 0,
         prefetch_factor=cfg.prefetch_factor if workers > 0 else None,
-        worker_init_fn=_single_threaded_worker if workers > 0 else None,
+        worker_init_fn=init_loader_worker if workers > 0 else None,
         # its own generator, so making an iterator never draws from the global RNG that a resumed run
         # restores (worker seeds derive from it)
         generator=torch.Generator().manual_seed(seed + 31 * rank),

@@ -15,7 +15,7 @@ when nothing better explains the failure, so a bystander is never blamed.
 With nccl (`parallel.backend` nccl, or auto on a machine with GPUs) more ranks than visible GPUs are
 refused in one line before any rank starts: NCCL cannot put two ranks on one GPU.
 
-A SIGTERM or SIGINT sent to the launcher is passed on to the ranks, which stop at the next step
+A SIGTERM, SIGINT or SIGUSR1 sent to the launcher is passed on to the ranks, which stop at the next step
 boundary, write a checkpoint and exit 0; the launcher then exits 0 as well. A launcher killed with
 SIGKILL cannot pass anything on: each rank then stops by itself and exits within `timeout_s`
 (`launcher_watch.py`).
@@ -72,7 +72,8 @@ def record_failure(message: str, kind: str) -> None:
 
 
 def _forward_stop_signals() -> dict:
-    """SIGTERM/SIGINT to the launcher go to the ranks, which stop gracefully; returns the old handlers."""
+    """SIGTERM/SIGINT/SIGUSR1 to the launcher go to the ranks, which stop gracefully; returns the old
+    handlers."""
 
     def forward(signum: int, frame) -> None:
         ranks = multiprocessing.active_children()
@@ -84,7 +85,7 @@ def _forward_stop_signals() -> dict:
             except ProcessLookupError:
                 pass
 
-    return {sig: signal.signal(sig, forward) for sig in (signal.SIGTERM, signal.SIGINT)}
+    return {sig: signal.signal(sig, forward) for sig in (signal.SIGTERM, signal.SIGINT, signal.SIGUSR1)}
 
 
 def launch_local(
@@ -112,7 +113,7 @@ def launch_local(
         max_restarts=0,
         monitor_interval=0.1,
         start_method="spawn",
-        signals_to_handle="SIGHUP,SIGQUIT",  # SIGTERM and SIGINT are forwarded, not fatal
+        signals_to_handle="SIGHUP,SIGQUIT",  # SIGTERM, SIGINT and SIGUSR1 are forwarded, not fatal
         logs_specs=DefaultLogsSpecs(log_dir=reports),  # <run>/attempt_0/<rank>/error.json
     )
     # the launcher logs every rank's failure at length; facetrain's ranks explain themselves

@@ -1,9 +1,10 @@
-"""A rank of a `--nproc` run outlives its launcher by at most `parallel.timeout_s`.
+"""A rank of a `--nproc` or torchrun run outlives its launcher by at most `parallel.timeout_s`.
 
-Killed with SIGKILL (the OOM killer, `kill -9`, a scheduler), the launcher cannot stop its ranks. Torch
-asks the kernel to send each rank SIGINT when its parent dies (PR_SET_PDEATHSIG, Linux only), and
-facetrain's ranks take SIGINT as a stop request: they agree on a step, write a checkpoint and return.
-But torch's rank wrapper then waits, forever and deaf to signals, for the launcher to read the return
+Killed with SIGKILL (the OOM killer, `kill -9`, a scheduler), or by a signal torchrun's agent does not
+handle (SIGUSR1 unless `--signals-to-handle` names it), the launcher cannot stop its ranks. torchrun's
+ranks are never told. Under `--nproc` torch asks the kernel to send each rank SIGINT when its parent
+dies (PR_SET_PDEATHSIG, Linux only), and facetrain's ranks take SIGINT as a stop request: they agree
+on a step, write a checkpoint and return. But torch's rank wrapper then waits, forever and deaf to signals, for the launcher to read the return
 value; and a rank blocked elsewhere (a write to a pipe nobody reads, a collective) never reaches a step
 boundary at all. Both left the ranks running as orphans, and a `--resume auto` of the same run beside
 them.

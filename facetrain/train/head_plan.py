@@ -12,7 +12,6 @@ from __future__ import annotations
 
 import torch
 from torch import nn
-from tqdm import tqdm
 
 from facetrain.config import Config
 from facetrain.config.validate import fused_optimizer_conflict, show
@@ -28,6 +27,7 @@ from facetrain.heads.memory import (
 from facetrain.heads.plan import HeadPlan
 from facetrain.parallel import comm
 from facetrain.parallel.dims import ParallelDims
+from facetrain.progress import ProgressBar as tqdm  # its lines also go to the run log
 from facetrain.train.device_defaults import tile_classes
 from facetrain.train.optim import build_fused_optimizer
 

@@ -149,32 +149,38 @@ def write_run_config(cfg: Config, run_dir: Path) -> None:
         raise _unwritable(run_dir, error) from None
 
 
-def restarted_by_elastic_agent(run_dir: Path) -> bool:
-    """Whether torchrun restarted this job (`--max-restarts`) after it had written a checkpoint.
+def restarted_job(run_dir: Path) -> bool:
+    """Whether this job was restarted after it had written a checkpoint: by torchrun
+    (`--max-restarts`) or by Slurm (a requeue after preemption, `scontrol requeue`, or the job script's
+    own requeue at the time-limit warning).
 
     Such a restart continues from that checkpoint as if `--resume auto` had been given. The newest
-    checkpoint must carry this job's TORCHELASTIC_RUN_ID, so a restart never takes over checkpoints of
-    an earlier job that the first attempt refused to train over.
+    checkpoint must carry this job's id (TORCHELASTIC_RUN_ID, SLURM_JOB_ID), so a restart never takes
+    over checkpoints of an earlier job that the first attempt refused to train over.
     """
-    restarts = int(os.environ.get("TORCHELASTIC_RESTART_COUNT", "0"))
-    finished = complete_checkpoints(run_dir) if restarts else []
+    restarts = {
+        "elastic_run_id": ("TORCHELASTIC_RESTART_COUNT", "TORCHELASTIC_RUN_ID"),
+        "slurm_job_id": ("SLURM_RESTART_COUNT", "SLURM_JOB_ID"),
+    }
+    restarted = {key: job for key, (count, job) in restarts.items() if int(os.environ.get(count) or 0)}
+    finished = complete_checkpoints(run_dir) if restarted else []
     if not finished:
         return False
     try:
         meta = json.loads((finished[-1] / "meta.json").read_text())
     except (OSError, ValueError):
         return False
-    return meta.get("elastic_run_id") == os.environ.get("TORCHELASTIC_RUN_ID")
+    return any(meta.get(key) == os.environ.get(job) for key, job in restarted.items())
 
 
 def find_checkpoint_to_resume(
     run_dir: Path, resume: str | None, restarted: bool | None = None
 ) -> tuple[Path | None, list[str]]:
     """What to resume from and notes on checkpoints passed over, refusing to silently train over an
-    earlier run's checkpoints or to resume from a damaged one. `restarted`: whether torchrun restarted
-    the job on some rank (`restarted_by_elastic_agent` on this one when None)."""
+    earlier run's checkpoints or to resume from a damaged one. `restarted`: whether torchrun or Slurm
+    restarted the job on some rank (`restarted_job` on this one when None)."""
     if restarted is None:
-        restarted = restarted_by_elastic_agent(run_dir)
+        restarted = restarted_job(run_dir)
     if resume is None and restarted:
         resume = "auto"
     try:

@@ -13,7 +13,6 @@ from typing import NamedTuple
 
 import torch
 from torch import nn
-from tqdm import tqdm
 
 from facetrain.checkpoint import TrainState, check_row_shards_supported, load_checkpoint, read_meta
 from facetrain.config import Config
@@ -22,6 +21,7 @@ from facetrain.models import build_backbone
 from facetrain.parallel import comm
 from facetrain.parallel.dims import ParallelDims
 from facetrain.parallel.parallelize import parallelize_backbone
+from facetrain.progress import ProgressBar as tqdm  # its lines also go to the run log
 from facetrain.train.class_remap import match_classes
 from facetrain.train.device_defaults import apply_device_defaults, resolve_device_defaults
 from facetrain.train.head_plan import build_head
@@ -37,7 +37,7 @@ from facetrain.train.run_dir import (
     check_run_dir,
     claim_run_dir,
     find_checkpoint_to_resume,
-    restarted_by_elastic_agent,
+    restarted_job,
     write_run_config,
 )
 from facetrain.train.step import StepParts, StepSettings
@@ -122,7 +122,9 @@ def build_training_run(cfg: Config, dims: ParallelDims, resume: str | None) -> T
             if remap is not None:
                 tqdm.write(remap.describe())
             written_by = read_meta(checkpoint)["world_size"]
-            if written_by != dims.world_size or resume is None:  # resize, or torchrun restarted the job
+            if (
+                written_by != dims.world_size or resume is None
+            ):  # resize, or torchrun or Slurm restarted the job
                 reached = last_logged_step(run_dir)
                 tqdm.write(membership_line(written_by, dims.world_size, state.step, reached, accumulation))
             if (note := nothing_left_to_train(state.step, cfg.train.steps)) is not None:
@@ -137,9 +139,8 @@ def build_training_run(cfg: Config, dims: ParallelDims, resume: str | None) -> T
 
 
 def _job_restarted(run_dir: Path, dims: ParallelDims) -> bool:
-    """Whether torchrun restarted this job on any rank. A node that joins a running job (it grows back)
-    runs its agent's first attempt, while the nodes it joins have restarted: all resume together."""
-    mine = torch.tensor(
-        [int(restarted_by_elastic_agent(run_dir))], device=comm.collective_device(dims.control_group)
-    )
+    """Whether torchrun or Slurm restarted this job on any rank. A node that joins a running job (it
+    grows back) runs its agent's first attempt, while the nodes it joins have restarted: all resume
+    together."""
+    mine = torch.tensor([int(restarted_job(run_dir))], device=comm.collective_device(dims.control_group))
     return bool(comm.all_reduce_(mine, "max", dims.control_group))

@@ -1,7 +1,9 @@
 """Between two steps: fetch the next step's batches, then let every rank agree whether to take it.
 
 Two things stop a run between steps rather than in the middle of one. A stop signal (SIGTERM from a
-scheduler that preempts the job, SIGINT from Ctrl-C) only sets a flag; and a data error (an image that
+scheduler that preempts the job or from torchrun's agent, SIGUSR1 from a scheduler's warning before
+the time limit, SIGINT from Ctrl-C) only sets a flag, in the training process; its DataLoader workers
+ignore them (`facetrain.data.loader_workers`); and a data error (an image that
 became unreadable mid-run) is caught while fetching. Either may reach one rank only, and a rank that
 stops alone leaves the others waiting in a collective, so before each step the ranks all-reduce two
 flags and all stop together, at the same step, able to write one last checkpoint together.
@@ -25,21 +27,22 @@ import torch
 
 from facetrain.checkpoint import TrainState
 from facetrain.data.decode import DataError
+from facetrain.data.loader_workers import STOP_SIGNALS
 from facetrain.parallel import comm
 from facetrain.parallel.dims import ParallelDims
 
-STOP_SIGNALS = (signal.SIGTERM, signal.SIGINT)
 _received: signal.Signals | None = None  # the first stop signal since the handlers went in
+_received_at: float | None = None  # its time.monotonic(): how long the stop took is measured from it
 
 
 def _record(signum: int, frame) -> None:
-    global _received
+    global _received, _received_at
     if _received is None:
-        _received = signal.Signals(signum)
+        _received, _received_at = signal.Signals(signum), time.monotonic()
 
 
 class StopSignals:
-    """SIGTERM and SIGINT, once installed, record that a stop was asked for instead of killing.
+    """SIGTERM, SIGINT and SIGUSR1, once installed, record that a stop was asked for instead of killing.
 
     A repeated signal changes nothing (torchrun's agent forwards the Ctrl-C every process already
     got); the stop takes at most one step and a checkpoint, and SIGKILL still ends a process at once.
@@ -55,11 +58,15 @@ class StopSignals:
     def received(self) -> signal.Signals | None:
         return _received
 
+    @property
+    def received_at(self) -> float | None:
+        return _received_at
+
     def install(self) -> StopSignals:
-        global _received
+        global _received, _received_at
         try:
             if signal.getsignal(signal.SIGTERM) is not _record:
-                _received = None
+                _received, _received_at = None, None
             self._previous = {sig: signal.signal(sig, _record) for sig in STOP_SIGNALS}
         except ValueError:  # not the main thread
             self._previous = {}
@@ -69,6 +76,19 @@ class StopSignals:
         for sig, handler in self._previous.items():
             signal.signal(sig, handler)
         self._previous = {}
+
+
+def ignore_stop_signals() -> None:
+    """From now until the process exits, stop signals are ignored: call it once the run's work is done.
+
+    The interpreter puts the default handlers back while it shuts down, so a stop signal then (a
+    scheduler's second one, a storm of Ctrl-C) would kill a process that has already written its
+    checkpoint, with the signal as its exit status instead of the run's own."""
+    try:
+        for sig in STOP_SIGNALS:
+            signal.signal(sig, signal.SIG_IGN)
+    except ValueError:  # not the main thread
+        pass
 
 
 class StepGate:

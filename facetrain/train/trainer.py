@@ -14,13 +14,14 @@ collective fails because another rank died names that rank in one line (`paralle
 from __future__ import annotations
 
 import json
+import os
 import time
 from collections.abc import Iterator
 
 import torch
 from torch.distributed.elastic.multiprocessing.errors import record
 
-from facetrain import run_lock
+from facetrain import run_lock, run_log
 from facetrain.checkpoint import load_ema_weights, save_checkpoint
 from facetrain.config import Config
 from facetrain.config.validate import validate
@@ -52,21 +53,40 @@ def train(cfg: Config, resume: str | None = None) -> dict:
         except FacetrainError as error:  # every rank sees the same config: one of them says so
             raise EveryRankError(str(error)) from None
         trainer = Trainer(cfg, dims, resume)
+        run_log.attach(trainer.run_dir, run_log.start_header(trainer.started, dims.world_size))
         return trainer.fit()
     except OSError as error:  # the disk filled up, or the output folder became unwritable
-        raise FacetrainError(
-            f"cannot write {error.filename or cfg.train.output_dir}: {error.strerror or error}; the "
-            "checkpoints written so far are intact: free space, then resume with --resume auto"
+        raise _logged(
+            FacetrainError(
+                f"cannot write {error.filename or cfg.train.output_dir}: {error.strerror or error}; the "
+                "checkpoints written so far are intact: free space, then resume with --resume auto"
+            )
         ) from None
     except Exception as error:
         if dims.world_size > 1 and is_collective_failure(error):
             step = trainer.state.step if trainer is not None else None
-            raise collective_failure_error(error, dims.rank, dims.world_size, step) from error
+            raise _logged(collective_failure_error(error, dims.rank, dims.world_size, step)) from error
+        _logged(error)
         raise
     finally:
+        run_log.detach()
         run_lock.release(cfg.train.output_dir)
         if owns_group:
             destroy_parallel()
+
+
+def _logged(error: Exception) -> Exception:
+    """`error`, written to the run's log first by the rank it belongs to (a bystander's `PeerFailed`
+    and the other ranks' copies of an every-rank error are not)."""
+    if isinstance(error, PeerFailed) or (
+        isinstance(error, EveryRankError) and os.environ.get("RANK", "0") != "0"
+    ):
+        return error
+    if isinstance(error, FacetrainError):
+        run_log.problem(f"error: {error}")
+    else:
+        run_log.problem(f"error: {type(error).__name__}: {error} (its traceback is on stderr)")
+    return error
 
 
 class Trainer:
@@ -78,6 +98,9 @@ class Trainer:
         self.cfg, self.dims, self.run_dir, self.data = run.cfg, dims, run.run_dir, run.data
         self.backbone, self.parts, self.scheduler = run.backbone, run.parts, run.scheduler
         self.state, self.resumed_from = run.state, run.resumed_from
+        self.started = (
+            f"resumed from {run.resumed_from} at step {run.state.step}" if run.resumed_from else "started"
+        )
         cfg = self.cfg
         self.verifier = TrainingVerifier(cfg, dims) if cfg.eval.pairs and not dims.pp_enabled else None
         self.ema = None if cfg.model.ema_decay == 0 else WeightEma(self.backbone, cfg.model.ema_decay)
@@ -86,6 +109,7 @@ class Trainer:
         self.last_checkpoint = str(self.resumed_from) if self.resumed_from else None
         self.saved_step = self.state.step if self.resumed_from else None
         self.evaluation: dict = {}
+        self.stop_seconds: float | None = None  # from the stop signal to the last checkpoint, on this rank
         self.evaluation_failure: str | None = None
         self.global_batch = cfg.train.batch_size * dims.dp  # images per micro-step over all replicas
 
@@ -141,6 +165,10 @@ class Trainer:
             if gate.stopped and self.saved_step != state.step and state.step > 0:
                 window.check_finite(tolerated, self.last_checkpoint)
                 self.save(is_best=False, final_step=False)
+            if gate.stop_signal is not None:
+                self.stop_seconds = (
+                    None if signals.received_at is None else time.monotonic() - signals.received_at
+                )
         finally:
             signals.restore()
             progress.close()
@@ -201,11 +229,18 @@ class Trainer:
             "best_step": state.best_step,
             "evaluation": self.evaluation,
             "train_seconds": train_seconds,
+            "stop_to_checkpoint_s": self.stop_seconds,
+            "slurm_job_id": os.environ.get("SLURM_JOB_ID"),
         }
         if dims.is_primary:
             (self.run_dir / "summary.json").write_text(json.dumps(summary, indent=2))
             curves = plot_curves([read_run_curves(self.run_dir)], self.run_dir / CURVES_FILE)
-            if gate.stop_signal is None:
+            if gate.stop_signal is not None:
+                took = "" if self.stop_seconds is None else f", {self.stop_seconds:.1f} s after the signal"
+                run_log.note(
+                    f"stop: {gate.stop_signal.name} at step {state.step}; checkpoint {self.last_checkpoint}{took}"
+                )
+            else:
                 verified = ""
                 if self.evaluation:
                     verified = f"; last {evaluation_line(state.step, self.evaluation)}"

@@ -1,0 +1,231 @@
+"""Stop signals with DataLoader workers: the ways a scheduler stops a job, each losing nothing.
+
+Slurm signals every process of a job; torchrun's agent stops its ranks with `killpg`, which reaches
+their loader workers too; the `--nproc` launcher passes a signal on. Each test stops a 2-rank run with
+2 loader workers a rank in one of those ways mid-run, then checks: every process exits (the ranks with
+code 0), nothing of the run is left running, the run's log says what stopped it, and `--resume auto`
+ends bit for bit where an uninterrupted run ends. The rows of the full matrix (3 signals x 4 targets x
+workers 0/2 x 2 moments) are run by `tools/signal_matrix.py`; these are the ones that differ in
+mechanism: the whole tree signalled under `--nproc` and under torchrun, SIGUSR1 to either launcher,
+more signals during the checkpoint write (one process, its workers in its group), persistent workers.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from facetrain.checkpoint import find_resume_point
+from tests.fault_helpers import (
+    ENV,
+    assert_same_checkpoint,
+    error_lines,
+    kill_all,
+    start,
+    wait_for_step,
+)
+from tests.train_helpers import REPO, run_cli, tiny_config
+
+STEPS = 8
+WORKERS = {"num_workers": 2}
+
+
+def descendants(pid: int) -> list[int]:
+    """Every process below `pid` (ranks, their loader workers), found through /proc."""
+    found, stack = [], [pid]
+    while stack:
+        parent = stack.pop()
+        try:
+            children = Path(f"/proc/{parent}/task/{parent}/children").read_text().split()
+        except OSError:
+            continue
+        found += map(int, children)
+        stack += map(int, children)
+    return found
+
+
+def signal_tree(pid: int, sig: int) -> list[int]:
+    """`sig` to `pid` and every process below it, as Slurm signals every process of a job step."""
+    tree = [pid, *descendants(pid)]
+    for target in tree:
+        try:
+            os.kill(target, sig)
+        except ProcessLookupError:
+            pass
+    return tree
+
+
+def assert_all_gone(pids: list[int], within_s: float = 15.0) -> None:
+    deadline = time.monotonic() + within_s
+    while alive := [pid for pid in pids if Path(f"/proc/{pid}").exists() and not _is_zombie(pid)]:
+        assert time.monotonic() < deadline, f"processes left running: {alive}"
+        time.sleep(0.1)
+
+
+def _is_zombie(pid: int) -> bool:
+    try:
+        return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0] == "Z"
+    except (OSError, IndexError):
+        return False
+
+
+@pytest.fixture(scope="module")
+def uninterrupted(tmp_path_factory) -> Path:
+    """The run every stopped-and-resumed run must equal: 2 ranks, no loader workers (where the samples
+    are decoded does not change them)."""
+    tmp = tmp_path_factory.mktemp("uninterrupted")
+    config = tiny_config(tmp, "run", train={"steps": STEPS, "checkpoint_every": 4})
+    result = run_cli("train", "-c", str(config), "--nproc", "2")
+    assert result.returncode == 0, result.stderr
+    return tmp / "run"
+
+
+def configs(tmp: Path, **data) -> tuple[Path, Path]:
+    """The config of the full run and one that would run on for ever in the same run directory (the
+    learning rate is constant, so both take the same steps)."""
+    data = {**WORKERS, **data}
+    final = tiny_config(tmp, "run", data=data, train={"steps": STEPS, "checkpoint_every": 4})
+    endless = tiny_config(
+        tmp,
+        "endless",
+        data=data,
+        train={"steps": 100000, "checkpoint_every": 4, "output_dir": str(tmp / "run")},
+    )
+    return final, endless
+
+
+def torchrun(*args: str, handled: str | None = None) -> subprocess.Popen:
+    """`torchrun --standalone --nproc-per-node 2 -m facetrain ARGS` in a session of its own."""
+    command = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", "2"]
+    if handled is not None:
+        command += ["--signals-to-handle", handled]
+    return subprocess.Popen(
+        [*command, "-m", "facetrain", *args],
+        cwd=REPO,
+        env=ENV,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        start_new_session=True,
+    )
+
+
+def stopped_step(stdout: str, sig: signal.Signals) -> int:
+    line = next(line for line in stdout.splitlines() if line.startswith("stopped at step "))
+    assert f" by {sig.name}; resume with: " in line
+    return int(line.split()[3])
+
+
+def resume_and_compare(final: Path, uninterrupted: Path, step: int) -> None:
+    run = final.parent / "run"
+    assert find_resume_point(run)[0].name == f"step_{step:08d}"
+    log = (run / "train.log").read_text()
+    assert f"stopped at step {step} by " in log
+    result = run_cli("train", "-c", str(final), "--nproc", "2", "--resume", "auto")
+    assert result.returncode == 0, result.stderr
+    assert_same_checkpoint(run, uninterrupted)
+    assert (
+        f"=== facetrain train: resumed from {run / 'checkpoints' / f'step_{step:08d}'} at step {step}"
+        in (run / "train.log").read_text()
+    )
+
+
+def test_sigterm_to_every_process_of_a_nproc_run_with_loader_workers(tmp_path, uninterrupted):
+    final, endless = configs(tmp_path)
+    process = start("train", "-c", str(endless), "--nproc", "2")
+    try:
+        wait_for_step(process, tmp_path / "run", 2)
+        tree = signal_tree(process.pid, signal.SIGTERM)
+        stdout, stderr = process.communicate(timeout=120)
+    finally:
+        kill_all(process)
+    assert process.returncode == 0, stderr
+    assert error_lines(stderr) == []
+    assert_all_gone(tree)
+    resume_and_compare(final, uninterrupted, stopped_step(stdout, signal.SIGTERM))
+
+
+def test_sigterm_to_every_process_under_torchrun_stops_the_ranks_cleanly(tmp_path, uninterrupted):
+    """torchrun's agent, given SIGTERM, stops its ranks with SIGTERM to their process groups (loader
+    workers included) and then exits 1 with its own traceback; the ranks exit 0 with a checkpoint."""
+    final, endless = configs(tmp_path)
+    process = torchrun("train", "-c", str(endless))
+    try:
+        wait_for_step(process, tmp_path / "run", 2)
+        tree = signal_tree(process.pid, signal.SIGTERM)
+        stdout, stderr = process.communicate(timeout=120)
+    finally:
+        kill_all(process)
+    assert "DataLoader worker" not in stderr
+    assert "SignalException" in stderr  # torchrun's agent reports the signal it got
+    assert_all_gone(tree)
+    resume_and_compare(final, uninterrupted, stopped_step(stdout, signal.SIGTERM))
+
+
+def test_sigusr1_to_a_torchrun_agent_that_handles_it_stops_the_ranks(tmp_path, uninterrupted):
+    """What the Slurm scripts do: torchrun `--signals-to-handle` with SIGUSR1 passes the scheduler's
+    warning on to the ranks, whose persistent loader workers ignore it."""
+    final, endless = configs(tmp_path, persistent_workers=True)
+    process = torchrun("train", "-c", str(endless), handled="SIGTERM,SIGINT,SIGHUP,SIGQUIT,SIGUSR1")
+    try:
+        wait_for_step(process, tmp_path / "run", 2)
+        tree = [process.pid, *descendants(process.pid)]
+        process.send_signal(signal.SIGUSR1)
+        stdout, stderr = process.communicate(timeout=120)
+    finally:
+        kill_all(process)
+    assert "DataLoader worker" not in stderr
+    assert_all_gone(tree)
+    resume_and_compare(final, uninterrupted, stopped_step(stdout, signal.SIGUSR1))
+
+
+def test_sigusr1_to_the_nproc_launcher_with_persistent_workers(tmp_path, uninterrupted):
+    final, endless = configs(tmp_path, persistent_workers=True)
+    process = start("train", "-c", str(endless), "--nproc", "2")
+    try:
+        wait_for_step(process, tmp_path / "run", 2)
+        tree = [process.pid, *descendants(process.pid)]
+        process.send_signal(signal.SIGUSR1)
+        stdout, stderr = process.communicate(timeout=120)
+    finally:
+        kill_all(process)
+    assert process.returncode == 0, stderr
+    assert error_lines(stderr) == []
+    assert_all_gone(tree)
+    resume_and_compare(final, uninterrupted, stopped_step(stdout, signal.SIGUSR1))
+
+
+def test_signals_during_the_checkpoint_write_change_nothing(tmp_path):
+    """SIGTERM to the process group stops a one-process run with loader workers; while its checkpoint
+    is written, SIGINT, SIGUSR1 and SIGTERM arrive again (tests/fault_injection.py, `signals`): the
+    checkpoint is whole, the exit code 0, and the run resumes exactly."""
+    final, endless = configs(tmp_path)
+    uninterrupted = tiny_config(tmp_path, "uninterrupted", train={"steps": STEPS, "checkpoint_every": 4})
+    assert run_cli("train", "-c", str(uninterrupted)).returncode == 0
+    endless.write_text(endless.read_text().replace("checkpoint_every: 4", "checkpoint_every: 100000"))
+    command = [sys.executable, "-m", "tests.fault_injection", "signals", "1", "train", "-c", str(endless)]
+    process = subprocess.Popen(
+        command, cwd=REPO, env=ENV, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+        start_new_session=True,
+    )  # fmt: skip
+    try:
+        wait_for_step(process, tmp_path / "run", 2)
+        tree = signal_tree(process.pid, signal.SIGTERM)
+        stdout, stderr = process.communicate(timeout=120)
+    finally:
+        kill_all(process)
+    assert process.returncode == 0, stderr
+    assert error_lines(stderr) == []
+    assert_all_gone(tree)
+    step = stopped_step(stdout, signal.SIGTERM)
+    run = tmp_path / "run"
+    assert find_resume_point(run)[0].name == f"step_{step:08d}"
+    result = run_cli("train", "-c", str(final), "--resume", "auto")
+    assert result.returncode == 0, result.stderr
+    assert_same_checkpoint(run, tmp_path / "uninterrupted")
