@@ -14,6 +14,7 @@ header. Writing the log never stops training: a log that cannot be written is sk
 from __future__ import annotations
 
 import os
+import shlex
 import socket
 import sys
 import time
@@ -74,7 +75,8 @@ def start_header(started: str, world_size: int) -> str:
     if int(os.environ.get("TORCHELASTIC_RESTART_COUNT") or 0):
         words.append(f"torchrun restart {os.environ['TORCHELASTIC_RESTART_COUNT']}")
     words.append(f"pid {os.getpid()}")
-    return f"=== {', '.join(words)}; command: {' '.join(sys.argv)}"
+    program = "facetrain" if Path(sys.argv[0]).name in ("__main__.py", "facetrain") else sys.argv[0]
+    return f"=== {', '.join(words)}; command: {shlex.join([program, *sys.argv[1:]])}"
 
 
 def attach(run_dir: Path, header: str) -> None:
