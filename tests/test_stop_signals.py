@@ -229,3 +229,29 @@ def test_signals_during_the_checkpoint_write_change_nothing(tmp_path):
     result = run_cli("train", "-c", str(final), "--resume", "auto")
     assert result.returncode == 0, result.stderr
     assert_same_checkpoint(run, tmp_path / "uninterrupted")
+
+
+def test_a_loader_worker_ignores_a_stop_signal_from_anyone_but_its_parent():
+    """A scheduler's SIGTERM, SIGINT and SIGUSR1 leave the worker running; its parent's SIGTERM (what
+    Python and torch send a worker that did not shut down, at exit) still ends it at once."""
+    import torch
+    from torch.utils.data import DataLoader
+
+    from facetrain.data.loader_workers import init_loader_worker, worker_context
+
+    loader = DataLoader(
+        torch.arange(64), batch_size=4, num_workers=1, worker_init_fn=init_loader_worker,
+        multiprocessing_context=worker_context(), persistent_workers=True,
+    )  # fmt: skip
+    batches = iter(loader)
+    assert next(batches).tolist() == [0, 1, 2, 3]
+    worker = batches._workers[0]
+    for sig in ("TERM", "INT", "USR1"):  # from another process, as a scheduler sends them
+        subprocess.run(["kill", f"-{sig}", str(worker.pid)], check=True)
+    time.sleep(0.5)
+    assert worker.is_alive()
+    assert next(batches).tolist() == [4, 5, 6, 7]
+    os.kill(worker.pid, signal.SIGTERM)  # from its parent
+    worker.join(timeout=10)
+    assert worker.exitcode == 0
+    batches._shutdown_workers()

@@ -11,7 +11,7 @@ from facetrain.config import DataConfig
 from facetrain.data.dataset import FaceDataset, SampleTable
 from facetrain.data.folder import scan_image_folder
 from facetrain.data.listfile import scan_list_file
-from facetrain.data.loader_workers import init_loader_worker
+from facetrain.data.loader_workers import init_loader_worker, worker_context
 from facetrain.data.market1501 import scan_market1501_train
 from facetrain.data.recordio import scan_recordio
 from facetrain.data.reid_images import scan_reid_train
@@ -149,6 +149,7 @@ def build_train_loader(
         persistent_workers=cfg.persistent_workers and workers > 0,
         prefetch_factor=cfg.prefetch_factor if workers > 0 else None,
         worker_init_fn=init_loader_worker if workers > 0 else None,
+        multiprocessing_context=worker_context() if workers > 0 else None,
         # its own generator, so making an iterator never draws from the global RNG that a resumed run
         # restores (worker seeds derive from it)
         generator=torch.Generator().manual_seed(seed + 31 * rank),

@@ -18,7 +18,7 @@ from torch import nn
 from torch.utils.data import DataLoader, Dataset
 
 from facetrain.data.decode import BadImageError, decode_image
-from facetrain.data.loader_workers import init_loader_worker
+from facetrain.data.loader_workers import init_loader_worker, worker_context
 from facetrain.data.transforms import RESIZE_AREA, Transform, build_eval_transform
 from facetrain.progress import ProgressBar
 
@@ -102,6 +102,7 @@ def compute_embeddings(
         batch_size=min(batch_size, len(images)),  # no batch is larger; a huge --batch-size is no overflow
         num_workers=num_workers,
         worker_init_fn=init_loader_worker if num_workers > 0 else None,
+        multiprocessing_context=worker_context() if num_workers > 0 else None,
         collate_fn=_collate,
     )
     was_training = module.training
