@@ -2,8 +2,10 @@
 
 Checkpoints without a `last` pointer, damaged and tampered checkpoint files, a resume with other model
 settings, a user's own config.yaml, a failing verification, a full disk and a read-only folder, and
-SIGTERM/SIGINT. The multi-rank faults are in test_faults_ranks.py, kill -9 during checkpoint writes in
-test_faults_kill.py, the long run killed three times in test_faults_soak.py.
+Ctrl-C. Stop signals with loader workers, to launchers and to every process are in
+test_stop_signals.py, Slurm's in test_slurm.py. The multi-rank faults are in test_faults_ranks.py,
+kill -9 during checkpoint writes in test_faults_kill.py, the long run killed three times in
+test_faults_soak.py.
 """
 
 from __future__ import annotations
@@ -313,8 +315,10 @@ def test_a_real_full_disk_and_a_read_only_folder(tmp_path):
     ]
 
 
-@pytest.mark.parametrize("sig", [signal.SIGTERM, signal.SIGINT], ids=["SIGTERM", "SIGINT"])
-def test_a_stop_signal_checkpoints_and_exits_0_and_the_run_resumes_exactly(finished_run, tmp_path, sig):
+def test_ctrl_c_checkpoints_and_exits_0_and_the_run_resumes_exactly(finished_run, tmp_path):
+    """SIGINT to the process alone; SIGTERM and SIGUSR1, loader workers and every process of a run
+    signalled at once are in test_stop_signals.py."""
+    sig = signal.SIGINT
     config = tiny_config(tmp_path, "run", train={"steps": STEPS, "checkpoint_every": 2})
     slow = tiny_config(
         tmp_path,

@@ -1,5 +1,6 @@
-"""Faults in 2-rank runs: preemption through the launcher and under torchrun, a rank lost without any
-launcher's help, and data that turns bad on one rank mid-run.
+"""Faults in 2-rank runs: a torchrun restart after a dead rank, a rank lost without any launcher's
+help, and data that turns bad on one rank mid-run. Stop signals to a launcher, an agent or every
+process of a run are in test_stop_signals.py.
 
 Every run here is 2 spawned CPU ranks on the small backbone at 32x32 (tests/train_helpers.py).
 """
@@ -45,30 +46,6 @@ def uninterrupted(tmp_path_factory) -> Path:
     result = run_cli("train", "-c", str(config), "--nproc", "2")
     assert result.returncode == 0, result.stderr
     return tmp / "run"
-
-
-@pytest.mark.slow
-def test_sigterm_to_the_launcher_stops_every_rank_at_one_step_and_resumes_exactly(tmp_path, uninterrupted):
-    config = tiny_config(tmp_path, "run", train={"steps": STEPS, "checkpoint_every": EVERY})
-    forever = tiny_config(tmp_path, "forever", train={**FOREVER, "output_dir": str(tmp_path / "run")})
-    launcher = start("train", "-c", str(forever), "--nproc", "2")
-    try:
-        wait_for_step(launcher, tmp_path / "run", 2)
-        launcher.send_signal(signal.SIGTERM)  # the launcher alone, as a scheduler would
-        stdout, stderr = launcher.communicate(timeout=120)
-    finally:
-        kill_all(launcher)
-    assert launcher.returncode == 0, stderr
-    assert error_lines(stderr) == []
-    stopped = stdout.splitlines()[-1]
-    step = int(stopped.split()[3])
-    assert stopped == (
-        f"stopped at step {step} by SIGTERM; resume with: facetrain train -c {forever} --nproc 2 --resume auto"
-    )
-    assert step < STEPS and find_resume_point(tmp_path / "run")[0].name == f"step_{step:08d}"
-    result = run_cli("train", "-c", str(config), "--nproc", "2", "--resume", "auto")
-    assert result.returncode == 0, result.stderr
-    assert_same_checkpoint(tmp_path / "run", uninterrupted)
 
 
 @pytest.mark.slow

@@ -198,7 +198,11 @@ def test_sigusr1_to_the_nproc_launcher_with_persistent_workers(tmp_path, uninter
     assert process.returncode == 0, stderr
     assert error_lines(stderr) == []
     assert_all_gone(tree)
-    resume_and_compare(final, uninterrupted, stopped_step(stdout, signal.SIGUSR1))
+    step = stopped_step(stdout, signal.SIGUSR1)
+    assert stdout.splitlines()[-1] == (
+        f"stopped at step {step} by SIGUSR1; resume with: facetrain train -c {endless} --nproc 2 --resume auto"
+    )
+    resume_and_compare(final, uninterrupted, step)
 
 
 def test_signals_during_the_checkpoint_write_change_nothing(tmp_path):
