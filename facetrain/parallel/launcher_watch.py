@@ -4,9 +4,9 @@ Killed with SIGKILL (the OOM killer, `kill -9`, a scheduler), or by a signal tor
 handle (SIGUSR1 unless `--signals-to-handle` names it), the launcher cannot stop its ranks. torchrun's
 ranks are never told. Under `--nproc` torch asks the kernel to send each rank SIGINT when its parent
 dies (PR_SET_PDEATHSIG, Linux only), and facetrain's ranks take SIGINT as a stop request: they agree
-on a step, write a checkpoint and return. But torch's rank wrapper then waits, forever and deaf to signals, for the launcher to read the return
-value; and a rank blocked elsewhere (a write to a pipe nobody reads, a collective) never reaches a step
-boundary at all. Both left the ranks running as orphans, and a `--resume auto` of the same run beside
+on a step, write a checkpoint and return. But torch's rank wrapper then waits, forever and deaf to
+signals, for the launcher to read the return value; and a rank blocked elsewhere (a write to a pipe
+nobody reads, a collective) never reaches a step boundary at all. Both left the ranks running as orphans, and a `--resume auto` of the same run beside
 them.
 
 So each rank watches its parent from a daemon thread. When the launcher is gone it asks the rank to

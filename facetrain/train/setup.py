@@ -122,9 +122,8 @@ def build_training_run(cfg: Config, dims: ParallelDims, resume: str | None) -> T
             if remap is not None:
                 tqdm.write(remap.describe())
             written_by = read_meta(checkpoint)["world_size"]
-            if (
-                written_by != dims.world_size or resume is None
-            ):  # resize, or torchrun or Slurm restarted the job
+            # a resize, or torchrun or Slurm restarted the job
+            if written_by != dims.world_size or resume is None:
                 reached = last_logged_step(run_dir)
                 tqdm.write(membership_line(written_by, dims.world_size, state.step, reached, accumulation))
             if (note := nothing_left_to_train(state.step, cfg.train.steps)) is not None:

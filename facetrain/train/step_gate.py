@@ -2,9 +2,9 @@
 
 Two things stop a run between steps rather than in the middle of one. A stop signal (SIGTERM from a
 scheduler that preempts the job or from torchrun's agent, SIGUSR1 from a scheduler's warning before
-the time limit, SIGINT from Ctrl-C) only sets a flag, in the training process; its DataLoader workers
-ignore them (`facetrain.data.loader_workers`); and a data error (an image that
-became unreadable mid-run) is caught while fetching. Either may reach one rank only, and a rank that
+the time limit, SIGINT from Ctrl-C) only sets a flag, in the training process (its DataLoader workers
+ignore them: `facetrain.data.loader_workers`); and a data error (an image that became unreadable
+mid-run) is caught while fetching. Either may reach one rank only, and a rank that
 stops alone leaves the others waiting in a collective, so before each step the ranks all-reduce two
 flags and all stop together, at the same step, able to write one last checkpoint together.
 
