@@ -34,10 +34,11 @@ def assert_same_checkpoint(actual: Path, expected: Path) -> None:
         assert torch.equal(got[key], tensor), f"{key} differs after resuming"
 
 
-def start(*args: str, new_session: bool = True) -> subprocess.Popen:
-    """`facetrain ARGS` in the background, in its own session so its whole process tree can be signalled."""
+def start(*args: str, new_session: bool = True, module: str = "facetrain") -> subprocess.Popen:
+    """`facetrain ARGS` (or `python -m MODULE ARGS`) in the background, in its own session so its whole
+    process tree can be signalled."""
     return subprocess.Popen(
-        [sys.executable, "-m", "facetrain", *args],
+        [sys.executable, "-m", module, *args],
         cwd=REPO,
         env=ENV,
         stdout=subprocess.PIPE,

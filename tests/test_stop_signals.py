@@ -15,7 +15,6 @@ from __future__ import annotations
 import os
 import signal
 import subprocess
-import sys
 import time
 from pathlib import Path
 
@@ -23,14 +22,13 @@ import pytest
 
 from facetrain.checkpoint import find_resume_point
 from tests.fault_helpers import (
-    ENV,
     assert_same_checkpoint,
     error_lines,
     kill_all,
     start,
     wait_for_step,
 )
-from tests.train_helpers import REPO, run_cli, tiny_config
+from tests.train_helpers import run_cli, tiny_config
 
 STEPS = 8
 WORKERS = {"num_workers": 2}
@@ -102,18 +100,23 @@ def configs(tmp: Path, **data) -> tuple[Path, Path]:
 
 def torchrun(*args: str, handled: str | None = None) -> subprocess.Popen:
     """`torchrun --standalone --nproc-per-node 2 -m facetrain ARGS` in a session of its own."""
-    command = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", "2"]
+    options = ["--standalone", "--nproc-per-node", "2"]
     if handled is not None:
-        command += ["--signals-to-handle", handled]
-    return subprocess.Popen(
-        [*command, "-m", "facetrain", *args],
-        cwd=REPO,
-        env=ENV,
-        stdout=subprocess.PIPE,
-        stderr=subprocess.PIPE,
-        text=True,
-        start_new_session=True,
-    )
+        options += ["--signals-to-handle", handled]
+    return start(*options, "-m", "facetrain", *args, module="torch.distributed.run")
+
+
+def stop(process: subprocess.Popen, run_dir: Path, send) -> tuple[str, str, list[int]]:
+    """Once step 2 is logged, `send(process)` stops the run (it returns the processes it signalled);
+    the run's stdout, stderr and every process it had when stopped."""
+    try:
+        wait_for_step(process, run_dir, 2)
+        tree = [process.pid, *descendants(process.pid)]
+        send(process)
+        stdout, stderr = process.communicate(timeout=120)
+    finally:
+        kill_all(process)
+    return stdout, stderr, tree
 
 
 def stopped_step(stdout: str, sig: signal.Signals) -> int:
@@ -139,12 +142,7 @@ def resume_and_compare(final: Path, uninterrupted: Path, step: int) -> None:
 def test_sigterm_to_every_process_of_a_nproc_run_with_loader_workers(tmp_path, uninterrupted):
     final, endless = configs(tmp_path)
     process = start("train", "-c", str(endless), "--nproc", "2")
-    try:
-        wait_for_step(process, tmp_path / "run", 2)
-        tree = signal_tree(process.pid, signal.SIGTERM)
-        stdout, stderr = process.communicate(timeout=120)
-    finally:
-        kill_all(process)
+    stdout, stderr, tree = stop(process, tmp_path / "run", lambda p: signal_tree(p.pid, signal.SIGTERM))
     assert process.returncode == 0, stderr
     assert error_lines(stderr) == []
     assert_all_gone(tree)
@@ -156,12 +154,7 @@ def test_sigterm_to_every_process_under_torchrun_stops_the_ranks_cleanly(tmp_pat
     workers included) and then exits 1 with its own traceback; the ranks exit 0 with a checkpoint."""
     final, endless = configs(tmp_path)
     process = torchrun("train", "-c", str(endless))
-    try:
-        wait_for_step(process, tmp_path / "run", 2)
-        tree = signal_tree(process.pid, signal.SIGTERM)
-        stdout, stderr = process.communicate(timeout=120)
-    finally:
-        kill_all(process)
+    stdout, stderr, tree = stop(process, tmp_path / "run", lambda p: signal_tree(p.pid, signal.SIGTERM))
     assert "DataLoader worker" not in stderr
     assert "SignalException" in stderr  # torchrun's agent reports the signal it got
     assert_all_gone(tree)
@@ -173,13 +166,7 @@ def test_sigusr1_to_a_torchrun_agent_that_handles_it_stops_the_ranks(tmp_path, u
     warning on to the ranks, whose persistent loader workers ignore it."""
     final, endless = configs(tmp_path, persistent_workers=True)
     process = torchrun("train", "-c", str(endless), handled="SIGTERM,SIGINT,SIGHUP,SIGQUIT,SIGUSR1")
-    try:
-        wait_for_step(process, tmp_path / "run", 2)
-        tree = [process.pid, *descendants(process.pid)]
-        process.send_signal(signal.SIGUSR1)
-        stdout, stderr = process.communicate(timeout=120)
-    finally:
-        kill_all(process)
+    stdout, stderr, tree = stop(process, tmp_path / "run", lambda p: p.send_signal(signal.SIGUSR1))
     assert "DataLoader worker" not in stderr
     assert_all_gone(tree)
     resume_and_compare(final, uninterrupted, stopped_step(stdout, signal.SIGUSR1))
@@ -188,13 +175,7 @@ def test_sigusr1_to_a_torchrun_agent_that_handles_it_stops_the_ranks(tmp_path, u
 def test_sigusr1_to_the_nproc_launcher_with_persistent_workers(tmp_path, uninterrupted):
     final, endless = configs(tmp_path, persistent_workers=True)
     process = start("train", "-c", str(endless), "--nproc", "2")
-    try:
-        wait_for_step(process, tmp_path / "run", 2)
-        tree = [process.pid, *descendants(process.pid)]
-        process.send_signal(signal.SIGUSR1)
-        stdout, stderr = process.communicate(timeout=120)
-    finally:
-        kill_all(process)
+    stdout, stderr, tree = stop(process, tmp_path / "run", lambda p: p.send_signal(signal.SIGUSR1))
     assert process.returncode == 0, stderr
     assert error_lines(stderr) == []
     assert_all_gone(tree)
@@ -213,17 +194,8 @@ def test_signals_during_the_checkpoint_write_change_nothing(tmp_path):
     uninterrupted = tiny_config(tmp_path, "uninterrupted", train={"steps": STEPS, "checkpoint_every": 4})
     assert run_cli("train", "-c", str(uninterrupted)).returncode == 0
     endless.write_text(endless.read_text().replace("checkpoint_every: 4", "checkpoint_every: 100000"))
-    command = [sys.executable, "-m", "tests.fault_injection", "signals", "1", "train", "-c", str(endless)]
-    process = subprocess.Popen(
-        command, cwd=REPO, env=ENV, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
-        start_new_session=True,
-    )  # fmt: skip
-    try:
-        wait_for_step(process, tmp_path / "run", 2)
-        tree = signal_tree(process.pid, signal.SIGTERM)
-        stdout, stderr = process.communicate(timeout=120)
-    finally:
-        kill_all(process)
+    process = start("signals", "1", "train", "-c", str(endless), module="tests.fault_injection")
+    stdout, stderr, tree = stop(process, tmp_path / "run", lambda p: signal_tree(p.pid, signal.SIGTERM))
     assert process.returncode == 0, stderr
     assert error_lines(stderr) == []
     assert_all_gone(tree)

@@ -49,6 +49,7 @@ REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
 from facetrain.checkpoint import read_entries, resolve_checkpoint, stored  # noqa: E402
+from tools.run_processes import alive, logged_step, tree  # noqa: E402
 
 STEPS = 6
 SIGNALS = ("SIGTERM", "SIGINT", "SIGUSR1")
@@ -89,27 +90,6 @@ def command(target: str, config: Path) -> list[str]:
     return [sys.executable, "-m", "facetrain", "train", "-c", str(config), "--nproc", "2"]
 
 
-def tree(pid: int) -> list[int]:
-    """`pid` and every process below it."""
-    found, stack = [pid], [pid]
-    while stack:
-        parent = stack.pop()
-        try:
-            children = [int(c) for c in Path(f"/proc/{parent}/task/{parent}/children").read_text().split()]
-        except OSError:
-            continue
-        found += children
-        stack += children
-    return found
-
-
-def alive(pid: int) -> bool:
-    try:
-        return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0] != "Z"
-    except (OSError, IndexError):
-        return False
-
-
 def rank_zero(launcher: int, deadline: float) -> int:
     """Rank 0's process, once the launcher has started it."""
     while time.monotonic() < deadline:
@@ -119,14 +99,6 @@ def rank_zero(launcher: int, deadline: float) -> int:
             return min(ranks)
         time.sleep(0.01)
     raise SystemExit("the launcher started no rank within its time")
-
-
-def logged_step(run: Path) -> int:
-    try:
-        lines = (run / "metrics.csv").read_text().splitlines()
-        return int(lines[-1].split(",")[0]) if len(lines) > 1 else 0
-    except (OSError, ValueError, IndexError):
-        return 0
 
 
 def wait_for_moment(process: subprocess.Popen, run: Path, moment: str, deadline: float) -> bool:

@@ -34,6 +34,10 @@ import cv2
 import numpy as np
 
 REPO = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(REPO))
+
+from tools.run_processes import alive, logged_step, tree  # noqa: E402
+
 ENV = {**os.environ, "PYTHONUNBUFFERED": "1"}
 
 
@@ -70,34 +74,6 @@ def head_1m_args(out: Path, classes: int = 1_000_000) -> list[str]:
 
 
 CASES = {"demo": demo_args, "head1m": head_1m_args}
-
-
-def tree(pid: int) -> list[int]:
-    found, stack = [pid], [pid]
-    while stack:
-        parent = stack.pop()
-        try:
-            children = [int(c) for c in Path(f"/proc/{parent}/task/{parent}/children").read_text().split()]
-        except OSError:
-            continue
-        found += children
-        stack += children
-    return found
-
-
-def alive(pid: int) -> bool:
-    try:
-        return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0] != "Z"
-    except (OSError, IndexError):
-        return False
-
-
-def logged_step(run: Path) -> int:
-    try:
-        lines = (run / "metrics.csv").read_text().splitlines()
-        return int(lines[-1].split(",")[0]) if len(lines) > 1 else 0
-    except (OSError, ValueError, IndexError):
-        return 0
 
 
 def stop_once(args: list[str], run: Path, after: int) -> dict:
