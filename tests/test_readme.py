@@ -170,13 +170,26 @@ def test_the_readme_blocks_are_parsed_run_or_named_here():
         "Person re-identification quick start",  # run on tiny pedestrians below
         "On GPUs",
         "On GPUs #2",
-        "On GPUs #3",  # torchrun on GPUs: parsed only
+        "On GPUs #4",  # torchrun on GPUs: parsed only
+        "On GPUs #3",  # sbatch: the scripts run on a real Slurm in test_slurm.py, the arguments parsed below
     }, "a new README block: run it here if a CPU can, else parse it"
     targets = set(re.findall(r"^([a-z]+):", (REPO / "Makefile").read_text(), re.M))
     make_lines = re.findall(r"^make (\w+)", (REPO / "README.md").read_text(), re.M)
     assert {"demo", "test", "install"} <= set(make_lines) <= targets  # test_demo.py runs the demo
-    for heading in ("On GPUs", "On GPUs #2", "On GPUs #3", "On a laptop (CPU) #2"):
+    for heading in ("On GPUs", "On GPUs #2", "On GPUs #4", "On a laptop (CPU) #2"):
         assert block_commands(blocks[heading]), heading
+
+
+def test_the_readme_slurm_commands_submit_shipped_scripts_with_train_arguments():
+    from facetrain.cli.train_cmd import train
+
+    lines = [line for line in readme_blocks()["On GPUs #3"].splitlines() if line.strip()]
+    assert len(lines) == 2
+    for line in lines:
+        words = shlex.split(line)
+        script = next(word for word in words if word.endswith(".sbatch"))
+        assert words[0] == "sbatch" and (REPO / script).is_file(), line
+        train.make_context("train", words[words.index(script) + 1 :])  # raises on an unknown option
 
 
 @pytest.mark.slow

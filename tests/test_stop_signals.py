@@ -208,8 +208,9 @@ def test_signals_during_the_checkpoint_write_change_nothing(tmp_path):
 
 
 def test_a_loader_worker_ignores_a_stop_signal_from_anyone_but_its_parent():
-    """A scheduler's SIGTERM, SIGINT and SIGUSR1 leave the worker running; its parent's SIGTERM (what
-    Python and torch send a worker that did not shut down, at exit) still ends it at once."""
+    """A scheduler's SIGTERM, SIGINT and SIGUSR1 leave the worker running (a worker starts with them
+    blocked, so one that arrives while it starts waits for its own handling); its parent's SIGTERM
+    (what Python and torch send a worker that did not shut down, at exit) still ends it at once."""
     import torch
     from torch.utils.data import DataLoader
 
@@ -222,6 +223,10 @@ def test_a_loader_worker_ignores_a_stop_signal_from_anyone_but_its_parent():
     batches = iter(loader)
     assert next(batches).tolist() == [0, 1, 2, 3]
     worker = batches._workers[0]
+    status = dict(line.split(":\t") for line in Path(f"/proc/{worker.pid}/status").read_text().splitlines())
+    bit = {sig: 1 << (sig - 1) for sig in (signal.SIGTERM, signal.SIGINT, signal.SIGUSR1)}
+    assert int(status["SigBlk"], 16) & bit[signal.SIGTERM]  # held for the worker's own thread
+    assert int(status["SigIgn"], 16) & bit[signal.SIGINT] and int(status["SigIgn"], 16) & bit[signal.SIGUSR1]
     for sig in ("TERM", "INT", "USR1"):  # from another process, as a scheduler sends them
         subprocess.run(["kill", f"-{sig}", str(worker.pid)], check=True)
     time.sleep(0.5)

@@ -9,7 +9,9 @@ last checkpoint. So a worker ignores SIGINT and SIGUSR1, and takes SIGTERM only 
 training process catches the stop signals itself, stops at the next step boundary, writes its
 checkpoint and shuts its workers down. A SIGTERM from the parent still ends a worker at once (what
 Python and torch send a worker that did not finish its shutdown, at exit), a worker whose parent is gone
-exits by itself, and SIGKILL ends it at once.
+exits by itself, and SIGKILL ends it at once. A worker is started with the stop signals blocked, so
+one that arrives while it starts (workers start again at every epoch) waits for the worker's own
+handling instead of meeting torch's handler first.
 
 Workers start the way the platform starts processes by default (fork on Linux): a rank of a `--nproc`
 run is itself a spawned process, and Python makes spawn the default inside those, which cost a fresh
@@ -29,9 +31,28 @@ import cv2
 STOP_SIGNALS = (signal.SIGTERM, signal.SIGINT, signal.SIGUSR1)
 
 
+_DEFAULT_CONTEXT = multiprocessing.get_context(multiprocessing.get_all_start_methods()[0])
+
+
+class _WorkerProcess(_DEFAULT_CONTEXT.Process):
+    """A process that starts with the stop signals blocked (a child inherits its parent's mask)."""
+
+    def start(self) -> None:
+        previous = signal.pthread_sigmask(signal.SIG_BLOCK, STOP_SIGNALS)
+        try:
+            super().start()
+        finally:
+            signal.pthread_sigmask(signal.SIG_SETMASK, previous)
+
+
+class _WorkerContext(type(_DEFAULT_CONTEXT)):
+    Process = _WorkerProcess
+
+
 def worker_context() -> multiprocessing.context.BaseContext:
-    """The platform's default way to start processes, even inside a spawned process."""
-    return multiprocessing.get_context(multiprocessing.get_all_start_methods()[0])
+    """The platform's default way to start processes, even inside a spawned process, with the stop
+    signals blocked in the new process until `init_loader_worker` has taken them."""
+    return _WorkerContext()
 
 
 def init_loader_worker(worker_id: int) -> None:
@@ -40,9 +61,9 @@ def init_loader_worker(worker_id: int) -> None:
     for sig in STOP_SIGNALS:
         if sig != signal.SIGTERM:
             signal.signal(sig, signal.SIG_IGN)
-    # SIGTERM waits, blocked, for a thread that ends the worker if its parent sent it; the worker has
+    # SIGTERM stays blocked, for a thread that ends the worker if its parent sent it; the worker has
     # one thread here, and threads it starts later inherit the mask
-    signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGTERM})
+    signal.pthread_sigmask(signal.SIG_SETMASK, {signal.SIGTERM})
     threading.Thread(target=_end_on_parents_sigterm, args=(os.getppid(),), daemon=True).start()
     cv2.setNumThreads(0)
 
