@@ -19,6 +19,14 @@ def detached():
     run_log.detach()
 
 
+@pytest.fixture
+def attached(tmp_path, monkeypatch):
+    """Rank 0's log of a run in tmp_path, its header written."""
+    monkeypatch.setenv("RANK", "0")
+    run_log.attach(tmp_path, "=== header")
+    return tmp_path
+
+
 def logged_lines(run_dir) -> list[str]:
     """The log's lines without their timestamps."""
     return [line.split(" ", 2)[2] for line in (run_dir / run_log.LOG_NAME).read_text().splitlines()]
@@ -36,29 +44,25 @@ def test_lines_before_the_run_dir_is_known_follow_the_header(tmp_path, monkeypat
     ]
 
 
-def test_other_ranks_log_only_their_problems_named_by_rank(tmp_path, monkeypatch):
-    monkeypatch.setenv("RANK", "0")
-    run_log.attach(tmp_path, "=== header")
+def test_other_ranks_log_only_their_problems_named_by_rank(attached, monkeypatch):
     monkeypatch.setenv("RANK", "1")
     run_log.note("a line every rank prints alike")
     run_log.problem("error: image 7 is unreadable")
     with warnings.catch_warnings():
         warnings.simplefilter("always")
         warnings.warn("gloo is slow", UserWarning, stacklevel=1)
-    assert logged_lines(tmp_path) == [
+    assert logged_lines(attached) == [
         "=== header",
         "[rank 1] error: image 7 is unreadable",
         "[rank 1] warning: UserWarning: gloo is slow",
     ]
 
 
-def test_a_bar_on_a_terminal_leaves_its_plain_last_line_in_the_log(tmp_path, monkeypatch):
-    monkeypatch.setenv("RANK", "0")
-    run_log.attach(tmp_path, "=== header")
+def test_a_bar_on_a_terminal_leaves_its_plain_last_line_in_the_log(attached):
     with ProgressBar(total=4, desc="train", unit="step") as bar:
         bar.plain_lines = False  # drawn as on a terminal
         bar.update(4)
-    last = logged_lines(tmp_path)[-1]
+    last = logged_lines(attached)[-1]
     assert last.startswith("train: 100% 4/4 [") and "|" not in last
 
 
@@ -73,15 +77,13 @@ def test_the_header_names_the_slurm_job_its_restart_and_the_world_size(monkeypat
     assert "world size 8" in header and "Slurm job 4242 (restart 2)" in header
 
 
-def test_errors_are_logged_once_by_the_rank_they_belong_to(tmp_path, monkeypatch):
-    monkeypatch.setenv("RANK", "0")
-    run_log.attach(tmp_path, "=== header")
+def test_errors_are_logged_once_by_the_rank_they_belong_to(attached, monkeypatch):
     monkeypatch.setenv("RANK", "1")
     _logged(EveryRankError("train.batch_size is too large"))  # rank 0 logs it
     _logged(PeerFailed("another rank could not read its data"))  # a bystander
     _logged(FacetrainError("step 5: data/a.jpg is unreadable"))
     _logged(RuntimeError("CUDA error"))
-    assert logged_lines(tmp_path) == [
+    assert logged_lines(attached) == [
         "=== header",
         "[rank 1] error: step 5: data/a.jpg is unreadable",
         "[rank 1] error: RuntimeError: CUDA error (its traceback is on stderr)",

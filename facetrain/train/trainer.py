@@ -53,7 +53,9 @@ def train(cfg: Config, resume: str | None = None) -> dict:
         except FacetrainError as error:  # every rank sees the same config: one of them says so
             raise EveryRankError(str(error)) from None
         trainer = Trainer(cfg, dims, resume)
-        run_log.attach(trainer.run_dir, run_log.start_header(trainer.started, dims.world_size))
+        resumed = trainer.resumed_from
+        started = f"resumed from {resumed} at step {trainer.state.step}" if resumed else "started"
+        run_log.attach(trainer.run_dir, run_log.start_header(started, dims.world_size))
         return trainer.fit()
     except OSError as error:  # the disk filled up, or the output folder became unwritable
         raise _logged(
@@ -98,9 +100,6 @@ class Trainer:
         self.cfg, self.dims, self.run_dir, self.data = run.cfg, dims, run.run_dir, run.data
         self.backbone, self.parts, self.scheduler = run.backbone, run.parts, run.scheduler
         self.state, self.resumed_from = run.state, run.resumed_from
-        self.started = (
-            f"resumed from {run.resumed_from} at step {run.state.step}" if run.resumed_from else "started"
-        )
         cfg = self.cfg
         self.verifier = TrainingVerifier(cfg, dims) if cfg.eval.pairs and not dims.pp_enabled else None
         self.ema = None if cfg.model.ema_decay == 0 else WeightEma(self.backbone, cfg.model.ema_decay)
