@@ -154,12 +154,13 @@ def test_every_benchmark_refuses_cuda_without_a_gpu_in_one_line(monkeypatch, tmp
 
 def test_bench_train_times_the_linear_floor_and_reports_the_head_overhead(tmp_path):
     args = ["--classes", "50", "--world-size", "1", "--batch", "2", "--image-size", "16", "--dim", "8"]
-    args += ["--heads", "sharded,linear", "--steps", "1", "--warmup", "0", "--device", "cpu"]
+    args += ["--heads", "sharded,tiled,linear", "--steps", "1", "--warmup", "0", "--device", "cpu"]
     result = CliRunner().invoke(train_command, [*args, "--out", str(tmp_path)])
     assert result.exit_code == 0, result.output
     report = json.loads((tmp_path / "train.json").read_text())
-    assert [(row["head"], row["classes"]) for row in report["rows"]] == [("sharded", 50), ("linear", 1000)]
-    assert set(report["targets"]) == {"head_overhead"}
+    rows = [(row["head"], row["classes"]) for row in report["rows"]]
+    assert rows == [("sharded", 50), ("tiled", 50), ("linear", 1000)]
+    assert set(report["targets"]) == {"head_overhead", "tiled_head_overhead"}
     assert report["settings"]["backend"] == "gloo" and report["machine"]["gpu"] is None
 
 
@@ -185,8 +186,10 @@ def test_the_gpu_check_plan_parses_against_the_cli(tmp_path):
         check=True,
     )
     steps = [line.split("\t") for line in done.stdout.splitlines() if not line.startswith("#")]
-    commands = [shlex.split(command.split("  # skipped:")[0]) for _, _, command in steps]
-    assert commands[0][:3] == ["pytest", "-m", "cuda"]
+    commands = [shlex.split(command.split("  # skipped:")[0]) for _, _, _, command in steps]
+    assert {part for _, part, _, _ in steps} == {"1", "2"}
+    pytest_filters = [argv[argv.index("-k") + 1] for argv in commands if argv[0] == "pytest"]
+    assert pytest_filters == ["head or triton", "not (head or triton)"]  # together: every cuda test
     benchmarks = {argv[2] for argv in commands if argv[0] == "facetrain"}
     assert benchmarks == {"head", "train", "data", "eval", "pipeline"}
     for argv in commands:

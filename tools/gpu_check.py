@@ -1,10 +1,10 @@
-"""The GPU check: `pytest -m cuda` and the CUDA benchmarks, one results file, under 25 minutes.
+"""The GPU check: `pytest -m cuda` and the CUDA benchmarks, in two parts of under 6 minutes each.
 
 Run through tools/gpu_check.sh OUT_DIR on a machine with CUDA (docs/gpu.md). Every step runs in its
 own process with its own time limit, and the whole check stops starting steps when its budget is
-spent, so one hang costs one step, never the report. `--dry-run` prints the plan (one `name<TAB>command`
-line a step) without running anything; tests/test_bench_device.py parses every printed facetrain
-command against the CLI, so the plan cannot name an option that does not exist.
+spent, so one hang costs one step, never the report. `--dry-run` prints the plan (number, part, name,
+command, tab-separated, a line a step) without running anything; tests/test_bench_device.py parses
+every printed facetrain command against the CLI, so the plan cannot name an option that does not exist.
 """
 
 from __future__ import annotations
@@ -22,6 +22,15 @@ from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[1]
 BUDGET_S = 24 * 60
+PART_BUDGET_S = 330  # one part in one 6-minute command, with room for its start
+# insightface's files and the peers' wheels: ../shared/peers here, a carried copy (.peers) on a machine
+# that only gets the checkout (docs/gpu.md); FACETRAIN_PEERS_DIR names another
+PEERS_DIR = Path(
+    os.environ.get(
+        "FACETRAIN_PEERS_DIR",
+        REPO / ".peers" if (REPO / ".peers").is_dir() else REPO.parent / "shared" / "peers",
+    )
+)
 DRY_RUN_GPUS, DRY_RUN_GIB = 1, 80.0
 
 
@@ -32,87 +41,89 @@ class Step:
     timeout_s: int
     skip_reason: str = ""
     report: str = ""  # the JSON file the step writes, relative to OUT
+    table: str = ""  # its markdown table, copied into gpu_check.md
+    part: int = 1
     result: dict = field(default_factory=dict)
 
     def command(self) -> list[str]:
-        tool = {"facetrain": [sys.executable, "-m", "facetrain"], "pytest": [sys.executable, "-m", "pytest"]}
+        tool = {
+            "facetrain": [sys.executable, "-m", "facetrain"],
+            "pytest": [sys.executable, "-m", "pytest"],
+            "python": [sys.executable],
+        }
         return tool[self.argv[0]] + self.argv[1:]
 
 
+def _head(out: Path, name: str, precision: str, heads: str, gib: float, timeout_s: int) -> Step:
+    return Step(
+        f"head alone {precision}, C 1M, B 1024, D 512, beside the peers",
+        ["facetrain", "bench", "head", "--device", "cuda", "--world-sizes", "1", "--batch", "1024",
+         "--dim", "512", "--classes", "1000000", "--heads", heads, "--precision", precision,
+         "--peers", "insightface,liger,cce", "--peers-dir", str(PEERS_DIR), "--steps", "5", "--warmup", "2",
+         "--memory-limit-gb", f"{0.9 * gib:.0f}", "--out", str(out / name), "--overwrite"],
+        timeout_s,
+        report=f"{name}/bench_head.json",
+        table=f"{name}/bench_head.md",
+        part=1,
+    )  # fmt: skip
+
+
+def _train(out: Path, backbone: str, classes: int, heads: str, part: int) -> Step:
+    name = f"train_{backbone}_{classes // 1000}k"
+    return Step(
+        f"train {backbone} 112px bf16 channels_last B 256, C {classes:,}: {heads}",
+        ["facetrain", "bench", "train", "--device", "cuda", "--world-size", "1", "--backbone", backbone,
+         "--image-size", "112", "--batch", "256", "--precision", "bf16", "--channels-last",
+         "--classes", str(classes), "--heads", heads, "--linear-classes", "1000",
+         "--steps", "10", "--warmup", "3", "--out", str(out / name)],
+        90,
+        report=f"{name}/train.json",
+        part=part,
+    )  # fmt: skip
+
+
 def plan(out: Path, gpus: int, gib: float) -> list[Step]:
-    """The steps, sized for one GPU of `gib` GiB; the capacity search fills 90 % of it."""
-    steps = [
-        Step(
-            "pytest -m cuda",
-            [
-                "pytest",
-                "-m",
-                "cuda",
-                "-q",
-                "-rs",
-                "-p",
-                "no:cacheprovider",
-                f"--junitxml={out / 'pytest.xml'}",
-            ],
-            420,
-        )
-    ]
-    for precision in ("fp32", "bf16"):
-        steps.append(
-            Step(
-                f"head alone {precision}, C 1M",
-                ["facetrain", "bench", "head", "--device", "cuda", "--world-sizes", "1", "--batch", "1024",
-                 "--dim", "512", "--classes", "1000000", "--heads", "sharded,tiled", "--precision", precision,
-                 "--steps", "5", "--warmup", "2", "--memory-limit-gb", f"{0.9 * gib:.0f}",
-                 "--out", str(out / f"head_{precision}"), "--overwrite"],
-                100,
-                report=f"head_{precision}/bench_head.json",
-            )
-        )  # fmt: skip
-    steps.append(
+    """The steps, most important first, in two parts that each fit one command of the device tool (6
+    minutes, `PART_BUDGET_S`); sized for one GPU of `gib` GiB (the capacity search fills 90 % of it)."""
+    pytest = ["pytest", "-m", "cuda", "-q", "-rs", "-p", "no:cacheprovider"]
+    return [
+        _head(out, "head_bf16", "bf16", "sharded,tiled,tiled_bf16,tiled_triton,sharded_softmax,tiled_softmax",
+              gib, 150),
+        _head(out, "head_fp32", "fp32", "sharded,tiled,tiled_triton,sharded_softmax,tiled_softmax", gib, 110),
+        Step("pytest -m cuda: the head", [*pytest, "-k", "head or triton", f"--junitxml={out / 'pytest_head.xml'}"],
+             60, part=1),
+        Step("profile: untiled and tiled bf16 head step, C 1M", ["python", "tools/head_profile.py", "--out",
+             str(out / "head_profile.json")], 40, report="head_profile.json", part=1),
+        _train(out, "r50", 2_000_000, "sharded,tiled,linear", part=1),
+        Step("pytest -m cuda: the rest", [*pytest, "-k", "not (head or triton)",
+             f"--junitxml={out / 'pytest_rest.xml'}"], 240, part=2),
         Step(
             "head capacity: largest C that fits",
             ["facetrain", "bench", "head", "--capacity", "--device", "cuda", "--world-sizes", "1",
              "--batch", "1024", "--dim", "512", "--classes", "1000000,4000000", "--heads", "tiled_bf16,tiled",
              "--largest", "tiled_bf16,tiled", "--memory-limit-gb", f"{0.9 * gib:.0f}",
              "--out", str(out / "head_capacity"), "--overwrite"],
-            200,
+            90,
             report="head_capacity/bench_head_capacity.json",
-        )
-    )  # fmt: skip
-    for backbone in ("r50", "r100"):
-        for classes in (100_000, 2_000_000):
-            name = f"train_{backbone}_{classes // 1000}k"
-            steps.append(
-                Step(
-                    f"train {backbone} 112px bf16 channels_last B 256, C {classes:,} vs linear 1k",
-                    ["facetrain", "bench", "train", "--device", "cuda", "--world-size", "1", "--backbone", backbone,
-                     "--image-size", "112", "--batch", "256", "--precision", "bf16", "--channels-last",
-                     "--classes", str(classes), "--heads", "sharded,linear", "--linear-classes", "1000",
-                     "--steps", "10", "--warmup", "3", "--out", str(out / name)],
-                    100,
-                    report=f"{name}/train.json",
-                )
-            )  # fmt: skip
-    steps.append(
+            part=2,
+        ),
+        _train(out, "r100", 2_000_000, "sharded,tiled,linear", part=2),
         Step(
             "loader 8 and 16 workers, folder and .rec",
             ["facetrain", "bench", "data", "--device", "cuda", "--images", "4096", "--repeats", "2",
              "--loader-workers", "8,16", "--loader-batch", "256", "--out", str(out / "data.json"), "--overwrite"],
-            120,
+            60,
             report="data.json",
-        )
-    )  # fmt: skip
-    steps.append(
+            part=2,
+        ),
         Step(
             "eval embedding throughput",
             ["facetrain", "bench", "eval", "--device", "cuda", "--batch-size", "256", "--batches", "8",
              "--quiet", "--out", str(out / "eval.json"), "--overwrite"],
-            60,
+            40,
             report="eval.json",
-        )
-    )  # fmt: skip
-    steps.append(
+            part=2,
+        ),
         Step(
             "bench pipeline, 2 stages",
             ["facetrain", "bench", "pipeline", "--device", "cuda", "--backbone", "r50", "--image-size", "112",
@@ -122,9 +133,9 @@ def plan(out: Path, gpus: int, gib: float) -> list[Step]:
             skip_reason="" if gpus >= 2 else "needs 2 GPUs: gloo cannot send CUDA tensors point to point and "
             "NCCL refuses two ranks on one GPU",
             report="pipeline/bench_pipeline.json",
-        )
-    )  # fmt: skip
-    return steps
+            part=2,
+        ),
+    ]  # fmt: skip
 
 
 def gpu_description() -> dict:
@@ -178,15 +189,22 @@ def run_step(step: Step, out: Path, deadline: float) -> None:
     report = out / step.report if step.report else None
     if report is not None and report.exists():
         step.result["report"] = json.loads(report.read_text())
+    if step.table and (out / step.table).exists():
+        step.result["table"] = (out / step.table).read_text()
 
 
 def pytest_counts(xml: Path) -> dict:
+    """Counts and the failing tests' names from one junit report ({} when the step wrote none)."""
     if not xml.exists():
         return {}
     suite = ET.parse(xml).getroot()
     suite = suite if suite.tag == "testsuite" else suite.find("testsuite")
     counts = {key: int(suite.get(key, 0)) for key in ("tests", "failures", "errors", "skipped")}
     counts["passed"] = counts["tests"] - counts["failures"] - counts["errors"] - counts["skipped"]
+    counts["failed_tests"] = [
+        case.get("name") for case in suite.iter("testcase") if case.find("failure") is not None
+        or case.find("error") is not None
+    ]  # fmt: skip
     return counts
 
 
@@ -199,7 +217,7 @@ def markdown(results: dict) -> str:
         f"torch {gpu.get('torch', '?')}, CUDA {gpu.get('cuda', '?')}; {results['date']}; "
         f"{results['seconds']:.0f} s in all",
         "",
-        f"pytest -m cuda: {results['pytest'] or 'no junit report'}",
+        *(f"{name}: {counts}" for name, counts in results["pytest"].items()),
         "",
         "| step | status | seconds |",
         "| --- | --- | ---: |",
@@ -208,6 +226,9 @@ def markdown(results: dict) -> str:
         r = step["result"]
         status = r["status"] + (f" ({r['reason']})" if r.get("reason") else "")
         lines.append(f"| {step['name']} | {status} | {r.get('seconds', '')} |")
+    for step in results["steps"]:
+        if step["result"].get("table"):
+            lines += ["", f"## {step['name']}: table", "", step["result"]["table"].rstrip()]
     for step in results["steps"]:
         if step["result"].get("output_tail"):
             lines += [
@@ -249,16 +270,26 @@ def main() -> int:
         "one command's time, so the check runs in parts",
     )
     parser.add_argument(
-        "--budget-s", type=int, default=BUDGET_S, help=f"start no step after this many seconds ({BUDGET_S})"
+        "--part",
+        type=int,
+        choices=(1, 2),
+        help=f"run one of the two parts (each fits a 6-minute command: no step starts after "
+        f"{PART_BUDGET_S} s unless --budget-s says otherwise); part 1 holds the most important steps",
+    )
+    parser.add_argument(
+        "--budget-s",
+        type=int,
+        help=f"start no step after this many seconds ({BUDGET_S}; with --part {PART_BUDGET_S})",
     )
     args = parser.parse_args()
+    budget_s = args.budget_s or (PART_BUDGET_S if args.part else BUDGET_S)
     out = args.out.resolve()
     gpu = {} if args.dry_run else gpu_description()
     if args.dry_run:
         print(f"# dry run: planned for {DRY_RUN_GPUS} GPU of {DRY_RUN_GIB:.0f} GiB")
         for number, step in enumerate(plan(out, DRY_RUN_GPUS, DRY_RUN_GIB)):
             skip = f"  # skipped: {step.skip_reason}" if step.skip_reason else ""
-            print(f"{number}\t{step.name}\t{shlex.join(step.argv)}{skip}")
+            print(f"{number}\t{step.part}\t{step.name}\t{shlex.join(step.argv)}{skip}")
         return 0
     if not gpu:
         print(
@@ -268,10 +299,12 @@ def main() -> int:
         return 2
     out.mkdir(parents=True, exist_ok=True)
     started = time.monotonic()
-    deadline = started + args.budget_s
+    deadline = started + budget_s
     steps = plan(out, gpu["count"], gpu["memory_gib"])
     if args.only is not None:
         steps = [step for number, step in enumerate(steps) if number in args.only]
+    if args.part is not None:
+        steps = [step for step in steps if step.part == args.part]
     for step in steps:
         print(f"gpu_check: {step.name}", flush=True)
         run_step(step, out, deadline)
@@ -280,12 +313,13 @@ def main() -> int:
         "gpu": gpu,
         "date": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
         "seconds": time.monotonic() - started,
-        "pytest": pytest_counts(out / "pytest.xml"),
+        "pytest": {xml.stem: pytest_counts(xml) for xml in sorted(out.glob("pytest_*.xml"))},
         "steps": [asdict(step) for step in steps],
     }
-    (out / "gpu_check.json").write_text(json.dumps(results, indent=2) + "\n")
-    (out / "gpu_check.md").write_text(markdown(results))
-    print(f"gpu_check: wrote {out / 'gpu_check.json'} and {out / 'gpu_check.md'}")
+    name = f"gpu_check_part{args.part}" if args.part else "gpu_check"
+    (out / f"{name}.json").write_text(json.dumps(results, indent=2) + "\n")
+    (out / f"{name}.md").write_text(markdown(results))
+    print(f"gpu_check: wrote {out / name}.json and {out / name}.md")
     return 0 if all(s.result["status"] in ("ok", "skipped") for s in steps) else 1
 
 

@@ -27,8 +27,11 @@ from facetrain.bench.common import (
 from facetrain.bench.head_capacity import CapacitySettings, run_capacity_benchmark
 from facetrain.bench.head_capacity_report import OUTPUT_NAMES as CAPACITY_OUTPUT_NAMES
 from facetrain.bench.head_capacity_report import write_outputs as write_capacity_outputs
-from facetrain.bench.head_cases import BENCH_HEADS, HeadCase, measure_case
+from facetrain.bench.head_cases import BENCH_HEADS, HeadCase
+from facetrain.bench.head_measure import measure_case
+from facetrain.bench.head_peers import PEERS
 from facetrain.bench.head_report import OUTPUT_NAMES, evaluate_targets, write_outputs
+from facetrain.bench.peer_sources import check_peers_dir, install_wheels
 from facetrain.bench.workers import WorkerError, WorkerPool
 from facetrain.errors import FacetrainError
 from facetrain.files import refuse_to_overwrite
@@ -69,10 +72,20 @@ class HeadBenchSettings:
     seed: int = 0
     device: str = "cpu"
     precision: str = "fp32"
+    peers_dir: str = ""
 
     def cases(self) -> list[HeadCase]:
         return [
-            HeadCase(head, num_classes, world_size, self.batch, self.dim, self.tile_classes, self.precision)
+            HeadCase(
+                head,
+                num_classes,
+                world_size,
+                self.batch,
+                self.dim,
+                self.tile_classes,
+                self.precision,
+                self.peers_dir,
+            )  # fmt: skip
             for world_size in self.world_sizes
             for num_classes in self.classes
             for head in self.heads
@@ -139,13 +152,19 @@ def run_head_benchmark(settings: HeadBenchSettings, progress: bool = True) -> di
     try:
         for case in ProgressBar(cases, desc="bench head", unit="config", disable=not progress):
             estimate = estimated_total_bytes(case, settings.device)
+            kind = BENCH_HEADS.build(case.head)
             row = {
                 **asdict(case),
+                "computes": kind.computes,
+                "margin": kind.margin,
                 "local_batch": case.local_batch,
                 "shard_classes_per_rank": [case.shard_classes(r) for r in range(case.world_size)],
                 "estimated_bytes_per_rank": estimated_bytes_per_rank(case),
                 "estimated_total_bytes": estimate,
             }
+            if reason := kind.unavailable(case, settings.device):
+                rows.append({**row, "status": "unavailable", "reason": reason})
+                continue
             if estimate > limit_bytes:
                 rows.append({**row, "status": "skipped"})
                 continue
@@ -198,12 +217,16 @@ def run(
     largest: str,
     device: str,
     precision: str,
+    peers: str,
+    peers_dir: Path,
     out: Path,
     overwrite: bool,
 ) -> None:
     """The work of `facetrain bench head` (its options and help: facetrain/cli/bench_head.py)."""
     if not capacity and largest:
         raise FacetrainError("--largest belongs to --capacity; add --capacity")
+    if capacity and peers:
+        raise FacetrainError("--peers belongs to the head bench without --capacity; drop one of them")
     if capacity and precision != "fp32":
         raise FacetrainError("--precision belongs to the head bench without --capacity; drop one of them")
     device = resolve_device(device)
@@ -229,13 +252,20 @@ def run(
         settings.validate()
         names = CAPACITY_OUTPUT_NAMES
     else:
+        peer_names = parse_name_list(peers, "--peers", PEERS) if peers else []
+        peer_heads = [head for name in peer_names for head in PEERS[name]]
+        if peer_heads:
+            check_peers_dir(peers_dir, peer_names)
         settings = HeadBenchSettings(
             classes=tuple(parse_int_list(classes or "100000,1000000", "--classes")),
             world_sizes=tuple(parse_int_list(world_sizes, "--world-sizes")),
             batch=batch,
             dim=dim,
             heads=tuple(
-                parse_name_list(heads or "sharded,tiled,dense,naive", "--heads", BENCH_HEADS.names())
+                dict.fromkeys(
+                    parse_name_list(heads or "sharded,tiled,dense,naive", "--heads", BENCH_HEADS.names())
+                    + peer_heads
+                )
             ),
             tile_classes=tile_classes,
             steps=steps or 3,
@@ -243,11 +273,14 @@ def run(
             memory_limit_gb=memory_limit_gb,
             device=device,
             precision=precision,
+            peers_dir=str(peers_dir.resolve()) if peer_heads else "",
         )
         settings.validate()
         names = OUTPUT_NAMES
     if not overwrite:
         refuse_to_overwrite([out / name for name in names.values()])
+    if not capacity and peer_heads:
+        install_wheels(peers_dir, peer_names)
     if capacity:
         table = write_capacity_outputs(run_capacity_benchmark(settings), out)
     else:

@@ -21,7 +21,8 @@ from dataclasses import asdict, dataclass
 
 from facetrain.bench.common import machine_info
 from facetrain.bench.head_capacity_report import evaluate_capacity_targets
-from facetrain.bench.head_cases import BENCH_HEADS, HeadCase, measure_case
+from facetrain.bench.head_cases import BENCH_HEADS, HeadCase
+from facetrain.bench.head_measure import measure_case
 from facetrain.bench.workers import WorkerError, WorkerPool
 from facetrain.errors import FacetrainError
 from facetrain.progress import ProgressBar

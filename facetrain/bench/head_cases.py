@@ -8,16 +8,12 @@ that cannot fit are skipped instead of exhausting the machine.
 
 from __future__ import annotations
 
-import contextlib
-from dataclasses import dataclass, replace
+from dataclasses import dataclass
 
 import torch
 from torch import nn
 
-from facetrain.bench.common import peak_memory, timed_repeats
-from facetrain.bench.head_memory import bench_device
 from facetrain.bench.naive_head import NaiveModelParallelHead
-from facetrain.bench.traffic import count_traffic
 from facetrain.heads import DenseMarginHead, HeadPlan, ShardedMarginHead, class_range
 from facetrain.heads.fused_optim import FusedSGD
 from facetrain.heads.memory import estimate_head_memory
@@ -39,6 +35,7 @@ class HeadCase:
     dim: int
     tile_classes: int = 8192
     precision: str = "fp32"  # fp32, or bf16: the step under bf16 autocast, as training runs it
+    peers_dir: str = ""  # where the peers' files are (head_peers.py); facetrain's own heads ignore it
 
     def autocast(self, device: torch.device):
         dtype = AUTOCAST_DTYPES[self.precision]
@@ -60,6 +57,13 @@ class BenchHead:
     """A head kind as the benchmark sees it; subclasses fill in the three differences."""
 
     times_gemms = False
+    sends_bytes = True  # whether its steps' collectives are counted (bytes_sent)
+    margin = "arcface"  # the loss family, for comparing peers with the facetrain heads of the same loss
+    computes = "ArcFace m 0.5 s 64"
+
+    def unavailable(self, case: HeadCase, device_kind: str) -> str:
+        """Why this kind cannot run `case` on `device_kind` ("" when it can): a row, not a failure."""
+        return ""
 
     def build(self, case: HeadCase) -> nn.Module:
         raise NotImplementedError
@@ -111,7 +115,7 @@ class ShardedBench(BenchHead):
     times_gemms = True
 
     def build(self, case: HeadCase) -> nn.Module:
-        return ShardedMarginHead(case.num_classes, case.dim)
+        return ShardedMarginHead(case.num_classes, case.dim, margin=self.margin)
 
     def estimate_step_bytes(self, case: HeadCase) -> list[int]:
         return [
@@ -126,10 +130,11 @@ class TiledBench(BenchHead):
 
     times_gemms = True
     storage = torch.float32
+    computes = "ArcFace m 0.5 s 64, its fused SGD update included"
 
     def build(self, case: HeadCase) -> nn.Module:
         plan = HeadPlan("tiled", case.tile_classes, self.storage, self.storage, fused_optimizer=True)
-        head = ShardedMarginHead(case.num_classes, case.dim, plan=plan)
+        head = ShardedMarginHead(case.num_classes, case.dim, margin=self.margin, plan=plan)
         head.fuse_optimizer(FusedSGD([head.weight], state_dtype=self.storage, **SGD_SETTINGS))
         return head
 
@@ -151,6 +156,32 @@ class TiledBf16Bench(TiledBench):
     """The tiled head with its fused SGD, weight and momentum stored in bf16 (stochastic rounding)."""
 
     storage = torch.bfloat16
+    computes = "ArcFace m 0.5 s 64, bf16 weight and momentum, its fused SGD update included"
+
+
+@BENCH_HEADS.register("sharded_softmax")
+class ShardedSoftmaxBench(ShardedBench):
+    """The untiled head with no margin (normalised softmax, scale 64): the nearest facetrain computes to
+    the plain linear cross-entropy of Liger and Cut Cross-Entropy."""
+
+    margin = "softmax"
+    computes = "normalised softmax s 64, no margin"
+
+
+@BENCH_HEADS.register("tiled_softmax")
+class TiledSoftmaxBench(TiledBench):
+    """The tiled head with its fused SGD and no margin (normalised softmax, scale 64)."""
+
+    margin = "softmax"
+    computes = "normalised softmax s 64, no margin, its fused SGD update included"
+
+
+@BENCH_HEADS.register("tiled_bf16_softmax")
+class TiledBf16SoftmaxBench(TiledBf16Bench):
+    """The tiled head with bf16 weight and momentum and no margin."""
+
+    margin = "softmax"
+    computes = "normalised softmax s 64, no margin, bf16 weight and momentum, fused SGD included"
 
 
 @BENCH_HEADS.register("dense")
@@ -191,95 +222,3 @@ class NaiveBench(BenchHead):
                 logits = case.batch * shard
                 estimates.append(_autograd_peak(shard, logits, SHARD_LOGIT_PHASE_COPIES, case))
         return estimates
-
-
-def _time_shard_gemms(
-    case: HeadCase, rank: int, steps: int, warmup: int, device: torch.device
-) -> list[float]:
-    """The untiled head's three GEMMs alone, with its operand layouts: what its step cannot beat."""
-    classes = case.shard_classes(rank)
-    embeddings = torch.randn(case.batch, case.dim, device=device, dtype=case.gemm_dtype)
-    weight = torch.randn(classes, case.dim, device=device, dtype=case.gemm_dtype)
-    logit_grad = torch.randn(case.batch, classes, device=device, dtype=case.gemm_dtype)
-
-    def gemms() -> None:
-        torch.mm(embeddings, weight.t())
-        torch.mm(logit_grad, weight)
-        torch.mm(logit_grad.t(), embeddings)
-
-    return timed_repeats(gemms, steps, warmup, before_each=comm.barrier, device=device)
-
-
-def _timed_steps(
-    kind: BenchHead, case: HeadCase, steps: int, warmup: int, with_optimizer: bool, device: torch.device
-) -> tuple[list[float], int, dict]:
-    """Build the head (and, for a full training step, its optimizer) and its data, time the steps;
-    everything it made is freed when it returns."""
-    with device:
-        head = kind.build(case)
-    optimizer = kind.optimizer(head) if with_optimizer else None
-    embeddings = torch.randn(case.local_batch, case.dim, device=device).requires_grad_()
-    labels = torch.randint(0, case.num_classes, (case.local_batch,), device=device)
-    # The last step's collectives are counted (the first also checks every rank's inputs); the counter
-    # sees every operator of its step, a few microseconds each, so the other steps run without it.
-    calls, counted = [0], []
-
-    def prepare() -> None:
-        embeddings.grad = None
-        head.zero_grad(set_to_none=True)
-        comm.barrier()
-
-    def step() -> None:
-        calls[0] += 1
-        with count_traffic() if calls[0] == warmup + steps else contextlib.nullcontext() as traffic:
-            with case.autocast(device):
-                loss = head(embeddings, labels).loss
-            loss.backward()
-            kind.after_backward(head, case)
-            if optimizer is not None:
-                optimizer.step()
-        if traffic is not None:
-            counted.append(traffic)
-
-    step_s = timed_repeats(step, steps, warmup, before_each=prepare, device=device)
-    return step_s, counted[0].bytes_sent, dict(counted[0].by_op)
-
-
-def measure_case(
-    rank: int,
-    world_size: int,
-    case: HeadCase,
-    steps: int,
-    warmup: int,
-    seed: int,
-    with_optimizer: bool = False,
-    device_kind: str = "cpu",
-    time_gemms: bool = True,
-) -> dict:
-    """One rank's figures for `case`: step times, peak memory growth, bytes sent, GEMM times.
-
-    A step is forward + backward (+ the optimizer with `with_optimizer`; the tiled head's own update is
-    part of its backward). Runs inside a benchmark worker; ranks line up at a barrier before every
-    step, so each step's time on the slowest rank is the step time of the group. `time_gemms=False`
-    skips the GEMM timing, whose fp32 C x D and B x C operands would not fit beside a bf16 head sized
-    to fill the memory (the capacity benchmark's largest runs).
-    """
-    kind = BENCH_HEADS.build(case.head)
-    device = bench_device(device_kind, rank)
-    torch.manual_seed(seed + rank)
-    # a tiny run first, outside the window: thread pools and library workspaces start lazily
-    _timed_steps(kind, replace(case, num_classes=case.world_size), 1, 0, with_optimizer, device)
-    with peak_memory(device) as memory:
-        step_s, bytes_sent, by_op = _timed_steps(kind, case, steps, warmup, with_optimizer, device)
-    return {
-        "rank": rank,
-        "threads": torch.get_num_threads(),
-        "step_s": step_s,
-        "bytes_sent": bytes_sent,
-        "bytes_by_op": by_op,
-        "peak_memory_bytes": memory.growth_bytes,
-        "memory_method": memory.method,
-        "gemm_s": _time_shard_gemms(case, rank, steps, warmup, device)
-        if kind.times_gemms and time_gemms
-        else None,
-    }

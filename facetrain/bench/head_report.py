@@ -9,6 +9,9 @@ from matplotlib.backends.backend_agg import FigureCanvasAgg
 from matplotlib.figure import Figure
 
 from facetrain.bench.common import report_footer, write_report_files
+from facetrain.bench.head_peers import PEERS
+
+PEER_HEADS = {head for heads in PEERS.values() for head in heads}
 
 OUTPUT_NAMES = {"json": "bench_head.json", "plot": "bench_head.png", "table": "bench_head.md"}
 STEP_OVER_GEMM_TARGETS = {"sharded": 1.15, "tiled": 1.5}  # the untiled step, the tiled step with its update
@@ -92,6 +95,8 @@ def _table_row(row: dict) -> list[str]:
         return head + [f"skipped: estimated {format_bytes(row['estimated_total_bytes'])} in all"] + [""] * 6
     if row["status"] == "failed":
         return head + ["failed (see JSON)"] + [""] * 6
+    if row["status"] == "unavailable":
+        return head + [f"not run: {row['reason']}"] + [""] * 6
     gemm = "" if row["gemm_ms"] is None else f"{row['gemm_ms']:.1f}"
     ratio = "" if row["step_over_gemm"] is None else f"{row['step_over_gemm']:.2f}"
     return head + [
@@ -120,7 +125,47 @@ def markdown_table(report: dict) -> str:
     ]
     lines = ["| " + " | ".join(columns) + " |", "|" + "---|" * len(columns)]
     lines += ["| " + " | ".join(_table_row(row)) + " |" for row in report["results"]]
-    return "\n".join(lines + report_footer(report)) + "\n"
+    return "\n".join(lines + _computes(report) + peer_table(report) + report_footer(report)) + "\n"
+
+
+def _computes(report: dict) -> list[str]:
+    described = {row["head"]: row.get("computes", "") for row in report["results"]}
+    return [
+        "",
+        "What each head computes: " + "; ".join(f"{head}: {what}" for head, what in described.items()),
+    ]
+
+
+def peer_table(report: dict) -> list[str]:
+    """Each peer beside facetrain's fastest and leanest head of the same loss at the same C and N; a
+    peer without a margin also beside facetrain's ArcFace heads. Empty without peers."""
+    rows = [row for row in report["results"] if row["status"] == "ok"]
+    lines = [
+        "",
+        "| C | N | peer | step ms | peak | facetrain, same loss as | fastest | step ms | leanest | peak | "
+        "facetrain faster | facetrain lower |",
+        "|" + "---|" * 12,
+    ]
+    for peer in (row for row in rows if row["head"] in PEER_HEADS):
+        for margin in ("arcface",) if peer["margin"] == "arcface" else ("softmax", "arcface"):
+            ours = [
+                row for row in rows
+                if row["head"] not in PEER_HEADS and row["margin"] == margin
+                and (row["num_classes"], row["world_size"]) == (peer["num_classes"], peer["world_size"])
+            ]  # fmt: skip
+            if not ours:
+                continue
+            fastest = min(ours, key=lambda row: row["step_ms"])
+            leanest = min(ours, key=lambda row: row["peak_memory_max_bytes"])
+            faster = fastest["step_ms"] < peer["step_ms"]
+            lower = leanest["peak_memory_max_bytes"] < peer["peak_memory_max_bytes"]
+            lines.append(
+                f"| {peer['num_classes']:,} | {peer['world_size']} | {peer['head']} | {peer['step_ms']:.1f} | "
+                f"{format_bytes(peer['peak_memory_max_bytes'])} | {margin} | {fastest['head']} | "
+                f"{fastest['step_ms']:.1f} | {leanest['head']} | {format_bytes(leanest['peak_memory_max_bytes'])} | "
+                f"{'yes' if faster else 'NO'} | {'yes' if lower else 'NO'} |"
+            )
+    return lines if len(lines) > 3 else []
 
 
 def plot(report: dict, path: Path) -> None:

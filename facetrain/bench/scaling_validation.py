@@ -15,7 +15,8 @@ import os
 from dataclasses import asdict, dataclass
 
 from facetrain.bench.head import summarize
-from facetrain.bench.head_cases import HeadCase, measure_case
+from facetrain.bench.head_cases import HeadCase
+from facetrain.bench.head_measure import measure_case
 from facetrain.bench.scaling_model import (
     Step,
     elementwise_bytes,

@@ -62,6 +62,20 @@ from facetrain.cli.conventions import quiet_option
     help="Without --capacity: bf16 runs each step under bf16 autocast and times bf16 GEMMs.",
 )
 @click.option(
+    "--peers",
+    default="",
+    help="Also measure the implementations users would pick instead, from --peers-dir: insightface "
+    "(its Partial FC at sample rate 1.0 and 0.3), liger, cce (plain linear + CE, one device), "
+    "comma-separated.",
+)
+@click.option(
+    "--peers-dir",
+    default="../shared/peers",
+    show_default=True,
+    type=click.Path(file_okay=False, path_type=Path),
+    help="The peers' folder: insightface_arcface_torch/ and wheels/ (docs/benchmarks.md, 'Peers').",
+)
+@click.option(
     "-o",
     "--out",
     default="runs/bench/head",
@@ -83,6 +97,10 @@ def head_command(**options) -> None:
     per-rank peak memory against C for each head, classes per GB of it, and (--largest) the largest C
     one process trains under --memory-limit-gb. Writes bench_head_capacity.{json,png,md}.
 
+    With --peers: the peers run in the same workers, timed and measured the same way; their wheels are
+    installed once (pip --no-deps) into <venv>/facetrain-peers, which only this benchmark imports from.
+    The table says what each head computes (a peer without a margin computes a different loss).
+
     \b
     Examples:
       facetrain bench head                                   # the issue's sizes (long)
@@ -93,6 +111,8 @@ def head_command(**options) -> None:
       facetrain bench head --capacity --world-sizes 1 --largest tiled_bf16,tiled --memory-limit-gb 20
       facetrain bench head --capacity --world-sizes 1 --device cuda --largest tiled_bf16 --memory-limit-gb 130
       facetrain bench head --device cuda --world-sizes 1 --batch 1024 --classes 1000000 --precision bf16
+      facetrain bench head --world-sizes 1,2 --classes 20000 --heads sharded,tiled,sharded_softmax \\
+          --peers insightface,cce --peers-dir ../shared/peers
     """
     from facetrain.bench.head import run
 

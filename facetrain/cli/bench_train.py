@@ -22,7 +22,8 @@ from facetrain.cli.bench_options import device_option
     "--heads",
     default="sharded,replicated",
     show_default=True,
-    help="Classifiers to time, in order: sharded, replicated, linear (plain nn.Linear, --linear-classes).",
+    help="Classifiers to time, in order: sharded (untiled), tiled (with its fused SGD), replicated, linear "
+    "(plain nn.Linear, --linear-classes).",
 )
 @click.option("--linear-classes", type=click.IntRange(min=2), default=1000, show_default=True)
 @click.option("--precision", type=click.Choice(PRECISIONS), default="fp32", show_default=True)
