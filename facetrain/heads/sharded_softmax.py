@@ -1,7 +1,8 @@
 """Margin softmax cross-entropy over a class shard, with a hand-written backward (`ShardedMarginSoftmax`).
 
 The forward keeps one (B x c) buffer, turns it in place into exp(logit - row max), and keeps it for
-the backward, which turns it in place into the logit gradient; the statistics, the margin and the
+the backward, which turns it in place into the logit gradient (where the GEMMs take bf16 rows, those
+come scaled by scale / |w|, so the buffer needs no pass for that factor); the statistics, the margin and the
 loss are `margin_softmax.py`'s, shared with the tiled kernel. The three GEMMs
 (logits, embedding gradient, weight gradient) dominate; everything else is one or two passes over
 the buffer, which is what lets the step stay close to the cost of its GEMMs.
@@ -34,6 +35,16 @@ def _wide_mm(
     return torch.mm(a.to(gemm_dtype), b.to(gemm_dtype)).to(out_dtype)
 
 
+def _scaled_rows(w: torch.Tensor, inv_norm: torch.Tensor, scale: float, dtype: torch.dtype) -> torch.Tensor:
+    """w * scale / |w| per row, written in the GEMM's operand dtype by the pass that casts the rows anyway:
+    the logit GEMM then gives scale * cos directly, and the backward's embedding GEMM takes the logit
+    gradient as it is, so neither the B x c logits nor their gradient need a pass of their own for the
+    column factor (the H100 profile's largest elementwise kernels). Recomputed in the backward, as the
+    plain cast was: no memory is kept between forward and backward."""
+    out = torch.empty(w.shape, dtype=dtype, device=w.device)
+    return torch.mul(w, (inv_norm * scale)[:, None], out=out)
+
+
 class ShardedMarginSoftmax(torch.autograd.Function):
     """loss = mean over the global batch of CE(scale * margin(cos), target), computed shard by shard.
 
@@ -52,10 +63,17 @@ class ShardedMarginSoftmax(torch.autograd.Function):
             x_unit, x_norm = ms.unit_rows(embeddings)
             w = weight.to(x_unit.dtype)
             w_inv_norm = torch.linalg.vector_norm(w, dim=1).clamp_min(ms.EPS).reciprocal()
+            gemm = LogitGemm(x_unit.device, gemm_dtype, x_unit.dtype)
 
+            # Where the GEMM takes the rows in another dtype (bf16 on CUDA), the pass that casts them also
+            # scales them by scale / |w|; elsewhere the logits are scaled after the GEMM.
+            folded = gemm.operand_dtype != w.dtype
+            w_op = _scaled_rows(w, w_inv_norm, scale, gemm.operand_dtype) if folded else w
             # fp32 out of the GEMM: a bf16 output would round the logits before the softmax
-            logits = LogitGemm(x_unit.device, gemm_dtype, x_unit.dtype).mm(x_unit, w.t())
-            logits.mul_(w_inv_norm * scale)  # now scale * cos(theta)
+            logits = gemm.mm(x_unit, w_op.t())
+            del w_op
+            if not folded:
+                logits.mul_(w_inv_norm * scale)  # now scale * cos(theta)
             nearest_centre = None
             if sub_centers > 1:
                 logits, nearest_centre = logits.view(logits.shape[0], -1, sub_centers).max(dim=2)
@@ -78,7 +96,7 @@ class ShardedMarginSoftmax(torch.autograd.Function):
         ctx.save_for_backward(
             exps, row_stats, x_unit, x_norm, w, w_inv_norm, has_target, columns, margin_slope, nearest_centre
         )
-        ctx.scale, ctx.compute_dtype = scale, gemm_dtype
+        ctx.scale, ctx.compute_dtype, ctx.folded = scale, gemm_dtype, folded
         ctx.embedding_dtype, ctx.weight_dtype = embeddings.dtype, weight.dtype
         ctx.mark_non_differentiable(hit_count)
         return loss, hit_count
@@ -101,14 +119,20 @@ class ShardedMarginSoftmax(torch.autograd.Function):
                 classes, centres = nearest_centre.shape[1], w.shape[0] // nearest_centre.shape[1]
                 spread = exps.new_zeros(batch, classes, centres)
                 exps = spread.scatter_(2, nearest_centre[..., None], exps[..., None]).view(batch, -1)
-            # d logit / d raw dot product = scale / |w|, per column: one pass over the buffer.
-            grad_raw = exps.mul_(w_inv_norm * scale).to(gemm_dtype)
-
-            grad_x_unit = _wide_mm(grad_raw, w, gemm_dtype, w.dtype).mul_(row_factor[:, None])
-            grad_w = _wide_mm(grad_raw.t(), x_unit * row_factor[:, None], gemm_dtype, w.dtype)
-            # through 1/|w|: remove the component along w, per class
+            column_factor = w_inv_norm * scale  # d logit / d raw dot product, per column
+            if ctx.folded:  # the GEMM operand carries the factor, cast and scaled in one pass again
+                grad_logits, w_op = exps.to(gemm_dtype), _scaled_rows(w, w_inv_norm, scale, gemm_dtype)
+            else:
+                grad_logits, w_op = exps.mul_(column_factor).to(gemm_dtype), w
+            grad_x_unit = _wide_mm(grad_logits, w_op, gemm_dtype, w.dtype).mul_(row_factor[:, None])
+            del w_op
+            grad_w = _wide_mm(grad_logits.t(), x_unit * row_factor[:, None], gemm_dtype, w.dtype)
+            # through 1/|w|: remove the component along w, per class (folded: then the factor, per class,
+            # a pass over the c x D rows instead of one over the B x c logits)
             along = Scratch(w.device).rowwise_dot(grad_w, w).mul_(w_inv_norm.square())
             grad_w.addcmul_(w, along[:, None], value=-1.0)
+            if ctx.folded:
+                grad_w.mul_(column_factor[:, None])
 
             grad_x = ms.through_normalization(grad_x_unit, x_unit, x_norm)
         return grad_x.to(ctx.embedding_dtype), grad_w.to(ctx.weight_dtype), None, None, None, None, None, None
