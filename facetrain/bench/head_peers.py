@@ -20,6 +20,7 @@ None of their code is in facetrain: `bench/peer_sources.py` loads it from the pe
 
 from __future__ import annotations
 
+import warnings
 from pathlib import Path
 from typing import NamedTuple
 
@@ -46,7 +47,9 @@ class _InsightfaceModule(nn.Module):
         self.partial_fc = partial_fc
 
     def forward(self, embeddings: torch.Tensor, labels: torch.Tensor) -> HeadLoss:
-        with cuda_calls_to(embeddings.device):
+        # its torch.cuda.amp.autocast is deprecated: a warning every step, about its code, not the figures
+        with cuda_calls_to(embeddings.device), warnings.catch_warnings():
+            warnings.simplefilter("ignore", FutureWarning)
             return HeadLoss(self.partial_fc(embeddings, labels.clone()))
 
 
