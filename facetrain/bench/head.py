@@ -146,6 +146,11 @@ def run_head_benchmark(settings: HeadBenchSettings, progress: bool = True) -> di
                 "estimated_bytes_per_rank": estimated_bytes_per_rank(case),
                 "estimated_total_bytes": estimate,
             }
+            reason = BENCH_HEADS.build(case.head).unavailable(settings.device)
+            if reason is not None:
+                ProgressBar.write(f"{case.head}: unavailable: {reason}")
+                rows.append({**row, "status": "unavailable", "reason": reason})
+                continue
             if estimate > limit_bytes:
                 rows.append({**row, "status": "skipped"})
                 continue

@@ -18,8 +18,10 @@ from facetrain.bench.common import peak_memory, timed_repeats
 from facetrain.bench.head_memory import bench_device
 from facetrain.bench.naive_head import NaiveModelParallelHead
 from facetrain.bench.traffic import count_traffic
+from facetrain.errors import FacetrainError
 from facetrain.heads import DenseMarginHead, HeadPlan, ShardedMarginHead, class_range
 from facetrain.heads.fused_optim import FusedSGD
+from facetrain.heads.kernel_choice import resolve_kernel
 from facetrain.heads.memory import estimate_head_memory
 from facetrain.parallel import comm
 from facetrain.registry import Registry
@@ -66,6 +68,10 @@ class BenchHead:
 
     def after_backward(self, head: nn.Module, case: HeadCase) -> None:
         """Work a real training step does between the backward and the optimizer."""
+
+    def unavailable(self, device_kind: str) -> str | None:
+        """Why this kind cannot run on `device_kind` here (one line), or None."""
+        return None
 
     def optimizer(self, head: nn.Module) -> torch.optim.Optimizer | None:
         """The optimizer of a full training step: torch's SGD with momentum and weight decay, or None
@@ -126,9 +132,12 @@ class TiledBench(BenchHead):
 
     times_gemms = True
     storage = torch.float32
+    kernel = "torch"
 
     def build(self, case: HeadCase) -> nn.Module:
-        plan = HeadPlan("tiled", case.tile_classes, self.storage, self.storage, fused_optimizer=True)
+        plan = HeadPlan(
+            "tiled", case.tile_classes, self.storage, self.storage, fused_optimizer=True, kernel=self.kernel
+        )
         head = ShardedMarginHead(case.num_classes, case.dim, plan=plan)
         head.fuse_optimizer(FusedSGD([head.weight], state_dtype=self.storage, **SGD_SETTINGS))
         return head
@@ -149,6 +158,27 @@ class TiledBench(BenchHead):
 @BENCH_HEADS.register("tiled_bf16")
 class TiledBf16Bench(TiledBench):
     """The tiled head with its fused SGD, weight and momentum stored in bf16 (stochastic rounding)."""
+
+    storage = torch.bfloat16
+
+
+@BENCH_HEADS.register("tiled_triton")
+class TiledTritonBench(TiledBench):
+    """The tiled head with its tiles as Triton kernels (`head.kernel: triton`)."""
+
+    kernel = "triton"
+
+    def unavailable(self, device_kind: str) -> str | None:
+        try:
+            resolve_kernel("triton", device_kind)
+        except FacetrainError as error:
+            return str(error)
+        return None
+
+
+@BENCH_HEADS.register("tiled_triton_bf16")
+class TiledTritonBf16Bench(TiledTritonBench):
+    """The Triton tiles over bf16 weight and momentum."""
 
     storage = torch.bfloat16
 

@@ -92,6 +92,8 @@ def _table_row(row: dict) -> list[str]:
         return head + [f"skipped: estimated {format_bytes(row['estimated_total_bytes'])} in all"] + [""] * 6
     if row["status"] == "failed":
         return head + ["failed (see JSON)"] + [""] * 6
+    if row["status"] == "unavailable":
+        return head + [f"unavailable: {row['reason']}"] + [""] * 6
     gemm = "" if row["gemm_ms"] is None else f"{row['gemm_ms']:.1f}"
     ratio = "" if row["step_over_gemm"] is None else f"{row['step_over_gemm']:.2f}"
     return head + [
