@@ -13,6 +13,11 @@ gradients are no further from fp64 than twice the torch tiles' own bf16 error.
 
 from __future__ import annotations
 
+import os
+import subprocess
+import sys
+from pathlib import Path
+
 import pytest
 import torch
 
@@ -190,3 +195,51 @@ def test_kernel_choice(monkeypatch):
     assert resolve_kernel("triton", "cpu") == "triton"
     with pytest.raises(ValueError, match="kernel"):
         HeadPlan("tiled", kernel="auto")  # a plan carries the resolved kernel
+
+
+def compile_for_hopper(operand: str, storage: str) -> None:
+    """Compile both kernels for sm_90 with the GPU's blocks, printing each one's shared memory and whether
+    its dots became wgmma (Hopper's tensor-core instructions). Run without TRITON_INTERPRET."""
+    import triton
+    from triton.backends.compiler import GPUTarget
+    from triton.compiler import ASTSource
+
+    import facetrain.heads.triton_tile as kernels
+
+    blocks = {name: value for name, value in kernels.BLOCKS.items() if name.startswith("BLOCK")}
+    options = {name: value for name, value in kernels.BLOCKS.items() if name.startswith("num_")}
+    pointers = {"x_ptr": f"*{operand}", "w_ptr": f"*{storage}", "index_ptr": "*i64", "target_ptr": "*i64"}
+    sizes = dict.fromkeys(["B", "T", "D", "tile_start"], "i32") | {"scale": "fp32"}
+    outputs = {
+        kernels._softmax_stats_kernel: ["part_max_ptr", "part_sum_ptr", "target_raw_ptr"],
+        kernels._logit_grad_kernel: ["global_max_ptr", "corrected_ptr", "out_ptr"],
+    }
+    strides = {kernels._softmax_stats_kernel: ["c_blocks"], kernels._logit_grad_kernel: ["stride_out"]}
+    for kernel, names in outputs.items():
+        signature = pointers | {"inv_norm_ptr": "*fp32"} | dict.fromkeys(names, "*fp32")
+        signature |= {"out_ptr": f"*{operand}"} if "out_ptr" in names else {}
+        signature |= sizes | dict.fromkeys(["stride_x", "stride_w", *strides[kernel]], "i32")
+        constants = {"HAS_INDEX": True, **blocks}
+        signature |= dict.fromkeys(constants, "constexpr")
+        places = {(list(signature).index(name),): value for name, value in constants.items()}
+        source = ASTSource(kernel, signature, constexprs=places)
+        compiled = triton.compile(source, target=GPUTarget("cuda", 90, 32), options=options)
+        print(kernel.__name__, compiled.metadata.shared, "wgmma" in compiled.asm["ptx"])
+
+
+@pytest.mark.parametrize("storage", ["fp32", "bf16"])
+def test_kernels_compile_for_hopper_with_tensor_cores(storage):
+    """What the interpreter cannot show: the bf16 kernels compile for an H100/H200 (no GPU needed), fit its
+    shared memory (227 KiB a block) and run their dots on wgmma. Compiled once per machine (Triton's
+    cache), about 7 s for each storage dtype."""
+    environment = {name: value for name, value in os.environ.items() if name != "TRITON_INTERPRET"}
+    call = f"from tests.test_head_triton import compile_for_hopper; compile_for_hopper('bf16', '{storage}')"
+    result = subprocess.run(
+        [sys.executable, "-c", call], cwd=Path(__file__).parents[1], env=environment,
+        capture_output=True, text=True, timeout=600,
+    )  # fmt: skip
+    assert result.returncode == 0, result.stderr[-3000:]
+    for line in result.stdout.splitlines():
+        name, shared, wgmma = line.split()
+        assert int(shared) <= 227 * 1024 and wgmma == "True", line
+    assert len(result.stdout.splitlines()) == 2
