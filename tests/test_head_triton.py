@@ -24,12 +24,15 @@ from pathlib import Path
 import pytest
 import torch
 
+from facetrain.config import Config
 from facetrain.errors import FacetrainError
 from facetrain.heads import HeadPlan, ShardedMarginHead
 from facetrain.heads import margin_softmax as ms
 from facetrain.heads.fused_optim import FusedAdamW, FusedSGD
 from facetrain.heads.kernel_choice import resolve_kernel
 from facetrain.heads.margins import MARGINS
+from facetrain.parallel.dims import init_parallel
+from facetrain.train.head_plan import describe_plan, resolve_head_plan
 from tests.distributed import run_distributed
 from tests.test_head import dense_reference, local_rows, make_problem
 
@@ -198,6 +201,25 @@ def test_kernel_choice(monkeypatch):
     assert resolve_kernel("triton", "cpu") == "triton"
     with pytest.raises(ValueError, match="kernel"):
         HeadPlan("tiled", kernel="auto")  # a plan carries the resolved kernel
+
+
+def test_the_trainer_resolves_head_kernel_and_logs_it(monkeypatch):
+    cfg, dims = Config(), init_parallel()
+    cfg.head.mode, cfg.head.tile_classes = "tiled", 5
+    plan, reasons = resolve_head_plan(cfg, 12, dims)
+    assert plan.kernel == ("triton" if dims.device.type == "cuda" else "torch")  # head.kernel auto
+    cfg.head.kernel = "triton"
+    plan, reasons = resolve_head_plan(cfg, 12, dims)
+    assert "head: tiled, 5 classes a tile, triton kernel, fused sgd" in describe_plan(
+        plan, reasons, cfg, 12, dims
+    )
+    cfg.head.mode = "untiled"
+    assert resolve_head_plan(cfg, 12, dims)[0].kernel == "torch"  # the untiled head has no tiles
+    if dims.device.type == "cpu":
+        cfg.head.mode = "tiled"
+        monkeypatch.delenv("TRITON_INTERPRET", raising=False)
+        with pytest.raises(FacetrainError, match="^head.kernel triton needs CUDA"):
+            resolve_head_plan(cfg, 12, dims)
 
 
 def compile_for_hopper(operand: str, storage: str) -> None:
