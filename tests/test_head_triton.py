@@ -201,6 +201,8 @@ def test_kernel_choice(monkeypatch):
     assert resolve_kernel("triton", "cpu") == "triton"
     with pytest.raises(ValueError, match="kernel"):
         HeadPlan("tiled", kernel="auto")  # a plan carries the resolved kernel
+    with pytest.raises(ValueError, match="tiled"):
+        HeadPlan(kernel="triton")
 
 
 def test_the_trainer_resolves_head_kernel_and_logs_it(monkeypatch):

@@ -35,6 +35,8 @@ class HeadPlan:
             raise ValueError(f"a head plan's tile_classes must be >= 1, got {self.tile_classes}")
         if self.kernel not in TILE_KERNELS:
             raise ValueError(f"a head plan's kernel is one of {', '.join(TILE_KERNELS)}, not {self.kernel!r}")
+        if self.kernel == "triton" and not self.tiled:
+            raise ValueError("the triton kernel runs the tiled head's tiles: HeadPlan('tiled', ...)")
         if self.fused_optimizer and not self.tiled:
             raise ValueError("the fused head optimizer needs the tiled head: HeadPlan('tiled', ...)")
 
