@@ -105,16 +105,9 @@ class TiledMarginSoftmax(torch.autograd.Function):
                 tile_norms = inv_norms[rows.start : rows.stop]
                 if tile_ops.fused_gemm:
                     running_max, running_sum, target_raw = tile_ops.online_softmax_rows(
-                        x_op,
-                        weight,
-                        rows,
-                        tile_norms,
-                        scale,
-                        target_column,
-                        running_max,
-                        running_sum,
+                        x_op, weight, rows, tile_norms, scale, target_column, running_max, running_sum,
                         target_raw,
-                    )
+                    )  # fmt: skip
                     continue
                 dots = _tile_dots(scratch, gemm, x_op, weight, rows, tile_norms)
                 in_tile, column = _target_in_tile(target_column, rows)
@@ -173,14 +166,13 @@ class TiledMarginSoftmax(torch.autograd.Function):
                 w = scratch.cast("current", stored, stat_dtype)
                 w_op = scratch.cast("operand", stored, ctx.compute_dtype) if gemm.reduced else w
                 inv_norm = inv_norms[rows.start : rows.stop]
-                column_factor = inv_norm * scale
                 if fused_gemm:
                     grad_raw = ctx.tile_ops.logit_grad_rows(
                         x_logit_op, weight, rows, inv_norm, scale, global_max, target_column, corrected_target,
                         scratch.get("grad_raw", batch, len(rows), ctx.compute_dtype),
                     )  # fmt: skip
                 else:
-                    grad_raw = _logit_grad(ctx, scratch, gemm, x_logit_op, w, w_op, rows, column_factor,
+                    grad_raw = _logit_grad(ctx, scratch, gemm, x_logit_op, w, w_op, rows, inv_norm * scale,
                                            global_max, target_column, corrected_target)  # fmt: skip
                 if wants_x and grad_raw.dtype == stat_dtype:
                     grad_x_unit.addmm_(grad_raw, w_op)
