@@ -1,7 +1,14 @@
+import os
 from pathlib import Path
 
 import pytest
 import torch
+
+# Without a GPU, Triton's kernels (tests/test_head_triton.py) run through its interpreter. Triton reads
+# the variable when a function is decorated, its own library's included, so it is set before anything
+# in the session imports triton (torch.compile may); spawned ranks inherit it.
+if not torch.cuda.is_available():
+    os.environ.setdefault("TRITON_INTERPRET", "1")
 
 SHARED_DATA = Path(__file__).resolve().parents[1].parent / "shared" / "data"
 

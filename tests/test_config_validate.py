@@ -81,6 +81,7 @@ BAD_VALUES = [
     (["head.margin=sphereface", "head.margin_params={m: 0.5}"], "head.margin_params", "{'m': 0.5}"),
     (["head.margin_warmup_steps=-1"], "head.margin_warmup_steps", "-1"),
     (["head.mode=fast"], "head.mode", "'fast'"),
+    (["head.kernel=cuda"], "head.kernel", "'cuda'"),
     (["head.tile_classes=0"], "head.tile_classes", "0"),
     (["head.weight_dtype=fp16"], "head.weight_dtype", "'fp16'"),
     (["head.state_dtype=fp64"], "head.state_dtype", "'fp64'"),

@@ -87,9 +87,9 @@ def plan(out: Path, gpus: int, gib: float) -> list[Step]:
     minutes, `PART_BUDGET_S`); sized for one GPU of `gib` GiB (the capacity search fills 90 % of it)."""
     pytest = ["pytest", "-m", "cuda", "-q", "-rs", "-p", "no:cacheprovider"]
     return [
-        _head(out, "head_bf16", "bf16", "sharded,tiled,tiled_bf16,tiled_triton,sharded_softmax,tiled_softmax",
-              gib, 150),
-        _head(out, "head_fp32", "fp32", "sharded,tiled,tiled_triton,sharded_softmax,tiled_softmax", gib, 110),
+        _head(out, "head_bf16", "bf16", "sharded,tiled,tiled_triton,tiled_triton_bf16,sharded_softmax,"
+              "tiled_triton_softmax", gib, 150),
+        _head(out, "head_fp32", "fp32", "sharded,tiled,tiled_triton,sharded_softmax,tiled_triton_softmax", gib, 110),
         Step("pytest -m cuda: the head", [*pytest, "-k", "head or triton", f"--junitxml={out / 'pytest_head.xml'}"],
              60, part=1),
         Step("profile: untiled and tiled bf16 head step, C 1M", ["python", "tools/head_profile.py", "--out",

@@ -14,8 +14,10 @@ import torch
 from torch import nn
 
 from facetrain.bench.naive_head import NaiveModelParallelHead
+from facetrain.errors import FacetrainError
 from facetrain.heads import DenseMarginHead, HeadPlan, ShardedMarginHead, class_range
 from facetrain.heads.fused_optim import FusedSGD
+from facetrain.heads.kernel_choice import resolve_kernel
 from facetrain.heads.memory import estimate_head_memory
 from facetrain.parallel import comm
 from facetrain.registry import Registry
@@ -130,10 +132,13 @@ class TiledBench(BenchHead):
 
     times_gemms = True
     storage = torch.float32
+    kernel = "torch"
     computes = "ArcFace m 0.5 s 64, its fused SGD update included"
 
     def build(self, case: HeadCase) -> nn.Module:
-        plan = HeadPlan("tiled", case.tile_classes, self.storage, self.storage, fused_optimizer=True)
+        plan = HeadPlan(
+            "tiled", case.tile_classes, self.storage, self.storage, fused_optimizer=True, kernel=self.kernel
+        )
         head = ShardedMarginHead(case.num_classes, case.dim, margin=self.margin, plan=plan)
         head.fuse_optimizer(FusedSGD([head.weight], state_dtype=self.storage, **SGD_SETTINGS))
         return head
@@ -182,6 +187,35 @@ class TiledBf16SoftmaxBench(TiledBf16Bench):
 
     margin = "softmax"
     computes = "normalised softmax s 64, no margin, bf16 weight and momentum, fused SGD included"
+
+
+@BENCH_HEADS.register("tiled_triton")
+class TiledTritonBench(TiledBench):
+    """The tiled head with its tiles as Triton kernels (`head.kernel: triton`)."""
+
+    kernel = "triton"
+
+    def unavailable(self, case: HeadCase, device_kind: str) -> str:
+        try:
+            resolve_kernel("triton", device_kind)
+        except FacetrainError as error:
+            return str(error)
+        return ""
+
+
+@BENCH_HEADS.register("tiled_triton_bf16")
+class TiledTritonBf16Bench(TiledTritonBench):
+    """The Triton tiles over bf16 weight and momentum."""
+
+    storage = torch.bfloat16
+
+
+@BENCH_HEADS.register("tiled_triton_softmax")
+class TiledTritonSoftmaxBench(TiledTritonBench):
+    """The Triton tiles with no margin (normalised softmax, scale 64)."""
+
+    margin = "softmax"
+    computes = "normalised softmax s 64, no margin, Triton tiles, its fused SGD update included"
 
 
 @BENCH_HEADS.register("dense")

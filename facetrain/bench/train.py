@@ -33,6 +33,7 @@ from facetrain.bench.workers import WorkerPool
 from facetrain.config import ModelConfig, OptimConfig, ParallelConfig
 from facetrain.files import write_atomic
 from facetrain.heads import DenseMarginHead, HeadOutput, HeadPlan, ShardedMarginHead
+from facetrain.heads.kernel_choice import resolve_kernel
 from facetrain.models import build_backbone
 from facetrain.parallel import comm
 from facetrain.parallel.data_parallel import wrap_data_parallel
@@ -72,9 +73,11 @@ def _sharded(backbone: nn.Module, dims: ParallelDims, settings: dict, shape) -> 
 
 @BENCH_TRAIN_HEADS.register("tiled")
 def _tiled(backbone: nn.Module, dims: ParallelDims, settings: dict, shape) -> tuple:
-    """The tiled head with its fused SGD (the trainer's setting for a head that does not fit untiled)."""
+    """The tiled head with its fused SGD and the tile kernel head.kernel auto picks (Triton on CUDA): the
+    trainer's setting for a head that does not fit untiled."""
     local, model, _ = parallelize_backbone(backbone, dims, ParallelConfig(), shape)
-    plan = HeadPlan("tiled", tile_classes(None, dims.device.type), fused_optimizer=True)
+    kernel = resolve_kernel("auto", dims.device.type)
+    plan = HeadPlan("tiled", tile_classes(None, dims.device.type), fused_optimizer=True, kernel=kernel)
     head = ShardedMarginHead(
         settings["classes"], settings["dim"], margin="arcface", group=dims.dp_group, plan=plan
     )

@@ -24,7 +24,8 @@ from facetrain.cli.conventions import quiet_option
 @click.option(
     "--heads",
     help="Heads to compare [sharded,tiled,dense,naive; --capacity: sharded,tiled,tiled_bf16,dense,naive]. "
-    "sharded is the untiled head; tiled and tiled_bf16 the tiled head with its fused SGD.",
+    "sharded is the untiled head; tiled and tiled_bf16 the tiled head with its fused SGD; tiled_triton and "
+    "tiled_triton_bf16 the same with head.kernel triton (CUDA).",
 )
 @click.option(
     "--tile-classes",

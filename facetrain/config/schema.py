@@ -134,6 +134,10 @@ class HeadConfig:
     tile_classes: int | None = setting(None, at_least(1))
     # tiled: each tile's elementwise work as torch.compile'd fused kernels (fewer launches on a GPU)
     compile_tiles: bool = False
+    # tiled: what runs each tile; auto: Triton kernels (logit GEMM fused with the softmax statistics and
+    # the logit gradient) when the device is CUDA and triton imports, else the torch tiles; triton on
+    # the CPU needs TRITON_INTERPRET=1 (tests), see facetrain/heads/triton_tile.py
+    kernel: str = setting("auto", OneOf(("auto", "triton", "torch")))
     # tiled: the head updates each tile's rows inside the backward, so no C x D gradient exists; false
     # keeps a gradient for the trainer's optimizer, as settings it cannot honour do by themselves
     # (grad_accumulation > 1, fp16, pipeline micro-batches; config/validate.fused_optimizer_conflict)

@@ -7,13 +7,16 @@ from dataclasses import dataclass
 import torch
 
 MODES = ("untiled", "tiled")
+TILE_KERNELS = ("torch", "triton")
 
 
 @dataclass(frozen=True)
 class HeadPlan:
     """Untiled (the fastest: one B x C/N logit buffer) or tiled (B x `tile_classes` logits at a time,
-    `compile_tiles` compiling each tile's elementwise work), the weight's storage dtype, and whether the
-    tiled head updates itself with a fused optimizer keeping its state in `state_dtype` (docs/head.md).
+    `compile_tiles` compiling each tile's elementwise work, or `kernel` "triton" running each tile as
+    Triton kernels), the weight's storage dtype, and whether the tiled head updates itself with a fused
+    optimizer keeping its state in `state_dtype` (docs/head.md). `kernel` is resolved (head.kernel auto:
+    `facetrain.heads.kernel_choice.resolve_kernel`).
     `facetrain train` resolves one from the config (`facetrain.train.head_plan`); a library user writes
     it: `HeadPlan()`, or `HeadPlan("tiled", 8192, fused_optimizer=True)`."""
 
@@ -23,12 +26,17 @@ class HeadPlan:
     state_dtype: torch.dtype = torch.float32
     fused_optimizer: bool = False
     compile_tiles: bool = False
+    kernel: str = "torch"
 
     def __post_init__(self):
         if self.mode not in MODES:
             raise ValueError(f"a head plan's mode is one of {', '.join(MODES)}, not {self.mode!r}")
         if self.tile_classes < 1:
             raise ValueError(f"a head plan's tile_classes must be >= 1, got {self.tile_classes}")
+        if self.kernel not in TILE_KERNELS:
+            raise ValueError(f"a head plan's kernel is one of {', '.join(TILE_KERNELS)}, not {self.kernel!r}")
+        if self.kernel == "triton" and not self.tiled:
+            raise ValueError("the triton kernel runs the tiled head's tiles: HeadPlan('tiled', ...)")
         if self.fused_optimizer and not self.tiled:
             raise ValueError("the fused head optimizer needs the tiled head: HeadPlan('tiled', ...)")
 

@@ -91,7 +91,7 @@ class ShardedMarginHead(MarginHead):
         self.class_start, self.class_count = class_start, class_count
         self.sample_rate = float(sample_rate)
         self.check_every_step = check_every_step
-        self.tile_ops = tile_ops(plan.compile_tiles)
+        self.tile_ops = tile_ops(plan.compile_tiles, plan.kernel)
         self.gradient_reduction = gradient_reduction
         self._capacity: int | None = None
 

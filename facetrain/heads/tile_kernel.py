@@ -49,7 +49,10 @@ def logit_grad_tile(exps, column_factor, global_max, in_tile, column, corrected_
 
 class TileOps:
     """The two per-tile functions, as given or compiled once per process (static shapes: a run's tiles
-    have at most two widths, the full tile and the shard's remainder)."""
+    have at most two widths, the full tile and the shard's remainder). The GEMM stays with the caller
+    (`fused_gemm`; `triton_tile.TritonTileOps` fuses it)."""
+
+    fused_gemm = False
 
     def __init__(self, compiled: bool):
         self.compiled = compiled
@@ -66,5 +69,10 @@ def compiled_tile_ops() -> TileOps:
     return TileOps(compiled=True)
 
 
-def tile_ops(compiled: bool) -> TileOps:
+def tile_ops(compiled: bool, kernel: str = "torch"):
+    """The tile ops of a plan; Triton's are imported only when asked for (triton is optional)."""
+    if kernel == "triton":
+        from facetrain.heads.triton_tile import TRITON_TILE_OPS
+
+        return TRITON_TILE_OPS
     return compiled_tile_ops() if compiled else EAGER_TILE_OPS

@@ -9,7 +9,8 @@ O(B x T + B x D), whatever the number of classes; only a per-class norm (one flo
 between forward and backward.
 
 The cross-rank statistics, the margin and the loss are `margin_softmax.py`'s, shared with the untiled
-kernel.
+kernel. Each tile's work is `tile_kernel.py`'s torch ops after a torch GEMM, or (`head.kernel: triton`)
+`triton_tile.py`'s kernels, which fuse the GEMM in and never write the B x T logits of the forward.
 """
 
 from __future__ import annotations
@@ -46,6 +47,17 @@ def _target_in_tile(target_column, rows):
     return in_tile, (target_column - rows.start).clamp(0, len(rows) - 1)[:, None]
 
 
+def _logit_grad(ctx, scratch, gemm, x_logit_op, w, w_op, rows, column_factor, global_max, target_column,
+                corrected_target):  # fmt: skip
+    """The torch tiles' logit gradient: the recomputed logits, then `tile_kernel.logit_grad_tile`."""
+    w_logit_op = w if gemm.operand_dtype == w.dtype else w_op
+    logits_out = scratch.get("logits", x_logit_op.shape[0], len(rows), w.dtype)
+    dots = gemm.mm(x_logit_op, w_logit_op.t(), out=logits_out)
+    in_tile, column = _target_in_tile(target_column, rows)
+    logit_grad = ctx.tile_ops.logit_grad(dots, column_factor, global_max, in_tile, column, corrected_target)
+    return scratch.cast("grad_raw", logit_grad, ctx.compute_dtype)
+
+
 class TiledMarginSoftmax(torch.autograd.Function):
     """loss = mean over the global batch of CE(scale * margin(cos), target), tile by tile.
 
@@ -72,12 +84,14 @@ class TiledMarginSoftmax(torch.autograd.Function):
         tile_ops: TileOps = EAGER_TILE_OPS,
     ):
         gemm_dtype = ms.compute_dtype(embeddings.device, embeddings.dtype)
+        if tile_ops.fused_gemm and gemm_dtype not in tile_ops.dtypes:
+            tile_ops = EAGER_TILE_OPS  # fp64 (the exactness tests' dtype) runs the torch tiles
         width = weight.shape[0] if index is None else index.shape[0]
         tiles = class_tiles(width, tile_classes, index)
         with torch.autocast(embeddings.device.type, enabled=False):
             x_unit, x_norm = ms.unit_rows(embeddings)
             gemm = LogitGemm(x_unit.device, gemm_dtype, x_unit.dtype)
-            x_op = x_unit.to(gemm.operand_dtype)
+            x_op = x_unit.to(gemm_dtype if tile_ops.fused_gemm else gemm.operand_dtype)
             has_target = target_column >= 0
 
             # Online softmax over the tiles. A row's own target column is left out (set to -inf) and
@@ -89,6 +103,12 @@ class TiledMarginSoftmax(torch.autograd.Function):
             scratch = Scratch(x_unit.device)
             for rows in tiles:
                 tile_norms = inv_norms[rows.start : rows.stop]
+                if tile_ops.fused_gemm:
+                    running_max, running_sum, target_raw = tile_ops.online_softmax_rows(
+                        x_op, weight, rows, tile_norms, scale, target_column, running_max, running_sum,
+                        target_raw,
+                    )  # fmt: skip
+                    continue
                 dots = _tile_dots(scratch, gemm, x_op, weight, rows, tile_norms)
                 in_tile, column = _target_in_tile(target_column, rows)
                 running_max, running_sum, target_raw = tile_ops.online_softmax(
@@ -127,7 +147,8 @@ class TiledMarginSoftmax(torch.autograd.Function):
         width = inv_norms.shape[0]
         with torch.autocast(x_unit.device.type, enabled=False), torch.no_grad():
             gemm = LogitGemm(x_unit.device, ctx.compute_dtype, stat_dtype)
-            x_logit_op = x_unit.to(gemm.operand_dtype)
+            fused_gemm = ctx.tile_ops.fused_gemm
+            x_logit_op = x_unit.to(ctx.compute_dtype if fused_gemm else gemm.operand_dtype)
             at_target = (target_logit - global_max).exp()
             has_target = target_column >= 0
             row_factor, corrected_target = ms.target_gradient(
@@ -145,15 +166,14 @@ class TiledMarginSoftmax(torch.autograd.Function):
                 w = scratch.cast("current", stored, stat_dtype)
                 w_op = scratch.cast("operand", stored, ctx.compute_dtype) if gemm.reduced else w
                 inv_norm = inv_norms[rows.start : rows.stop]
-                column_factor = inv_norm * scale
-                w_logit_op = w if gemm.operand_dtype == stat_dtype else w_op
-                logits_out = scratch.get("logits", batch, len(rows), stat_dtype)
-                dots = gemm.mm(x_logit_op, w_logit_op.t(), out=logits_out)
-                in_tile, column = _target_in_tile(target_column, rows)
-                logit_grad = ctx.tile_ops.logit_grad(
-                    dots, column_factor, global_max, in_tile, column, corrected_target
-                )
-                grad_raw = scratch.cast("grad_raw", logit_grad, ctx.compute_dtype)
+                if fused_gemm:
+                    grad_raw = ctx.tile_ops.logit_grad_rows(
+                        x_logit_op, weight, rows, inv_norm, scale, global_max, target_column, corrected_target,
+                        scratch.get("grad_raw", batch, len(rows), ctx.compute_dtype),
+                    )  # fmt: skip
+                else:
+                    grad_raw = _logit_grad(ctx, scratch, gemm, x_logit_op, w, w_op, rows, inv_norm * scale,
+                                           global_max, target_column, corrected_target)  # fmt: skip
                 if wants_x and grad_raw.dtype == stat_dtype:
                     grad_x_unit.addmm_(grad_raw, w_op)
                 elif wants_x:

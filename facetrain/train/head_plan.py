@@ -2,10 +2,11 @@
 tightest rank's free memory, logged by the primary rank as one line, and the head built from it.
 
 Every decision about how the head runs is made here and nowhere else: head.mode (auto resolved by
-memory), the tile (head.tile_classes, or the device's default), the storage dtypes, and whether the
-fused optimizer is used. That last one follows one rule (`config.validate.fused_optimizer_conflict`):
-a setting the fused optimizer cannot honour turns it off, and the log line names the setting; bf16
-storage, which cannot do without it, is refused with such settings before any process starts.
+memory), the tile (head.tile_classes, or the device's default), the tile kernel (head.kernel auto:
+Triton on CUDA), the storage dtypes, and whether the fused optimizer is used. That last one follows
+one rule (`config.validate.fused_optimizer_conflict`): a setting the fused optimizer cannot honour
+turns it off, and the log line names the setting; bf16 storage, which cannot do without it, is
+refused with such settings before any process starts.
 """
 
 from __future__ import annotations
@@ -16,6 +17,7 @@ from torch import nn
 from facetrain.config import Config
 from facetrain.config.validate import fused_optimizer_conflict, show
 from facetrain.heads import ShardedMarginHead, class_range
+from facetrain.heads.kernel_choice import resolve_kernel
 from facetrain.heads.memory import (
     STORAGE_DTYPES,
     backbone_training_bytes,
@@ -90,7 +92,10 @@ def resolve_head_plan(
         key, value, _ = conflict
         reasons.append(f"no fused optimizer with {key} {show(value)}")
     tile = tile_classes(settings.tile_classes, dims.device.type)
-    plan = HeadPlan(mode, tile, weight_dtype, state_dtype, fused and conflict is None, settings.compile_tiles)
+    kernel = resolve_kernel(settings.kernel, dims.device.type) if mode == "tiled" else "torch"
+    plan = HeadPlan(
+        mode, tile, weight_dtype, state_dtype, fused and conflict is None, settings.compile_tiles, kernel
+    )
     return plan, "; ".join(reasons)
 
 
@@ -104,7 +109,8 @@ def describe_plan(plan: HeadPlan, reasons: str, cfg: Config, num_classes: int, d
         weight_dtype=plan.weight_dtype, state_dtype=plan.state_dtype,
         reduced_precision_gemm=cfg.train.precision != "fp32",
     )  # fmt: skip
-    how = f"tiled, {plan.tile_classes:,} classes a tile" if plan.tiled else "untiled"
+    kernel = ", triton kernel" if plan.kernel == "triton" else ""
+    how = f"tiled, {plan.tile_classes:,} classes a tile{kernel}" if plan.tiled else "untiled"
     why = f" ({reasons})" if reasons else ""
     updates = f"fused {cfg.optim.name}" if plan.fused_optimizer else f"torch {cfg.optim.name}"
     state = f", state {settings.state_dtype}" if plan.fused_optimizer else ""

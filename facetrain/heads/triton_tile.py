@@ -1,0 +1,202 @@
+"""The tiled head's tile work as Triton kernels (`head.kernel: triton`): the logit GEMM fused with the
+softmax statistics in the forward, and with the logit gradient in the backward.
+
+Why: the torch tiles write each tile's B x T fp32 logits and pass over them about ten times in the
+forward and four in the backward; on a GPU those passes, not the GEMMs, are most of the step. Here the
+forward computes x_unit . w on-chip (fp32 accumulation), scales by |w|^-1 x scale (the class norms are
+taken from the rows the kernel loads anyway and written out for the backward), masks each row's
+target column and writes only a per-(row, class block) max and sum of exponentials, which torch
+combines into the same running max and sum the torch tiles carry. The backward recomputes the logits
+and writes the tile's logit gradient in the GEMM dtype; dX and the weight gradient stay cuBLAS GEMMs
+(fp32 accumulation, deterministic, no atomics), and the radial part and the fused optimizer run in
+torch per tile as on the torch path. Fusing dX and dW into the recompute would need a D-wide fp32
+accumulator per block (D = 512: 128 KiB for 64 rows, past the registers) or one recompute per slice of
+D, so the gradient tile goes through memory once, in bf16 under bf16.
+
+The margin never enters the kernels: it is applied outside the tiles to the B-vector of target logits
+(`margin_softmax.penalise_targets`, `target_gradient`). The forward leaves the target column out and
+returns its raw logit; the backward writes the caller's `corrected_target` into that column. So every
+margin, present or future (AdaFace, MagFace, ElasticFace: per-row functions of the target cosine),
+works through that hook unchanged. A margin that also modulates the negatives (CurricularFace) would
+add one per-row transform of the non-target logits where the kernels form `logits` (marked
+NEGATIVE LOGIT HOOK below) and its derivative in the backward; not built yet.
+
+Operands follow the torch path's GEMM dtype (`margin_softmax.compute_dtype`): bf16 under bf16
+autocast, fp32 otherwise with `input_precision="ieee"` so fp32 is exact (no TF32). fp64 runs the torch
+tiles. Partial FC's sampled rows are gathered through the index inside the kernel.
+
+Import this module only when the kernel is wanted: triton is optional, and it reads TRITON_INTERPRET
+(the CPU interpreter, which the tests use) when the kernels below are decorated.
+"""
+
+from __future__ import annotations
+
+import torch
+import triton
+import triton.language as tl
+
+from facetrain.errors import FacetrainError
+from facetrain.heads.class_rows import ClassRows
+from facetrain.heads.kernel_choice import interpreting
+
+INTERPRETED = interpreting()  # as Triton decided when it decorated the kernels below
+# Hopper-sized blocks (128 x 128 logits, 64 of D per step, 3 stages in flight); the interpreter takes
+# the smallest blocks tl.dot allows, so the tests' uneven tiles cross several blocks.
+BLOCKS = (
+    {"BLOCK_B": 16, "BLOCK_C": 16, "BLOCK_D": 16}
+    if INTERPRETED
+    else {"BLOCK_B": 128, "BLOCK_C": 128, "BLOCK_D": 64, "num_warps": 8, "num_stages": 3}
+)
+DTYPES = (torch.float32, torch.bfloat16, torch.float16)  # GEMM dtypes the kernels take
+
+
+@triton.jit
+def _tile_logits(x_ptr, w_ptr, index_ptr, b_offs, c_offs, B, T, D, tile_start, stride_x, stride_w,
+                 HAS_INDEX: tl.constexpr, BLOCK_B: tl.constexpr, BLOCK_C: tl.constexpr,
+                 BLOCK_D: tl.constexpr, WIDEN: tl.constexpr = INTERPRETED):  # fmt: skip
+    """x_unit . w for a block (fp32), and the block's squared weight norms from the stored rows."""
+    b_mask, c_mask = b_offs < B, c_offs < T
+    if HAS_INDEX:
+        w_rows = tl.load(index_ptr + c_offs, mask=c_mask, other=0)
+    else:
+        w_rows = tile_start + c_offs
+    w_base = w_ptr + w_rows.to(tl.int64)[None, :] * stride_w  # 64-bit: C x D passes 2^31 past 4M x 512
+    acc = tl.zeros((BLOCK_B, BLOCK_C), dtype=tl.float32)
+    squares = tl.zeros((BLOCK_C,), dtype=tl.float32)
+    for d0 in range(0, D, BLOCK_D):
+        d = d0 + tl.arange(0, BLOCK_D)
+        d_mask = d < D
+        x = tl.load(
+            x_ptr + b_offs[:, None] * stride_x + d[None, :], mask=b_mask[:, None] & d_mask[None, :], other=0.0
+        )
+        w = tl.load(w_base + d[:, None], mask=c_mask[None, :] & d_mask[:, None], other=0.0)
+        wide = w.to(tl.float32)
+        squares += tl.sum(wide * wide, axis=0)
+        if w.dtype != x.dtype and x.dtype == tl.float32:
+            w = w.to(tl.float32)
+        elif w.dtype != x.dtype:  # rounding named: the interpreter's default truncates
+            w = w.to(x.dtype, fp_downcast_rounding="rtne")
+        if WIDEN:  # the interpreter's bf16 tl.dot is wrong (Triton 3.8); fp32 of bf16 values is exact
+            x, w = x.to(tl.float32), w.to(tl.float32)
+        acc = tl.dot(x, w, acc, input_precision="ieee")
+    return acc, squares
+
+
+@triton.jit
+def _softmax_stats_kernel(x_ptr, w_ptr, index_ptr, target_ptr, inv_norm_ptr, part_max_ptr, part_sum_ptr,
+                          target_raw_ptr, B, T, D, tile_start, scale, stride_x, stride_w, c_blocks,
+                          HAS_INDEX: tl.constexpr, BLOCK_B: tl.constexpr, BLOCK_C: tl.constexpr,
+                          BLOCK_D: tl.constexpr):  # fmt: skip
+    # row blocks vary fastest: the programs sharing a block of weight rows run together (L2 reuse)
+    pid = tl.program_id(0)
+    row_blocks = (B + BLOCK_B - 1) // BLOCK_B
+    pid_b, pid_c = pid % row_blocks, pid // row_blocks
+    b_offs = pid_b * BLOCK_B + tl.arange(0, BLOCK_B)
+    c_offs = pid_c * BLOCK_C + tl.arange(0, BLOCK_C)
+    b_mask, c_mask = b_offs < B, c_offs < T
+    dots, squares = _tile_logits(x_ptr, w_ptr, index_ptr, b_offs, c_offs, B, T, D, tile_start, stride_x,
+                                 stride_w, HAS_INDEX, BLOCK_B, BLOCK_C, BLOCK_D)  # fmt: skip
+    inv_norm = 1.0 / tl.maximum(tl.sqrt(squares), 1e-12)
+    if pid_b == 0:
+        tl.store(inv_norm_ptr + c_offs, inv_norm, mask=c_mask)
+    logits = dots * (inv_norm * scale)[None, :]  # NEGATIVE LOGIT HOOK
+    target = tl.load(target_ptr + b_offs, mask=b_mask, other=-1) - tile_start
+    is_target = c_offs[None, :] == target[:, None]
+    # the target's raw logit: its margin is applied outside, once per step
+    in_block = (target >= pid_c * BLOCK_C) & (target < pid_c * BLOCK_C + BLOCK_C) & (target < T)
+    tl.store(
+        target_raw_ptr + b_offs, tl.sum(tl.where(is_target, logits, 0.0), axis=1), mask=b_mask & in_block
+    )
+    logits = tl.where(is_target | ~c_mask[None, :], float("-inf"), logits)
+    block_max = tl.max(logits, axis=1)
+    shift = tl.where(block_max == float("-inf"), 0.0, block_max)
+    block_sum = tl.sum(tl.exp(logits - shift[:, None]), axis=1)
+    out = b_offs * c_blocks + pid_c
+    tl.store(part_max_ptr + out, block_max, mask=b_mask)
+    tl.store(part_sum_ptr + out, block_sum, mask=b_mask)
+
+
+@triton.jit
+def _logit_grad_kernel(x_ptr, w_ptr, index_ptr, target_ptr, inv_norm_ptr, global_max_ptr, corrected_ptr,
+                       out_ptr, B, T, D, tile_start, scale, stride_x, stride_w, stride_out,
+                       HAS_INDEX: tl.constexpr, BLOCK_B: tl.constexpr, BLOCK_C: tl.constexpr,
+                       BLOCK_D: tl.constexpr):  # fmt: skip
+    pid = tl.program_id(0)
+    row_blocks = (B + BLOCK_B - 1) // BLOCK_B
+    pid_b, pid_c = pid % row_blocks, pid // row_blocks
+    b_offs = pid_b * BLOCK_B + tl.arange(0, BLOCK_B)
+    c_offs = pid_c * BLOCK_C + tl.arange(0, BLOCK_C)
+    b_mask, c_mask = b_offs < B, c_offs < T
+    dots, _ = _tile_logits(x_ptr, w_ptr, index_ptr, b_offs, c_offs, B, T, D, tile_start, stride_x, stride_w,
+                           HAS_INDEX, BLOCK_B, BLOCK_C, BLOCK_D)  # fmt: skip
+    column_factor = tl.load(inv_norm_ptr + c_offs, mask=c_mask, other=0.0) * scale
+    global_max = tl.load(global_max_ptr + b_offs, mask=b_mask, other=0.0)
+    exps = tl.exp(dots * column_factor[None, :] - global_max[:, None])  # NEGATIVE LOGIT HOOK
+    target = tl.load(target_ptr + b_offs, mask=b_mask, other=-1) - tile_start
+    corrected = tl.load(corrected_ptr + b_offs, mask=b_mask, other=0.0)
+    grad = tl.where(c_offs[None, :] == target[:, None], corrected[:, None], exps) * column_factor[None, :]
+    out = out_ptr + b_offs[:, None] * stride_out + c_offs[None, :]
+    tl.store(
+        out,
+        grad.to(out_ptr.dtype.element_ty, fp_downcast_rounding="rtne"),
+        mask=b_mask[:, None] & c_mask[None, :],
+    )
+
+
+def _launch_args(x_op: torch.Tensor, weight: torch.Tensor, rows: ClassRows) -> tuple:
+    if x_op.device.type != "cuda" and not INTERPRETED:
+        raise FacetrainError(
+            f"head.kernel triton needs CUDA inputs (got {x_op.device.type}); use head.kernel auto or torch, "
+            "or TRITON_INTERPRET=1 for Triton's CPU interpreter"
+        )
+    has_index = rows.index is not None
+    batch, width = x_op.shape[0], len(rows)
+    grid = (triton.cdiv(batch, BLOCKS["BLOCK_B"]) * triton.cdiv(width, BLOCKS["BLOCK_C"]),)
+    pointers = (x_op, weight, rows.index if has_index else weight)
+    sizes = (batch, width, x_op.shape[1], rows.start)
+    return grid, pointers, sizes, has_index
+
+
+def online_softmax_rows(x_op, weight, rows, inv_norm, scale, target_column, running_max, running_sum,
+                        target_raw):  # fmt: skip
+    """One tile's share of the online softmax from the stored rows (`tile_kernel.online_softmax_tile`'s
+    result without its B x T logits): writes the tile's inverse norms into `inv_norm` and its targets'
+    raw logits into `target_raw`; returns the new running max and sum."""
+    grid, pointers, sizes, has_index = _launch_args(x_op, weight, rows)
+    c_blocks = triton.cdiv(len(rows), BLOCKS["BLOCK_C"])
+    part_max = running_max.new_empty(x_op.shape[0], c_blocks)
+    part_sum = torch.empty_like(part_max)
+    _softmax_stats_kernel[grid](
+        *pointers, target_column, inv_norm, part_max, part_sum, target_raw, *sizes, scale,
+        x_op.stride(0), weight.stride(0), c_blocks, HAS_INDEX=has_index, **BLOCKS,
+    )  # fmt: skip
+    tile_max = part_max.amax(dim=1)
+    new_max = torch.maximum(running_max, tile_max)
+    # a row that has seen only its own (left out) target so far stays at -inf: shift by 0
+    shift = torch.where(new_max == float("-inf"), 0.0, new_max)
+    tile_sum = (part_sum * (part_max - shift[:, None]).exp()).sum(dim=1)
+    return new_max, running_sum * (running_max - shift).exp() + tile_sum, target_raw
+
+
+def logit_grad_rows(x_op, weight, rows, inv_norm, scale, global_max, target_column, corrected_target, out):
+    """The tile's gradient with respect to its raw dot products (`tile_kernel.logit_grad_tile`'s), from
+    the logits recomputed on-chip, into `out` (B x t in the GEMM dtype)."""
+    grid, pointers, sizes, has_index = _launch_args(x_op, weight, rows)
+    _logit_grad_kernel[grid](
+        *pointers, target_column, inv_norm, global_max, corrected_target, out, *sizes, scale,
+        x_op.stride(0), weight.stride(0), out.stride(0), HAS_INDEX=has_index, **BLOCKS,
+    )  # fmt: skip
+    return out
+
+
+class TritonTileOps:
+    """`tile_kernel.TileOps`' counterpart for `TiledMarginSoftmax`: the tile's GEMM is inside its ops."""
+
+    fused_gemm = True
+    compiled = False
+    dtypes = DTYPES
+    online_softmax_rows = staticmethod(online_softmax_rows)
+    logit_grad_rows = staticmethod(logit_grad_rows)
+
+
+TRITON_TILE_OPS = TritonTileOps()
