@@ -246,7 +246,7 @@ def compile_for_hopper(operand: str, storage: str) -> None:
         signature = pointers | {"inv_norm_ptr": "*fp32"} | dict.fromkeys(names, "*fp32")
         signature |= {"out_ptr": f"*{operand}"} if "out_ptr" in names else {}
         signature |= sizes | dict.fromkeys(["stride_x", "stride_w", *strides[kernel]], "i32")
-        constants = {"HAS_INDEX": True, **blocks}
+        constants = {"HAS_INDEX": True, **blocks, "PRECISION": "ieee"}
         signature |= dict.fromkeys(constants, "constexpr")
         places = {(list(signature).index(name),): value for name, value in constants.items()}
         source = ASTSource(kernel, signature, constexprs=places)

@@ -1,5 +1,6 @@
-"""Where a head step's GPU time goes: torch.profiler over one forward + backward of the untiled and the
-tiled head (bf16 autocast, C 1M, B 1024, D 512 by default), the kernels by total device time.
+"""Where a head step's GPU time goes: torch.profiler over one forward + backward of the untiled head and
+the tiled head with torch and with Triton tiles (bf16 autocast, C 1M, B 1024, D 512 by default), the
+kernels by total device time.
 
     python tools/head_profile.py --out head_profile.json            # on a machine with CUDA
     python tools/head_profile.py --device cpu --classes 20000 --out /tmp/p.json   # the same on a CPU
@@ -24,10 +25,13 @@ from facetrain.train.device_defaults import tile_classes
 TOP = 15
 
 
+MODES = {"untiled": None, "tiled": "torch", "tiled_triton": "triton"}  # mode: the tiles' kernel
+
+
 def build(mode: str, classes: int, dim: int, device: torch.device) -> ShardedMarginHead:
     if mode == "untiled":
         return ShardedMarginHead(classes, dim).to(device)
-    plan = HeadPlan("tiled", tile_classes(None, device.type), fused_optimizer=True)
+    plan = HeadPlan("tiled", tile_classes(None, device.type), fused_optimizer=True, kernel=MODES[mode])
     head = ShardedMarginHead(classes, dim, plan=plan).to(device)
     head.fuse_optimizer(FusedSGD([head.weight], lr=0.1, momentum=0.9, weight_decay=5e-4))
     return head
@@ -77,7 +81,8 @@ def main() -> int:
         return 2
     device = torch.device(args.device)
     results = []
-    for mode in ("untiled", "tiled"):
+    modes = MODES if device.type == "cuda" else ("untiled", "tiled")  # Triton: CUDA (or its interpreter)
+    for mode in modes:
         result = profile_step(mode, args.classes, args.batch, args.dim, device)
         results.append(result)
         print(

@@ -33,7 +33,7 @@ from facetrain.bench.peer_sources import cuda_calls_to, import_wheel, join_one_r
 PEERS = {
     "insightface": ("insightface", "insightface_0.3"),
     "liger": ("liger",),
-    "cce": ("cce",),
+    "cce": ("cce", "cce_exact"),
 }
 
 
@@ -65,9 +65,9 @@ class InsightfaceBench(BenchHead):
         partial_fc, losses = load_insightface(Path(case.peers_dir))
         margin = losses.CombinedMarginLoss(64.0, 1.0, 0.5, 0.0)
         fp16 = case.precision != "fp32"
-        return _InsightfaceModule(
-            partial_fc.PartialFC_V2(margin, case.dim, case.num_classes, self.sample_rate, fp16=fp16)
-        )
+        module = partial_fc.PartialFC_V2(margin, case.dim, case.num_classes, self.sample_rate, fp16=fp16)
+        # its weight is made by torch.normal, which the benchmark's device context does not reach
+        return _InsightfaceModule(module).to(torch.get_default_device())
 
     def estimate_step_bytes(self, case: HeadCase) -> list[int]:
         # B x c logits in ~5 copies (fp32 and fp16 logits, clamp, scaled margin logits, one-hot, their
@@ -138,16 +138,42 @@ class LigerBench(_SingleDevicePeer):
 
 @BENCH_HEADS.register("cce")
 class CutCrossEntropyBench(_SingleDevicePeer):
-    """Apple's Cut Cross-Entropy `linear_cross_entropy`: its Triton kernel on CUDA; on the CPU its torch
-    implementation (`impl="torch_compile"`, which holds the full logits: it is CCE's fallback, not CCE)."""
+    """Apple's Cut Cross-Entropy `linear_cross_entropy` as users call it: its Triton kernels on CUDA,
+    with its default gradient filter (`filter_eps="high"`: a block of the logit gradient whose entries
+    are all below 2^-12 under bf16 is skipped). On the CPU its torch implementation
+    (`impl="torch_compile"`, which holds the full logits: CCE's fallback, not CCE)."""
 
     needs_cuda = False
+    filter_eps: str | None = "high"
+    computes = (
+        "plain linear + softmax CE, no normalisation, scale or margin; one device; gradient blocks below "
+        "2^-12 skipped (its default filter: at a near-uniform softmax, almost all)"
+    )
+
+    def unavailable(self, case: HeadCase, device_kind: str) -> str:
+        if device_kind == "cuda" and case.precision == "fp32":
+            return "its Triton backward takes bf16 or fp16 only"
+        return super().unavailable(case, device_kind)
 
     def build(self, case: HeadCase) -> nn.Module:
         module = import_wheel(Path(case.peers_dir), "cce", "cut_cross_entropy")
-        impl = "cce" if torch.get_default_device().type == "cuda" else "torch_compile"
+        cuda = torch.get_default_device().type == "cuda"
+        impl, filter_eps = ("cce", self.filter_eps) if cuda else ("torch_compile", None)
 
         def loss(weight, embeddings, labels):
-            return module.linear_cross_entropy(embeddings, weight, labels, impl=impl)
+            if impl == "torch_compile":
+                return module.linear_cross_entropy(embeddings, weight, labels, impl=impl)
+            return module.linear_cross_entropy(embeddings, weight, labels, impl=impl, filter_eps=filter_eps)
 
         return _PlainLinearCE(self.weight(case), loss)
+
+
+@BENCH_HEADS.register("cce_exact")
+class CutCrossEntropyExactBench(CutCrossEntropyBench):
+    """Cut Cross-Entropy with its gradient filter off (`filter_eps=None`): every gradient entry computed,
+    as facetrain's heads compute them. On the CPU the same as `cce` (its torch implementation)."""
+
+    filter_eps = None
+    computes = (
+        "plain linear + softmax CE, no normalisation, scale or margin; one device; every gradient entry"
+    )

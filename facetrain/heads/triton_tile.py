@@ -22,7 +22,8 @@ add one per-row transform of the non-target logits where the kernels form `logit
 NEGATIVE LOGIT HOOK below) and its derivative in the backward; not built yet.
 
 Operands follow the torch path's GEMM dtype (`margin_softmax.compute_dtype`): bf16 under bf16
-autocast, fp32 otherwise with `input_precision="ieee"` so fp32 is exact (no TF32). fp64 runs the torch
+autocast, fp32 otherwise, exact (`input_precision="ieee"`) unless torch's own fp32 GEMMs may use TF32
+(`fp32_dot_precision`). fp64 runs the torch
 tiles. Partial FC's sampled rows are gathered through the index inside the kernel.
 
 Import this module only when the kernel is wanted: triton is optional, and it reads TRITON_INTERPRET
@@ -53,7 +54,7 @@ DTYPES = (torch.float32, torch.bfloat16, torch.float16)  # GEMM dtypes the kerne
 @triton.jit
 def _tile_logits(x_ptr, w_ptr, index_ptr, b_offs, c_offs, B, T, D, tile_start, stride_x, stride_w,
                  HAS_INDEX: tl.constexpr, BLOCK_B: tl.constexpr, BLOCK_C: tl.constexpr,
-                 BLOCK_D: tl.constexpr, WIDEN: tl.constexpr = INTERPRETED):  # fmt: skip
+                 BLOCK_D: tl.constexpr, PRECISION: tl.constexpr, WIDEN: tl.constexpr = INTERPRETED):  # fmt: skip
     """x_unit . w for a block (fp32), and the block's squared weight norms from the stored rows."""
     b_mask, c_mask = b_offs < B, c_offs < T
     if HAS_INDEX:
@@ -78,7 +79,7 @@ def _tile_logits(x_ptr, w_ptr, index_ptr, b_offs, c_offs, B, T, D, tile_start, s
             w = w.to(x.dtype, fp_downcast_rounding="rtne")
         if WIDEN:  # the interpreter's bf16 tl.dot is wrong (Triton 3.8); fp32 of bf16 values is exact
             x, w = x.to(tl.float32), w.to(tl.float32)
-        acc = tl.dot(x, w, acc, input_precision="ieee")
+        acc = tl.dot(x, w, acc, input_precision=PRECISION)
     return acc, squares
 
 
@@ -86,7 +87,7 @@ def _tile_logits(x_ptr, w_ptr, index_ptr, b_offs, c_offs, B, T, D, tile_start, s
 def _softmax_stats_kernel(x_ptr, w_ptr, index_ptr, target_ptr, inv_norm_ptr, part_max_ptr, part_sum_ptr,
                           target_raw_ptr, B, T, D, tile_start, scale, stride_x, stride_w, c_blocks,
                           HAS_INDEX: tl.constexpr, BLOCK_B: tl.constexpr, BLOCK_C: tl.constexpr,
-                          BLOCK_D: tl.constexpr):  # fmt: skip
+                          BLOCK_D: tl.constexpr, PRECISION: tl.constexpr):  # fmt: skip
     # row blocks vary fastest: the programs sharing a block of weight rows run together (L2 reuse)
     pid = tl.program_id(0)
     row_blocks = (B + BLOCK_B - 1) // BLOCK_B
@@ -95,7 +96,7 @@ def _softmax_stats_kernel(x_ptr, w_ptr, index_ptr, target_ptr, inv_norm_ptr, par
     c_offs = pid_c * BLOCK_C + tl.arange(0, BLOCK_C)
     b_mask, c_mask = b_offs < B, c_offs < T
     dots, squares = _tile_logits(x_ptr, w_ptr, index_ptr, b_offs, c_offs, B, T, D, tile_start, stride_x,
-                                 stride_w, HAS_INDEX, BLOCK_B, BLOCK_C, BLOCK_D)  # fmt: skip
+                                 stride_w, HAS_INDEX, BLOCK_B, BLOCK_C, BLOCK_D, PRECISION)  # fmt: skip
     inv_norm = 1.0 / tl.maximum(tl.sqrt(squares), 1e-12)
     if pid_b == 0:
         tl.store(inv_norm_ptr + c_offs, inv_norm, mask=c_mask)
@@ -120,7 +121,7 @@ def _softmax_stats_kernel(x_ptr, w_ptr, index_ptr, target_ptr, inv_norm_ptr, par
 def _logit_grad_kernel(x_ptr, w_ptr, index_ptr, target_ptr, inv_norm_ptr, global_max_ptr, corrected_ptr,
                        out_ptr, B, T, D, tile_start, scale, stride_x, stride_w, stride_out,
                        HAS_INDEX: tl.constexpr, BLOCK_B: tl.constexpr, BLOCK_C: tl.constexpr,
-                       BLOCK_D: tl.constexpr):  # fmt: skip
+                       BLOCK_D: tl.constexpr, PRECISION: tl.constexpr):  # fmt: skip
     pid = tl.program_id(0)
     row_blocks = (B + BLOCK_B - 1) // BLOCK_B
     pid_b, pid_c = pid % row_blocks, pid // row_blocks
@@ -128,7 +129,7 @@ def _logit_grad_kernel(x_ptr, w_ptr, index_ptr, target_ptr, inv_norm_ptr, global
     c_offs = pid_c * BLOCK_C + tl.arange(0, BLOCK_C)
     b_mask, c_mask = b_offs < B, c_offs < T
     dots, _ = _tile_logits(x_ptr, w_ptr, index_ptr, b_offs, c_offs, B, T, D, tile_start, stride_x, stride_w,
-                           HAS_INDEX, BLOCK_B, BLOCK_C, BLOCK_D)  # fmt: skip
+                           HAS_INDEX, BLOCK_B, BLOCK_C, BLOCK_D, PRECISION)  # fmt: skip
     column_factor = tl.load(inv_norm_ptr + c_offs, mask=c_mask, other=0.0) * scale
     global_max = tl.load(global_max_ptr + b_offs, mask=b_mask, other=0.0)
     exps = tl.exp(dots * column_factor[None, :] - global_max[:, None])  # NEGATIVE LOGIT HOOK
@@ -157,6 +158,13 @@ def _launch_args(x_op: torch.Tensor, weight: torch.Tensor, rows: ClassRows) -> t
     return grid, pointers, sizes, has_index
 
 
+def fp32_dot_precision() -> str:
+    """fp32 dots as torch's fp32 GEMMs compute them: exact (ieee) under torch's default "highest", on
+    TF32 tensor cores where torch.set_float32_matmul_precision allows it (the trainer's "high" on CUDA),
+    so the Triton tiles never do the slower, more exact work beside TF32 torch GEMMs."""
+    return "ieee" if torch.get_float32_matmul_precision() == "highest" else "tf32"
+
+
 def online_softmax_rows(x_op, weight, rows, inv_norm, scale, target_column, running_max, running_sum,
                         target_raw):  # fmt: skip
     """One tile's share of the online softmax from the stored rows (`tile_kernel.online_softmax_tile`'s
@@ -168,7 +176,8 @@ def online_softmax_rows(x_op, weight, rows, inv_norm, scale, target_column, runn
     part_sum = torch.empty_like(part_max)
     _softmax_stats_kernel[grid](
         *pointers, target_column, inv_norm, part_max, part_sum, target_raw, *sizes, scale,
-        x_op.stride(0), weight.stride(0), c_blocks, HAS_INDEX=has_index, **BLOCKS,
+        x_op.stride(0), weight.stride(0), c_blocks, HAS_INDEX=has_index, PRECISION=fp32_dot_precision(),
+        **BLOCKS,
     )  # fmt: skip
     tile_max = part_max.amax(dim=1)
     new_max = torch.maximum(running_max, tile_max)
@@ -184,7 +193,8 @@ def logit_grad_rows(x_op, weight, rows, inv_norm, scale, global_max, target_colu
     grid, pointers, sizes, has_index = _launch_args(x_op, weight, rows)
     _logit_grad_kernel[grid](
         *pointers, target_column, inv_norm, global_max, corrected_target, out, *sizes, scale,
-        x_op.stride(0), weight.stride(0), out.stride(0), HAS_INDEX=has_index, **BLOCKS,
+        x_op.stride(0), weight.stride(0), out.stride(0), HAS_INDEX=has_index, PRECISION=fp32_dot_precision(),
+        **BLOCKS,
     )  # fmt: skip
     return out
 
