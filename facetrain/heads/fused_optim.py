@@ -106,6 +106,15 @@ class FusedOptimizer(torch.optim.Optimizer):
         """
         raise NotImplementedError
 
+    def single_pass_update(
+        self, weight: torch.Tensor, rows: ClassRows, raw_grad: torch.Tensor, inv_norm: torch.Tensor
+    ) -> bool:
+        """Update `rows` as `update` would, in one Triton pass that also forms the radial part from
+        `raw_grad` and the rows' inverse norms `inv_norm`, where this optimizer has such a kernel for
+        these tensors; False (nothing done) otherwise, and the caller runs `update`. The tiled head asks
+        only when its kernel is Triton's (CUDA inputs, or Triton's interpreter)."""
+        return False
+
     def load_state_tensors(self, values: dict[str, torch.Tensor]) -> None:
         """Restore per-class state (possibly resharded) and `step`; state the values lack stays 0."""
         unknown = sorted(set(values) - set(self.active_state_names()) - {"step"})
@@ -168,6 +177,19 @@ class FusedSGD(FusedOptimizer):
             rows.write(state, buffer)
         current.add_(step_direction, alpha=-group["lr"])
         rows.write(weight, current)
+
+    def single_pass_update(self, weight, rows, raw_grad, inv_norm) -> bool:
+        """`triton_update.py`'s kernel over fp32 weight and momentum (Partial FC's rows included); bf16
+        storage keeps the torch update, which rounds stochastically."""
+        from facetrain.heads import triton_update  # triton is optional: imported by Triton heads only
+
+        group = self.group
+        buffer = self.per_class_state("momentum_buffer") if group["momentum"] else None
+        if not triton_update.takes(weight, buffer, raw_grad):
+            return False
+        triton_update.sgd_rows(weight, buffer, rows, raw_grad, inv_norm, group["lr"], group["momentum"],
+                               group["weight_decay"])  # fmt: skip
+        return True
 
 
 @FUSED_OPTIMIZERS.register("adamw")

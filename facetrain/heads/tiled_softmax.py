@@ -10,7 +10,8 @@ between forward and backward.
 
 The cross-rank statistics, the margin and the loss are `margin_softmax.py`'s, shared with the untiled
 kernel. Each tile's work is `tile_kernel.py`'s torch ops after a torch GEMM, or (`head.kernel: triton`)
-`triton_tile.py`'s kernels, which fuse the GEMM in and never write the B x T logits of the forward.
+`triton_tile.py`'s kernels, which fuse the GEMM in and never write the B x T logits of the forward;
+with them FusedSGD updates fp32 rows in one pass with the radial part (`triton_update.py`).
 """
 
 from __future__ import annotations
@@ -159,6 +160,7 @@ class TiledMarginSoftmax(torch.autograd.Function):
             grad_weight = torch.zeros_like(weight) if wants_weight and optimizer is None else None
             if wants_weight and optimizer is not None:
                 optimizer.begin_step()
+            single_pass = fused_gemm and optimizer is not None  # offered to Triton's tiles only
 
             scratch = Scratch(x_unit.device)
             for rows in class_tiles(width, ctx.tile_classes, index):
@@ -181,6 +183,8 @@ class TiledMarginSoftmax(torch.autograd.Function):
                 if not wants_weight:
                     continue
                 raw_grad = scratch.mm("weight_grad", grad_raw.t(), scaled_x, stat_dtype)
+                if single_pass and optimizer.single_pass_update(weight, rows, raw_grad, inv_norm):
+                    continue  # the radial part and the update in one Triton pass
                 # through 1/|w|: the component along w is removed, per class
                 radial = scratch.rowwise_dot(raw_grad, w, block=len(rows)).mul_(inv_norm.square())
                 if optimizer is not None:

@@ -8,8 +8,8 @@ taken from the rows the kernel loads anyway and written out for the backward), m
 target column and writes only a per-(row, class block) max and sum of exponentials, which torch
 combines into the same running max and sum the torch tiles carry. The backward recomputes the logits
 and writes the tile's logit gradient in the GEMM dtype; dX and the weight gradient stay cuBLAS GEMMs
-(fp32 accumulation, deterministic, no atomics), and the radial part and the fused optimizer run in
-torch per tile as on the torch path. Fusing dX and dW into the recompute would need a D-wide fp32
+(fp32 accumulation, deterministic, no atomics); the radial part and FusedSGD's update of fp32 rows
+run as one pass (`triton_update.py`), other optimizers and storage in torch as on the torch path. Fusing dX and dW into the recompute would need a D-wide fp32
 accumulator per block (D = 512: 128 KiB for 64 rows, past the registers) or one recompute per slice of
 D, so the gradient tile goes through memory once, in bf16 under bf16.
 
