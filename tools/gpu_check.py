@@ -83,17 +83,18 @@ def _train(out: Path, backbone: str, classes: int, heads: str, part: int) -> Ste
 
 
 def plan(out: Path, gpus: int, gib: float) -> list[Step]:
-    """The steps, most important first, in two parts that each fit one command of the device tool (6
+    """The steps, most important first (the kernels' correctness, then the head's speed beside its peers
+    and where its time goes), in two parts that each fit one command of the device tool (6
     minutes, `PART_BUDGET_S`); sized for one GPU of `gib` GiB (the capacity search fills 90 % of it)."""
     pytest = ["pytest", "-m", "cuda", "-q", "-rs", "-p", "no:cacheprovider"]
     return [
-        _head(out, "head_bf16", "bf16", "sharded,tiled,tiled_triton,tiled_triton_bf16,sharded_softmax,"
-              "tiled_triton_softmax", gib, 150),
-        _head(out, "head_fp32", "fp32", "sharded,tiled,tiled_triton,sharded_softmax,tiled_triton_softmax", gib, 110),
         Step("pytest -m cuda: the head", [*pytest, "-k", "head or triton", f"--junitxml={out / 'pytest_head.xml'}"],
              150, part=1),
+        _head(out, "head_bf16", "bf16", "sharded,tiled,tiled_triton,tiled_triton_bf16,sharded_softmax,"
+              "tiled_triton_softmax", gib, 150),
         Step("profile: untiled, tiled and Triton-tiled bf16 head step, C 1M", ["python", "tools/head_profile.py", "--out",
              str(out / "head_profile.json")], 40, report="head_profile.json", part=1),
+        _head(out, "head_fp32", "fp32", "sharded,tiled,tiled_triton,sharded_softmax,tiled_triton_softmax", gib, 110),
         _train(out, "r50", 2_000_000, "sharded,tiled,linear", part=1),
         Step("pytest -m cuda: the rest", [*pytest, "-k", "not (head or triton)",
              f"--junitxml={out / 'pytest_rest.xml'}"], 240, part=2),
