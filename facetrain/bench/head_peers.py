@@ -171,9 +171,15 @@ class CutCrossEntropyBench(_SingleDevicePeer):
 @BENCH_HEADS.register("cce_exact")
 class CutCrossEntropyExactBench(CutCrossEntropyBench):
     """Cut Cross-Entropy with its gradient filter off (`filter_eps=None`): every gradient entry computed,
-    as facetrain's heads compute them. On the CPU the same as `cce` (its torch implementation)."""
+    as facetrain's heads compute them. Not on the CPU, where `cce` already runs CCE's unfiltered torch
+    implementation."""
 
     filter_eps = None
     computes = (
         "plain linear + softmax CE, no normalisation, scale or margin; one device; every gradient entry"
     )
+
+    def unavailable(self, case: HeadCase, device_kind: str) -> str:
+        if device_kind != "cuda":
+            return "on the CPU cce runs CCE's torch implementation, which has no filter: the cce row"
+        return super().unavailable(case, device_kind)
