@@ -29,7 +29,7 @@ from facetrain.bench.head_capacity_report import OUTPUT_NAMES as CAPACITY_OUTPUT
 from facetrain.bench.head_capacity_report import write_outputs as write_capacity_outputs
 from facetrain.bench.head_cases import BENCH_HEADS, HeadCase
 from facetrain.bench.head_measure import measure_case
-from facetrain.bench.head_peers import PEERS
+from facetrain.bench.head_peers import PEER_HEADS, PEERS
 from facetrain.bench.head_report import OUTPUT_NAMES, evaluate_targets, write_outputs
 from facetrain.bench.peer_sources import check_peers_dir, install_wheels
 from facetrain.bench.workers import WorkerError, WorkerPool
@@ -231,13 +231,12 @@ def run(
         raise FacetrainError("--precision belongs to the head bench without --capacity; drop one of them")
     device = resolve_device(device)
     tile_classes = device_tile_classes(tile_classes, device)
+    own_heads = [name for name in BENCH_HEADS.names() if name not in PEER_HEADS]  # peers: --peers
     if capacity:
         settings = CapacitySettings(
             classes=tuple(parse_int_list(classes or "100000,300000,1000000,3000000", "--classes")),
             heads=tuple(
-                parse_name_list(
-                    heads or "sharded,tiled,tiled_bf16,dense,naive", "--heads", BENCH_HEADS.names()
-                )
+                parse_name_list(heads or "sharded,tiled,tiled_bf16,dense,naive", "--heads", own_heads)
             ),
             world_size=parse_int_list(world_sizes, "--world-sizes")[0],
             batch=batch,
@@ -246,7 +245,7 @@ def run(
             steps=steps or 1,
             warmup=0 if warmup is None else warmup,
             memory_limit_gb=memory_limit_gb,
-            largest=tuple(parse_name_list(largest, "--largest", BENCH_HEADS.names())) if largest else (),
+            largest=tuple(parse_name_list(largest, "--largest", own_heads)) if largest else (),
             device=device,
         )
         settings.validate()
@@ -263,8 +262,7 @@ def run(
             dim=dim,
             heads=tuple(
                 dict.fromkeys(
-                    parse_name_list(heads or "sharded,tiled,dense,naive", "--heads", BENCH_HEADS.names())
-                    + peer_heads
+                    parse_name_list(heads or "sharded,tiled,dense,naive", "--heads", own_heads) + peer_heads
                 )
             ),
             tile_classes=tile_classes,

@@ -35,6 +35,7 @@ PEERS = {
     "liger": ("liger",),
     "cce": ("cce", "cce_exact"),
 }
+PEER_HEADS = frozenset(head for heads in PEERS.values() for head in heads)
 
 
 class HeadLoss(NamedTuple):

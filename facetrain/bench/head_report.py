@@ -9,9 +9,7 @@ from matplotlib.backends.backend_agg import FigureCanvasAgg
 from matplotlib.figure import Figure
 
 from facetrain.bench.common import report_footer, write_report_files
-from facetrain.bench.head_peers import PEERS
-
-PEER_HEADS = {head for heads in PEERS.values() for head in heads}
+from facetrain.bench.head_peers import PEER_HEADS
 
 OUTPUT_NAMES = {"json": "bench_head.json", "plot": "bench_head.png", "table": "bench_head.md"}
 STEP_OVER_GEMM_TARGETS = {"sharded": 1.15, "tiled": 1.5}  # the untiled step, the tiled step with its update

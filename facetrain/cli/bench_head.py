@@ -25,7 +25,8 @@ from facetrain.cli.conventions import quiet_option
     "--heads",
     help="Heads to compare [sharded,tiled,dense,naive; --capacity: sharded,tiled,tiled_bf16,dense,naive]. "
     "sharded is the untiled head; tiled and tiled_bf16 the tiled head with its fused SGD; tiled_triton and "
-    "tiled_triton_bf16 the same with head.kernel triton (CUDA).",
+    "tiled_triton_bf16 the same with head.kernel triton (CUDA); a _softmax suffix (sharded_softmax, "
+    "tiled_softmax, tiled_bf16_softmax, tiled_triton_softmax) drops the margin. Other implementations: --peers.",
 )
 @click.option(
     "--tile-classes",
