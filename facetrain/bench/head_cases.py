@@ -194,6 +194,7 @@ class TiledTritonBench(TiledBench):
     """The tiled head with its tiles as Triton kernels (`head.kernel: triton`)."""
 
     kernel = "triton"
+    computes = "ArcFace m 0.5 s 64, Triton tiles, its fused SGD update included"
 
     def unavailable(self, case: HeadCase, device_kind: str) -> str:
         try:
@@ -208,6 +209,7 @@ class TiledTritonBf16Bench(TiledTritonBench):
     """The Triton tiles over bf16 weight and momentum."""
 
     storage = torch.bfloat16
+    computes = "ArcFace m 0.5 s 64, Triton tiles, bf16 weight and momentum, its fused SGD update included"
 
 
 @BENCH_HEADS.register("tiled_triton_softmax")

@@ -84,16 +84,21 @@ def _tile_logits(x_ptr, w_ptr, index_ptr, b_offs, c_offs, B, T, D, tile_start, s
 
 
 @triton.jit
+def _program_block(B, BLOCK_B: tl.constexpr, BLOCK_C: tl.constexpr):
+    """This program's block of rows and classes. Row blocks vary fastest, so the programs that share a
+    block of weight rows run together and read it from L2."""
+    pid = tl.program_id(0)
+    row_blocks = (B + BLOCK_B - 1) // BLOCK_B
+    pid_b, pid_c = pid % row_blocks, pid // row_blocks
+    return pid_b, pid_c, pid_b * BLOCK_B + tl.arange(0, BLOCK_B), pid_c * BLOCK_C + tl.arange(0, BLOCK_C)
+
+
+@triton.jit
 def _softmax_stats_kernel(x_ptr, w_ptr, index_ptr, target_ptr, inv_norm_ptr, part_max_ptr, part_sum_ptr,
                           target_raw_ptr, B, T, D, tile_start, scale, stride_x, stride_w, c_blocks,
                           HAS_INDEX: tl.constexpr, BLOCK_B: tl.constexpr, BLOCK_C: tl.constexpr,
                           BLOCK_D: tl.constexpr, PRECISION: tl.constexpr):  # fmt: skip
-    # row blocks vary fastest: the programs sharing a block of weight rows run together (L2 reuse)
-    pid = tl.program_id(0)
-    row_blocks = (B + BLOCK_B - 1) // BLOCK_B
-    pid_b, pid_c = pid % row_blocks, pid // row_blocks
-    b_offs = pid_b * BLOCK_B + tl.arange(0, BLOCK_B)
-    c_offs = pid_c * BLOCK_C + tl.arange(0, BLOCK_C)
+    pid_b, pid_c, b_offs, c_offs = _program_block(B, BLOCK_B, BLOCK_C)
     b_mask, c_mask = b_offs < B, c_offs < T
     dots, squares = _tile_logits(x_ptr, w_ptr, index_ptr, b_offs, c_offs, B, T, D, tile_start, stride_x,
                                  stride_w, HAS_INDEX, BLOCK_B, BLOCK_C, BLOCK_D, PRECISION)  # fmt: skip
@@ -122,11 +127,7 @@ def _logit_grad_kernel(x_ptr, w_ptr, index_ptr, target_ptr, inv_norm_ptr, global
                        out_ptr, B, T, D, tile_start, scale, stride_x, stride_w, stride_out,
                        HAS_INDEX: tl.constexpr, BLOCK_B: tl.constexpr, BLOCK_C: tl.constexpr,
                        BLOCK_D: tl.constexpr, PRECISION: tl.constexpr):  # fmt: skip
-    pid = tl.program_id(0)
-    row_blocks = (B + BLOCK_B - 1) // BLOCK_B
-    pid_b, pid_c = pid % row_blocks, pid // row_blocks
-    b_offs = pid_b * BLOCK_B + tl.arange(0, BLOCK_B)
-    c_offs = pid_c * BLOCK_C + tl.arange(0, BLOCK_C)
+    _, _, b_offs, c_offs = _program_block(B, BLOCK_B, BLOCK_C)
     b_mask, c_mask = b_offs < B, c_offs < T
     dots, _ = _tile_logits(x_ptr, w_ptr, index_ptr, b_offs, c_offs, B, T, D, tile_start, stride_x, stride_w,
                            HAS_INDEX, BLOCK_B, BLOCK_C, BLOCK_D, PRECISION)  # fmt: skip
