@@ -15,33 +15,38 @@ import click
 from facetrain.cli.short_help import lazy_short_help
 from facetrain.errors import EveryRankError, FacetrainError, PeerFailed, PeerLost
 
-# name -> "module:attribute" of the click command
+# name -> "module:attribute" of the click command, in the order of the work, which `--help` keeps:
+# make or prepare data, train, evaluate, ship and use the model, bring one in, measure, then the tools
 COMMANDS = {
+    "synth": "facetrain.cli.data_cmd:synth",
+    "data": "facetrain.cli.data_cmd:data",
+    "align": "facetrain.cli.align_cmd:align",
+    "pairs": "facetrain.cli.pairs_cmd:pairs",
     "train": "facetrain.cli.train_cmd:train",
     "eval": "facetrain.cli.eval_cmd:eval_command",
     "export": "facetrain.cli.export_cmd:export",
     "embed": "facetrain.cli.export_cmd:embed",
     "compare": "facetrain.cli.export_cmd:compare",
-    "synth": "facetrain.cli.data_cmd:synth",
-    "data": "facetrain.cli.data_cmd:data",
+    "import": "facetrain.cli.import_cmd:import_group",
     "bench": "facetrain.cli.bench_cmd:bench",
     "config": "facetrain.cli.config_cmd:config",
-    "align": "facetrain.cli.align_cmd:align",
-    "pairs": "facetrain.cli.pairs_cmd:pairs",
-    "import": "facetrain.cli.import_cmd:import_group",
     "plot": "facetrain.cli.plot_cmd:plot",
 }
 
 
 class LazyGroup(click.Group):
-    """A group whose commands are imported on first use; user errors print as one line."""
+    """A group whose commands are imported on first use; user errors print as one line.
+
+    Commands are listed in the order `lazy_commands` is written, not alphabetically: a newcomer reads
+    `--help` top down as the steps of the work (any command added eagerly follows, sorted)."""
 
     def __init__(self, *args, lazy_commands: dict[str, str], **kwargs):
         super().__init__(*args, **kwargs)
         self.lazy_commands = lazy_commands
 
     def list_commands(self, ctx: click.Context) -> list[str]:
-        return sorted(set(super().list_commands(ctx)) | set(self.lazy_commands))
+        eager = sorted(set(super().list_commands(ctx)) - set(self.lazy_commands))
+        return [*self.lazy_commands, *eager]
 
     def get_command(self, ctx: click.Context, name: str) -> click.Command | None:
         if name in self.lazy_commands:

@@ -13,13 +13,19 @@ from facetrain.cli.conventions import quiet_option
 
 
 @click.command()
-@click.option("-c", "--config", "config_path", type=click.Path(dir_okay=False), help="YAML config file.")
+@click.option(
+    "-c",
+    "--config",
+    "config_path",
+    type=click.Path(dir_okay=False),
+    help="YAML config file, e.g. configs/demo.yaml; without one, the defaults (r50, GPU-sized).",
+)
 @click.option(
     "--set",
     "overrides",
     multiple=True,
     metavar="SECTION.KEY=VALUE",
-    help="Override a config value (repeatable).",
+    help="Override a config value (repeatable); `facetrain config` lists every key.",
 )
 @click.option(
     "--resume",
@@ -61,6 +67,10 @@ def train(
     config is written to the run directory (-o) and into every checkpoint. SIGTERM, SIGUSR1 or Ctrl-C
     stops the run after the current step with a checkpoint, exit code 0, and prints the command that
     resumes it; under Slurm a requeued job resumes by itself (docs/cluster.md).
+
+    Settings come from the config (-c) and --set, in sections data, model, head, loss, optim, train,
+    eval and parallel; `facetrain config -c FILE` prints every key with its value, and a config in
+    configs/ is the place to start (demo.yaml: synthetic faces; laptop.yaml: your own photos).
 
     \b
     Examples:
