@@ -97,6 +97,8 @@ def train(
     # a bad config, or a path it names that is not there, fails here, once, before any rank starts
     source = config_source(config_path)
     validate(config, world_size=nproc if launching else None, source=source, given=given)
+    if config_path is None and os.environ.get("RANK", "0") == "0":
+        _say_what_the_defaults_do(config)
     resume_command = _resume_command(config_path, overrides, output_dir, nproc if launching else 1)
     if launching:
         from facetrain.parallel.launch import launch_local
@@ -123,6 +125,14 @@ def train(
             _train_and_report(config, resume, resume_command)
     finally:
         _ignore_stop_signals()
+
+
+def _say_what_the_defaults_do(config) -> None:
+    import torch
+
+    from facetrain.cli.train_defaults import no_config_note
+
+    click.echo(no_config_note(config, "cuda" if torch.cuda.is_available() else "cpu"))
 
 
 def _train_and_report(config, resume: str | None, resume_command: str) -> None:
