@@ -4,7 +4,9 @@ Rank 0 appends a row per log interval (means over it) to `metrics.csv` beside th
 TensorBoard when it is installed. Once, at UNDERFIT_CHECK_SHARE of the schedule, the logged training
 accuracy is compared with chance: a recipe fitted to a few dozen identities can leave a run on
 thousands near chance for its whole schedule (docs/accuracy.md measured 8 % training accuracy after
-1,800 steps on 1,505 LFW people), which the loss alone does not tell a newcomer.
+1,800 steps on 1,505 LFW people), which the loss alone does not tell a newcomer. Not before the lr's
+warmup is over, and not in a run too short to judge (UNDERFIT_MIN_STEPS): at 2 of 6 steps every
+recipe is near chance, so a warning there would be about the run's length, not its recipe.
 
 The curves (loss, batch accuracy and verification accuracy against the step) are drawn from
 `metrics.csv` and `eval/step_N.json` (each verification, `eval.every`): the trainer draws its own run
@@ -28,6 +30,8 @@ COLUMNS = ["step", "epoch", "loss", "accuracy", "lr", "images_per_s", "elapsed_s
 # Checked once, when this share of the schedule is done: late enough for any sane warmup to be over,
 # early enough that stopping saves most of the run.
 UNDERFIT_CHECK_SHARE = 0.3
+# Runs shorter than this are smoke tests: no recipe is past chance within their first steps.
+UNDERFIT_MIN_STEPS = 30
 # "Near chance": training accuracy within this many points of 1 / classes.
 UNDERFIT_MARGIN = 0.05
 
@@ -73,15 +77,21 @@ class MetricsLog:
 
 @dataclass
 class UnderfitWatch:
-    """Looks at the logged training accuracy once, at UNDERFIT_CHECK_SHARE of the schedule."""
+    """Looks at the logged training accuracy once, at UNDERFIT_CHECK_SHARE of the schedule, after the
+    warmup and UNDERFIT_MIN_STEPS; a run that ends before that is never judged."""
 
     total_steps: int
     num_classes: int
+    warmup_steps: int = 0
     checked: bool = False
+
+    @property
+    def check_step(self) -> float:
+        return max(UNDERFIT_CHECK_SHARE * self.total_steps, self.warmup_steps, UNDERFIT_MIN_STEPS)
 
     def check(self, step: int, accuracy: float) -> str | None:
         """The warning to print, once, if the run is near chance at the check point; else None."""
-        if self.checked or step < UNDERFIT_CHECK_SHARE * self.total_steps:
+        if self.checked or step < self.check_step:
             return None
         self.checked = True
         chance = 1.0 / max(self.num_classes, 1)

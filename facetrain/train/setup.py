@@ -15,6 +15,7 @@ import torch
 from torch import nn
 
 from facetrain.checkpoint import TrainState, check_row_shards_supported, load_checkpoint, read_meta
+from facetrain.checkpoint.layout import read_config
 from facetrain.config import Config
 from facetrain.data import build_train_dataset, build_train_loader, prepare_train_data
 from facetrain.models import build_backbone
@@ -40,6 +41,7 @@ from facetrain.train.run_dir import (
     restarted_job,
     write_run_config,
 )
+from facetrain.train.schedule_notes import schedule_change_line, schedule_warning
 from facetrain.train.step import StepParts, StepSettings
 
 
@@ -79,6 +81,8 @@ def build_training_run(cfg: Config, dims: ParallelDims, resume: str | None) -> T
         tqdm.write(device_defaults.describe())
         for note in notes:
             tqdm.write(f"note: {note}")
+        if (warning := schedule_warning(cfg)) is not None:
+            tqdm.write(warning)
 
     # host-side waits go through the CPU group; every rank scans the data at once, not after rank 0
     comm.primary_first(lambda: prepare_train_data(cfg.data), also_others=False, group=dims.control_group)
@@ -127,6 +131,8 @@ def build_training_run(cfg: Config, dims: ParallelDims, resume: str | None) -> T
                 reached = last_logged_step(run_dir)
                 tqdm.write(membership_line(written_by, dims.world_size, state.step, reached, accumulation))
             if (note := nothing_left_to_train(state.step, cfg.train.steps)) is not None:
+                tqdm.write(note)
+            if (note := schedule_change_line(read_config(checkpoint), cfg, state.step)) is not None:
                 tqdm.write(note)
     scheduler = build_lr_scheduler(optimizer, cfg.optim, cfg.train.steps, start_step=state.step)
     settings = StepSettings(

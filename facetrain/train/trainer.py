@@ -123,7 +123,7 @@ class Trainer:
         )
         tolerated = cfg.train.max_nonfinite_steps if self.parts.scaler.is_enabled() else 0
         window = StepWindow(dims.device)
-        underfit = UnderfitWatch(cfg.train.steps, self.data.dataset.num_classes)
+        underfit = UnderfitWatch(cfg.train.steps, self.data.dataset.num_classes, cfg.optim.warmup_steps)
         full_margin = head.margin if head is not None else None
         started = time.perf_counter()
         signals = StopSignals().install()
