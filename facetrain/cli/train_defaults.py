@@ -31,9 +31,9 @@ def no_config_note(cfg: Config, device_type: str) -> str:
 def _data(cfg: Config) -> str:
     data = cfg.data
     if data.source != "synthetic":
-        return f"data.source {data.source} from {data.path}"
+        return f"on {data.path} (data.source {data.source})"
     if (Path(data.path) / "train").is_dir():
-        return f"the synthetic faces in {data.path}"
+        return f"on the synthetic faces in {data.path}"
     synth = data.synth
     images = synth.identities * synth.images_per_identity
     images += synth.heldout_identities * synth.heldout_images_per_identity
