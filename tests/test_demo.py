@@ -11,6 +11,8 @@ from pathlib import Path
 
 import pytest
 
+from facetrain.eval.set_names import report_file_name
+
 ROOT = Path(__file__).resolve().parents[1]
 SIMILARITY = re.compile(
     r"similarity (-?\d+\.\d+)\s+threshold (-?\d+\.\d+)\s+-> (same person|different people)"
@@ -43,9 +45,10 @@ def test_demo_script_runs_every_step_at_a_reduced_size(tmp_path: Path) -> None:
 
     assert (data / "heldout" / "pairs.txt").is_file()
     assert (run / "checkpoints" / "best").is_file()
-    report = json.loads((run / "eval" / "pairs.json").read_text())
+    name = report_file_name(data / "heldout" / "pairs.txt")
+    report = json.loads((run / "eval" / f"{name}.json").read_text())
     assert 0.0 <= report["accuracy"] <= 1.0
-    assert (run / "eval" / "pairs_roc.png").stat().st_size > 0
+    assert (run / "eval" / f"{name}_roc.png").stat().st_size > 0
     for name in ("model.safetensors", "model.torchscript.pt", "model.onnx", "model.json"):
         assert (run / "export" / name).is_file(), name
     card = json.loads((run / "export" / "model.json").read_text())

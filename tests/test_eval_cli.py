@@ -13,6 +13,7 @@ from facetrain.cli import main
 from facetrain.config import Config
 from facetrain.eval.pairs import load_pairs
 from facetrain.eval.retrieval import evaluate_market1501
+from facetrain.eval.set_names import report_file_name
 from facetrain.eval.verify_pairs import verify
 from facetrain.export.card import build_card, with_verification_report
 from facetrain.export.exporter import export_loaded, export_model
@@ -65,12 +66,15 @@ def test_eval_pairs_writes_the_report_beside_the_model(model_dir: Path, pairs_fi
     assert code == 0, output
     assert "accuracy" in output and "over 2 folds" in output and "ROC AUC" in output
     report = model_dir / "eval"
+    name = report_file_name(pairs_file)
+    assert name.startswith(f"{pairs_file.parent.name}-pairs-")
     assert sorted(path.name for path in report.iterdir()) == [
-        "pairs.json",
-        "pairs_folds.csv",
-        "pairs_roc.png",
+        f"{name}.json",
+        f"{name}_folds.csv",
+        f"{name}_roc.png",
     ]
-    figures = json.loads((report / "pairs.json").read_text())
+    assert f"wrote {report / name}.json" in output
+    figures = json.loads((report / f"{name}.json").read_text())
     loaded = load_model(model_dir)
     expected = verify(load_pairs(pairs_file), loaded.module, loaded.image_size, progress=False)
     assert figures["model"] == str(model_dir)
@@ -105,7 +109,7 @@ def test_skip_missing_and_no_flip(model_dir: Path, pairs_file: Path, tmp_path: P
     )
     assert code == 0, output
     assert "skipped 1 pairs: 2 images missing" in output
-    figures = json.loads((tmp_path / "r" / "pairs.json").read_text())
+    figures = json.loads((tmp_path / "r" / f"{report_file_name(broken)}.json").read_text())
     assert figures["skipped_pairs"] == 1 and figures["num_pairs"] == 11 and figures["flip"] is False
 
 
@@ -119,17 +123,35 @@ def test_malformed_line_is_a_one_line_error(model_dir: Path, tmp_path: Path):
 
 def test_an_earlier_report_is_replaced_only_with_overwrite(model_dir: Path, pairs_file: Path, tmp_path: Path):
     out = tmp_path / "r"
+    name = report_file_name(pairs_file)
     assert run(model_dir, "--pairs", pairs_file, "--out", out, "--quiet")[0] == 0
-    (out / "pairs.json").write_text('{"accuracy": "an earlier model"}')
-    folds = (out / "pairs_folds.csv").read_bytes()
+    (out / f"{name}.json").write_text('{"accuracy": "an earlier model"}')
+    folds = (out / f"{name}_folds.csv").read_bytes()
     code, output = run(model_dir, "--pairs", pairs_file, "--out", out, "--quiet")
     assert code == 2 and "Traceback" not in output
-    assert output.strip() == f"error: {out / 'pairs.json'} already exists; pass --overwrite to replace it"
-    assert (out / "pairs.json").read_text() == '{"accuracy": "an earlier model"}'
-    assert (out / "pairs_folds.csv").read_bytes() == folds
+    assert output.strip() == f"error: {out / name}.json already exists; pass --overwrite to replace it"
+    assert (out / f"{name}.json").read_text() == '{"accuracy": "an earlier model"}'
+    assert (out / f"{name}_folds.csv").read_bytes() == folds
     code, output = run(model_dir, "--pairs", pairs_file, "--out", out, "--quiet", "--overwrite")
     assert code == 0, output
-    assert "accuracy" in json.loads((out / "pairs.json").read_text())
+    assert "accuracy" in json.loads((out / f"{name}.json").read_text())
+
+
+def test_two_files_called_pairs_txt_get_two_reports(model_dir: Path, pairs_file: Path, tmp_path: Path):
+    """Same stem, different folders: neither report replaces the other, nor the trainer's step_*.json."""
+    out = tmp_path / "r"
+    out.mkdir()
+    (out / "step_00000010.json").write_text("{}")  # what the trainer keeps in RUN/eval
+    copy = tmp_path / "lfw" / "pairs.txt"
+    copy.parent.mkdir()
+    copy.write_text(pairs_file.read_text())
+    assert run(model_dir, "--pairs", pairs_file, "--out", out, "--quiet")[0] == 0
+    code, output = run(model_dir, "--pairs", copy, "--images", pairs_file.parent, "--out", out, "--quiet")
+    assert code == 0, output
+    reports = sorted(path.name for path in out.glob("*.json"))
+    assert len(reports) == 3 and "step_00000010.json" in reports
+    assert f"{report_file_name(copy)}.json" in reports and report_file_name(copy).startswith("lfw-pairs-")
+    assert (out / "step_00000010.json").read_text() == "{}"
 
 
 @pytest.mark.parametrize(
@@ -162,14 +184,16 @@ def test_eval_folder_makes_balanced_pairs_and_keeps_them(model_dir: Path, tmp_pa
     assert code == 0, output
     assert "72 (36 matched, 36 mismatched, 0 skipped)" in output and "over 4 folds (the file's)" not in output
     assert "over 4 folds (stratified)" in output and "baseline" in output and "50.00%" in output
+    name = report_file_name(root)
+    assert name.startswith(f"{tmp_path.name}-heldout-")
     assert sorted(path.name for path in (tmp_path / "r").iterdir()) == [
-        "heldout.json",
-        "heldout.pairs.csv",
-        "heldout_folds.csv",
-        "heldout_roc.png",
+        f"{name}.json",
+        f"{name}.pairs.csv",
+        f"{name}_folds.csv",
+        f"{name}_roc.png",
     ]
-    figures = json.loads((tmp_path / "r" / "heldout.json").read_text())
-    kept = load_pairs(tmp_path / "r" / "heldout.pairs.csv")
+    figures = json.loads((tmp_path / "r" / f"{name}.json").read_text())
+    kept = load_pairs(tmp_path / "r" / f"{name}.pairs.csv")
     assert kept.num_pairs == 72 and kept.num_matched == 36 and len(set(kept.folds.tolist())) == 4
     loaded = load_model(model_dir)
     expected = verify(kept, loaded.module, loaded.image_size, progress=False)
@@ -179,7 +203,7 @@ def test_eval_folder_makes_balanced_pairs_and_keeps_them(model_dir: Path, tmp_pa
     code, output = run(
         model_dir,
         "--pairs",
-        tmp_path / "r" / "heldout.pairs.csv",
+        tmp_path / "r" / f"{name}.pairs.csv",
         "--out",
         tmp_path / "r",
         "--quiet",
@@ -187,7 +211,7 @@ def test_eval_folder_makes_balanced_pairs_and_keeps_them(model_dir: Path, tmp_pa
     )
     assert code == 0, output  # scoring the kept pairs again replaces the folder's report, no near-twin
     assert len(list((tmp_path / "r").iterdir())) == 4
-    assert json.loads((tmp_path / "r" / "heldout.json").read_text())["accuracy"] == figures["accuracy"]
+    assert json.loads((tmp_path / "r" / f"{name}.json").read_text())["accuracy"] == figures["accuracy"]
 
 
 @pytest.mark.parametrize(
@@ -207,13 +231,14 @@ def test_the_card_and_compare_say_at_which_far_the_threshold_sits(model_dir: Pat
     root = tmp_path / "heldout"
     write_lfw_style_set(root)
     assert run(model_dir, "--folder", root, "--out", tmp_path / "r", "--quiet")[0] == 0
-    report = json.loads((tmp_path / "r" / "heldout.json").read_text())
+    report_path = tmp_path / "r" / f"{report_file_name(root)}.json"
+    report = json.loads(report_path.read_text())
     exported = export_model(
         model_dir,
         tmp_path / "export",
         ["safetensors"],
         progress=False,
-        verification_report=tmp_path / "r/heldout.json",
+        verification_report=report_path,
     )
     card = exported.card
     assert card["threshold"] == report["threshold"] and card["threshold_far"] == report["threshold_far"]

@@ -16,6 +16,7 @@ from safetensors.torch import load_file
 
 from facetrain.checkpoint import TrainState, load_backbone, save_checkpoint
 from facetrain.cli import main
+from facetrain.eval.set_names import report_file_name
 from facetrain.export.loading import load_model
 from facetrain.heads import ShardedMarginHead
 from facetrain.parallel.dims import init_parallel
@@ -135,7 +136,7 @@ def test_eval_scores_the_export_exactly_like_its_checkpoint(run_dir, exported: P
     reports = {}
     for name, model in (("checkpoint", run_dir[0] / "checkpoints" / "best"), ("export", exported)):
         invoke("eval", model, "--pairs", pairs, "--device", "cpu", "--out", tmp_path / name, "--quiet")
-        reports[name] = json.loads((tmp_path / name / "pairs.json").read_text())
+        reports[name] = json.loads((tmp_path / name / f"{report_file_name(pairs)}.json").read_text())
     assert reports["export"]["num_pairs"] == reports["checkpoint"]["num_pairs"] > 0
     assert reports["export"]["accuracy"] == reports["checkpoint"]["accuracy"]
     assert reports["export"]["threshold"] == pytest.approx(reports["checkpoint"]["threshold"], abs=1e-4)
@@ -149,7 +150,7 @@ def test_eval_scores_the_export_exactly_like_its_checkpoint(run_dir, exported: P
         "safetensors",
         "--quiet",
         "--evaluation",
-        tmp_path / "export" / "pairs.json",
+        tmp_path / "export" / f"{report_file_name(pairs)}.json",
     )
     card = json.loads((tmp_path / "reported" / "model.json").read_text())
     assert card["threshold"] == reports["export"]["threshold"]

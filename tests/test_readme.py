@@ -32,6 +32,7 @@ from facetrain.cli import main
 from facetrain.cli.conventions import UnlistedArgument
 from facetrain.config import SynthConfig
 from facetrain.data.synthetic import generate_synthetic
+from facetrain.eval.set_names import report_file_name
 from tests.reid_helpers import write_cuhk03_style
 
 REPO = Path(__file__).resolve().parents[1]
@@ -214,7 +215,8 @@ def test_the_readme_quick_start_runs_on_tiny_data(tmp_path, monkeypatch):
         assert result.exit_code == 0, f"{shlex.join(words)}\n{result.output[-3000:]}"
         assert "note:" not in result.stderr  # no old spelling
     print(f"README quick start on tiny data: {time.perf_counter() - started:.0f} s")
-    assert json.loads((tmp_path / "runs" / "demo" / "eval" / "pairs.json").read_text())["num_pairs"] == 32
+    name = report_file_name(tmp_path / "data" / "synth" / "heldout" / "pairs.txt")
+    assert json.loads((tmp_path / "runs" / "demo" / "eval" / f"{name}.json").read_text())["num_pairs"] == 32
     assert (tmp_path / "runs" / "demo" / "export" / "model.onnx").is_file()
     verdict = r"similarity -?\d\.\d{4}  threshold -?\d\.\d{4}  -> (same person|different people)"
     assert re.search(verdict, result.stdout)

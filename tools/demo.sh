@@ -47,11 +47,13 @@ step "2/5 training on 2 CPU ranks into $RUN"
 
 step "3/5 verification on the held-out identities"
 "$FACETRAIN" eval "$RUN/checkpoints/best" --pairs "$PAIRS" --device cpu -o "$RUN/eval" -q
+# named after the pairs file's folder and stem plus a hash of its path: heldout-pairs-<hash>
+REPORT=$(find "$RUN/eval" -maxdepth 1 -name 'heldout-pairs-*.json' | head -n 1)
 
 # The evaluation report goes into the model card, so `compare` decides at the threshold just printed.
 step "4/5 export (safetensors, TorchScript, ONNX)"
 "$FACETRAIN" export "$RUN/checkpoints/best" -o "$RUN/export" --formats safetensors,torchscript,onnx \
-    --evaluation "$RUN/eval/pairs.json" -q
+    --evaluation "$REPORT" -q
 
 step "5/5 comparing held-out faces with the exported model"
 mapfile -t people < <(find "$DATA/heldout" -mindepth 1 -maxdepth 1 -type d | sort | head -n 2)
@@ -64,6 +66,6 @@ echo "different people: ${first_person[0]} $second_person"
 
 step "done in $((SECONDS - started)) s; outputs:"
 echo "  training log and checkpoints  $RUN/ ($RUN/checkpoints/best is the best one)"
-echo "  evaluation table and ROC      $RUN/eval/pairs.json, $RUN/eval/pairs_roc.png"
+echo "  evaluation table and ROC      $REPORT, ${REPORT%.json}_roc.png"
 echo "  exported model and its card   $RUN/export/ (model.onnx, model.safetensors, model.json)"
 echo "  try: $FACETRAIN compare $RUN/export IMG1 IMG2"

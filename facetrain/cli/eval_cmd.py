@@ -124,7 +124,8 @@ def eval_command(
     10-fold accuracy (thresholds chosen on the other 9 folds; the file's folds when it has them,
     else stratified ones), the all-"different" baseline, the threshold to deploy (best balanced
     accuracy) with its FAR and TAR, ROC AUC, EER, TAR at FAR 1e-1/1e-2/1e-3 and XNorm, and writes
-    NAME.json, NAME_folds.csv and NAME_roc.png to --out, NAME being the pairs file's stem.
+    NAME.json, NAME_folds.csv and NAME_roc.png to --out, NAME being the pairs file's folder, stem and
+    a short hash of its path (heldout-pairs-1a2b3c: two files called pairs.txt never share a report).
     --folder makes balanced pairs from a folder of identities (as `facetrain pairs` does),
     names the report after the folder and keeps the pairs as NAME.pairs.csv (--pairs NAME.pairs.csv
     later scores them into the same NAME report files).
@@ -185,43 +186,51 @@ def eval_command(
             written = evaluate_reid_sets(model, *reid_sets, rerank, out_dir, options, extra)
         click.echo("wrote " + ", ".join(str(path) for path in written))
         return
+    name = _report_file_name(pairs_path, folder_root)
     if not overwrite:  # before the model is loaded or an image read
         refuse_to_overwrite(
-            _report_paths(out_dir, pairs_path, folder_root, ijb_root and (ijb_target or "IJBC"))
+            _report_paths(out_dir, name, folder_root is not None, ijb_root and (ijb_target or "IJBC"))
         )
     with writing_into_run(
         out_dir, "facetrain eval", "wait for it to finish, or pass --out to write the report elsewhere"
     ):
         written = _evaluate(
-            model, out_dir, options, extra, pairs_path, images_root, skip_missing, folder_root, seed,
+            model, out_dir, name, options, extra, pairs_path, images_root, skip_missing, folder_root, seed,
             num_folds, market_root, ijb_root, ijb_target or "IJBC", rerank,
         )  # fmt: skip
     click.echo("wrote " + ", ".join(str(path) for path in written))
 
 
-def _report_paths(
-    out_dir: Path, pairs_path: Path | None, folder_root: Path | None, ijb_target: str | None
-) -> list[Path]:
-    """The files this evaluation writes into `out_dir` (`eval.report` names them)."""
+def _report_file_name(pairs_path: Path | None, folder_root: Path | None) -> str | None:
+    """What a verification's report files are called (`set_names.report_file_name`); None for the others."""
+    from facetrain.eval.set_names import report_file_name
+
+    if folder_root is not None:
+        return report_file_name(os.path.abspath(folder_root))  # as `folder_pair_set` names its pairs
+    return None if pairs_path is None else report_file_name(pairs_path)
+
+
+def _report_paths(out_dir: Path, name: str | None, keeps_pairs: bool, ijb_target: str | None) -> list[Path]:
+    """The files this evaluation writes into `out_dir` (`eval.report` names them): `name` is a
+    verification's report name, and `keeps_pairs` (--folder) adds the pairs it keeps."""
     if ijb_target:
         from facetrain.eval.ijb_report import ijb_report_paths
 
         return ijb_report_paths(out_dir, ijb_target)
     from facetrain.eval.report import retrieval_report_paths, verification_report_paths
     from facetrain.eval.retrieval import REPORT_NAME
-    from facetrain.eval.verify_pairs import KEPT_PAIRS_SUFFIX, report_name
+    from facetrain.eval.set_names import KEPT_PAIRS_SUFFIX
 
-    if folder_root is not None:
-        name = report_name(os.path.abspath(folder_root))  # as `folder_pair_set` names its pairs
-        return [*verification_report_paths(out_dir, name), out_dir / f"{name}{KEPT_PAIRS_SUFFIX}.csv"]
-    if pairs_path is not None:
-        return verification_report_paths(out_dir, report_name(pairs_path))
+    if name is not None:
+        kept = [out_dir / f"{name}{KEPT_PAIRS_SUFFIX}.csv"] if keeps_pairs else []
+        return [*verification_report_paths(out_dir, name), *kept]
     return retrieval_report_paths(out_dir, REPORT_NAME)
 
 
 def _evaluate(
     model: Path,
     out_dir: Path,
+    name: str | None,
     options: dict,
     extra: dict,
     pairs_path: Path | None,
@@ -275,15 +284,15 @@ def _evaluate(
                 err=True,
             )
         if one_kind_problem(pairs) is not None:
-            return _evaluate_one_kind(model, pairs, out_dir, options, extra)
+            return _evaluate_one_kind(model, pairs, out_dir, name, options, extra)
         loaded = load_model(model, device=device)
         result = verify(
             pairs, loaded.module, loaded.image_size, interpolation=card_interpolation(loaded.card), **options
         )
         click.echo(verification_table(result))
-        written = write_verification_report(result, out_dir, extra)
+        written = write_verification_report(result, out_dir, extra, name)
         if folder_root is not None:
-            kept = out_dir / f"{result.name}{KEPT_PAIRS_SUFFIX}.csv"
+            kept = out_dir / f"{name}{KEPT_PAIRS_SUFFIX}.csv"
             written.append(write_pairs_csv(pairs, kept, overwrite=True))
     else:
         from facetrain.eval.rerank import RerankSettings
@@ -299,7 +308,9 @@ def _evaluate(
     return written
 
 
-def _evaluate_one_kind(model: Path, pairs, out_dir: Path, options: dict, extra: dict) -> list[Path]:
+def _evaluate_one_kind(
+    model: Path, pairs, out_dir: Path, name: str, options: dict, extra: dict
+) -> list[Path]:
     """A pairs file of one kind only: say so at once (before the model loads), then report what it can."""
     from facetrain.eval.one_kind import (
         one_kind_problem,
@@ -326,4 +337,4 @@ def _evaluate_one_kind(model: Path, pairs, out_dir: Path, options: dict, extra: 
         interpolation=card_interpolation(loaded.card), **options,
     )  # fmt: skip
     click.echo(one_kind_table(result))
-    return write_one_kind_report(result, out_dir, extra)
+    return write_one_kind_report(result, out_dir, extra, name)

@@ -171,13 +171,13 @@ def one_kind_table(result: OneKindResult) -> str:
 
 
 def write_one_kind_report(
-    result: OneKindResult, out_dir: str | Path, extra: dict[str, Any] | None = None
+    result: OneKindResult, out_dir: str | Path, extra: dict[str, Any] | None = None, name: str | None = None
 ) -> list[Path]:
-    """`<name>.json` in `out_dir`; `extra` joins the JSON."""
+    """`<name>.json` in `out_dir` (`name` defaults to the set's own); `extra` joins the JSON."""
     from facetrain.eval.report import write_json
 
     out_dir = Path(out_dir)
     out_dir.mkdir(parents=True, exist_ok=True)
-    path = out_dir / f"{result.name}.json"
+    path = out_dir / f"{name or result.name}.json"
     write_json(path, {**(extra or {}), **result.as_dict()})
     return [path]

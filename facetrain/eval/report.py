@@ -71,12 +71,17 @@ def retrieval_table(result: RetrievalResult) -> str:
 
 
 def write_verification_report(
-    result: VerificationResult, out_dir: str | Path, extra: dict[str, Any] | None = None
+    result: VerificationResult,
+    out_dir: str | Path,
+    extra: dict[str, Any] | None = None,
+    name: str | None = None,
 ) -> list[Path]:
-    """`<name>.json`, `<name>_folds.csv` and `<name>_roc.png` in `out_dir`; `extra` joins the JSON."""
+    """`<name>.json`, `<name>_folds.csv` and `<name>_roc.png` in `out_dir`; `extra` joins the JSON.
+
+    `name` defaults to the set's own name; `facetrain eval` passes one no other pairs file shares."""
     out_dir = Path(out_dir)
     out_dir.mkdir(parents=True, exist_ok=True)
-    paths = verification_report_paths(out_dir, result.name)
+    paths = verification_report_paths(out_dir, name or result.name)
     write_json(paths[0], {**(extra or {}), **result.as_dict()})
     _write_bytes(paths[1], _folds_csv(result).encode())
     _write_bytes(paths[2], _roc_png(result))

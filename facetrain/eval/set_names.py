@@ -6,6 +6,7 @@ sets) before any process or model exists.
 
 from __future__ import annotations
 
+import hashlib
 from collections.abc import Sequence
 from pathlib import Path
 
@@ -17,6 +18,19 @@ def report_name(pairs_source: str | Path) -> str:
     pairs that `eval --folder NAME` keeps, NAME.pairs.csv, name them NAME as that evaluation did:
     scoring them again (with --overwrite) replaces its report instead of writing a near-twin beside it."""
     return Path(pairs_source).stem.removesuffix(KEPT_PAIRS_SUFFIX)
+
+
+def report_file_name(pairs_source: str | Path) -> str:
+    """The name of `facetrain eval`'s report files for `pairs_source`: its parent folder and stem, readable,
+    and a short hash of its resolved path, so two files called pairs.txt never share a report and no report
+    takes the name of the trainer's own files in RUN/eval (step_*.json). Kept pairs (NAME.pairs.csv) are
+    already named so: scoring them again replaces the report of the evaluation that kept them."""
+    path = Path(pairs_source)
+    if path.stem.endswith(KEPT_PAIRS_SUFFIX):
+        return report_name(path)
+    resolved = path.resolve()
+    digest = hashlib.sha1(str(resolved).encode()).hexdigest()[:6]
+    return f"{resolved.parent.name or 'root'}-{report_name(path)}-{digest}"
 
 
 def set_names(pairs_files: Sequence[str | Path]) -> list[str]:
