@@ -11,7 +11,19 @@ from click.testing import CliRunner
 from facetrain.cli import main
 from facetrain.config import Config
 
-WORK_ORDER = ["synth", "data", "align", "pairs", "train", "eval", "export", "embed", "compare", "import"]
+WORK_ORDER = [
+    "synth",
+    "data",
+    "align",
+    "pack",
+    "pairs",
+    "train",
+    "eval",
+    "export",
+    "embed",
+    "compare",
+    "import",
+]
 
 
 def _listed_commands(output: str) -> list[str]:

@@ -21,6 +21,7 @@ COMMANDS = {
     "synth": "facetrain.cli.data_cmd:synth",
     "data": "facetrain.cli.data_cmd:data",
     "align": "facetrain.cli.align_cmd:align",
+    "pack": "facetrain.cli.pack_cmd:pack",
     "pairs": "facetrain.cli.pairs_cmd:pairs",
     "train": "facetrain.cli.train_cmd:train",
     "eval": "facetrain.cli.eval_cmd:eval_command",

@@ -19,7 +19,7 @@ from __future__ import annotations
 
 import os
 import struct
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -249,6 +249,19 @@ def write_recordio(
         if path.exists() and not overwrite:
             raise FacetrainError(f"{path} already exists; pass overwrite (--overwrite) to replace it")
     rec_path.parent.mkdir(parents=True, exist_ok=True)
+    write_table_recordio(table, rec_path, idx_path, progress)
+    return rec_path, idx_path
+
+
+def write_table_recordio(
+    table: SampleTable,
+    rec_path: Path,
+    idx_path: Path,
+    progress: bool = True,
+    check_image: Callable[[int, bytes], None] | None = None,
+) -> None:
+    """The records of `table` (labels sorted, as a folder scan gives them), moved into place only when
+    all are written; `check_image(index, bytes)` may refuse an image, which leaves nothing behind."""
     count = len(table.labels)
     first_identity_record = count + 1
     writer = RecordIOWriter(rec_path, idx_path)
@@ -258,7 +271,10 @@ def write_recordio(
         )
         for index in ProgressBar(range(count), desc="writing records", unit="img", disable=not progress):
             key = index + 1
-            writer.write(key, pack_image_record(float(table.labels[index]), table.reader.read(index), key))
+            image = table.reader.read(index)
+            if check_image is not None:
+                check_image(index, image)
+            writer.write(key, pack_image_record(float(table.labels[index]), image, key))
         starts = np.searchsorted(table.labels, np.arange(len(table.class_names) + 1)) + 1
         for label in range(len(table.class_names)):
             key = first_identity_record + label
@@ -267,7 +283,6 @@ def write_recordio(
         writer.abort()
         raise
     writer.close()
-    return rec_path, idx_path
 
 
 class RecordImageReader:
