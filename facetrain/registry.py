@@ -1,7 +1,13 @@
-"""Name-to-factory registries (backbones, margins, data sources) instead of if/elif chains."""
+"""Name-to-factory registries (backbones, margins, data sources) instead of if/elif chains.
+
+A prefix entry (`timm:`) stands for a whole family of names another library owns, which cannot be
+listed up front: its factory takes the rest of the name first, and its check says what is wrong
+with a name (that library missing, the name unknown to it) in one line.
+"""
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Callable, Iterator
 from typing import Generic, TypeVar
 
@@ -16,6 +22,7 @@ class Registry(Generic[T]):
     def __init__(self, kind: str):
         self.kind = kind
         self._entries: dict[str, Callable[..., T]] = {}
+        self._prefixes: dict[str, tuple[Callable[..., T], Callable[[str], str | None]]] = {}
 
     def register(self, *names: str) -> Callable[[Callable[..., T]], Callable[..., T]]:
         def add(factory: Callable[..., T]) -> Callable[..., T]:
@@ -27,13 +34,43 @@ class Registry(Generic[T]):
 
         return add
 
+    def register_prefix(
+        self, prefix: str, check: Callable[[str], str | None]
+    ) -> Callable[[Callable[..., T]], Callable[..., T]]:
+        """`prefix<rest>` names `factory(rest, ...)`; `check(rest)` is None for a rest that builds."""
+
+        def add(factory: Callable[..., T]) -> Callable[..., T]:
+            if prefix in self._prefixes:
+                raise ValueError(f"{self.kind} prefix {prefix!r} is registered twice")
+            self._prefixes[prefix] = (factory, check)
+            return factory
+
+        return add
+
+    def problem(self, name: str) -> str | None:
+        """What `name` must be, or None when it is registered (a prefixed name: when its check passes)."""
+        if name in self._entries:
+            return None
+        prefix = self._prefix_of(name)
+        if prefix is not None:
+            return self._prefixes[prefix][1](name[len(prefix) :])
+        patterns = [f"{prefix}<name>" for prefix in sorted(self._prefixes)]
+        return f"must be one of: {', '.join([*sorted(self._entries), *patterns])}"
+
     def get(self, name: str) -> Callable[..., T]:
-        try:
+        if name in self._entries:
             return self._entries[name]
-        except KeyError:
-            raise FacetrainError(
-                f"unknown {self.kind} {name!r}; choose one of: {', '.join(sorted(self._entries))}"
-            ) from None
+        prefix = self._prefix_of(name)
+        if prefix is None:
+            choices = [*sorted(self._entries), *(f"{prefix}<name>" for prefix in sorted(self._prefixes))]
+            raise FacetrainError(f"unknown {self.kind} {name!r}; choose one of: {', '.join(choices)}")
+        problem = self._prefixes[prefix][1](name[len(prefix) :])
+        if problem is not None:
+            raise FacetrainError(f"{self.kind} {name!r}: {problem}")
+        return functools.partial(self._prefixes[prefix][0], name[len(prefix) :])
+
+    def _prefix_of(self, name: str) -> str | None:
+        return next((prefix for prefix in self._prefixes if name.startswith(prefix)), None)
 
     def build(self, name: str, *args, **kwargs) -> T:
         return self.get(name)(*args, **kwargs)
@@ -42,7 +79,7 @@ class Registry(Generic[T]):
         return sorted(self._entries)
 
     def __contains__(self, name: str) -> bool:
-        return name in self._entries
+        return name in self._entries or (self._prefix_of(name) is not None and self.problem(name) is None)
 
     def __iter__(self) -> Iterator[str]:
         return iter(self.names())

@@ -118,12 +118,19 @@ class Registered:
     where: str
 
     def names(self) -> list[str]:
-        module, attribute = self.where.split(":")
-        return sorted(getattr(importlib.import_module(module), attribute))
+        return sorted(self._registry())
 
     def problem(self, value: Any) -> str | None:
-        names = self.names()
+        """A registry answers for itself, so prefixed names (`timm:<name>`) pass or fail as it says."""
+        registry = self._registry()
+        if hasattr(registry, "problem"):
+            return registry.problem(value)
+        names = sorted(registry)
         return None if value in names else f"must be one of: {', '.join(names)}"
+
+    def _registry(self) -> Any:
+        module, attribute = self.where.split(":")
+        return getattr(importlib.import_module(module), attribute)
 
 
 @dataclasses.dataclass(frozen=True)

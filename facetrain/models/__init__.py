@@ -15,6 +15,7 @@ from facetrain.models import (  # noqa: F401  (fill the registry)
     mobilefacenet,
     reid_resnet,
     small,
+    timm_backbone,
 )
 from facetrain.models.backbone import Backbone, ConvStage
 from facetrain.models.registry import BACKBONES, POOLED_OUTPUT_BACKBONES
