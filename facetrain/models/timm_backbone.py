@@ -4,7 +4,7 @@ timm builds the model with `num_classes=model.embedding_size`, so its own classi
 embedding layer (after whatever head the model has: mobilenetv3's 1024-wide conv_head, a ViT's
 norm), with `model.dropout` as its `drop_rate`; a BatchNorm follows, as in IResNet's output, so the
 margin head sees embeddings of an even scale. The model is always built with
-`pretrained=False`: facetrain never downloads weights (start from your own with `model.init_from`).
+`pretrained=False`: facetrain never downloads weights (start from your own with `model.init`).
 timm is optional (`pip install timm`, or the `test` extra); the config check names model.backbone in
 one line when it is missing or does not know the name.
 """
