@@ -110,6 +110,17 @@ def test_every_panel_has_a_title_and_legend_and_the_lr_is_drawn(tmp_path):
     assert list(lr_axes.get_lines()[1].get_ydata()) == pytest.approx([0.099, 0.097]) == second.lr
 
 
+def test_panels_without_figures_say_what_is_missing(tmp_path):
+    run = fake_run(tmp_path, "old", [(10, 3.0, 0.2)], {})
+    (run / "metrics.csv").write_text("step,epoch,loss,accuracy\n10,0,3.0,0.2\n20,0,2.0,0.4\n")
+    curves = read_run_curves(run)
+    assert curves.lr is None and curves.eval_std == []
+    eval_axes, lr_axes = curves_figure([curves]).axes[2:]
+    assert [text.get_text() for text in eval_axes.texts] == ["no verification: set eval.pairs"]
+    assert [text.get_text() for text in lr_axes.texts] == ["no lr column in metrics.csv"]
+    assert lr_axes.get_title() == "learning rate" and not lr_axes.get_lines()
+
+
 def test_bad_runs_are_one_line_errors(tmp_path):
     with pytest.raises(FacetrainError, match="has no metrics.csv; give a run directory"):
         read_run_curves(tmp_path)

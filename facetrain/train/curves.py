@@ -118,14 +118,13 @@ def curves_figure(runs: list[RunCurves]) -> Figure:
     for axes, missing in (
         (eval_axes, "no verification: set eval.pairs"),
         (lr_axes, "no lr column in metrics.csv"),
-        (loss_axes, None),
-        (accuracy_axes, None),
     ):
+        if not axes.get_legend_handles_labels()[0]:
+            axes.text(0.5, 0.5, missing, ha="center", transform=axes.transAxes)
+    for axes in (loss_axes, accuracy_axes, eval_axes, lr_axes):
         axes.grid(alpha=0.3)
         if axes.get_legend_handles_labels()[0]:
             axes.legend(fontsize="small")
-        else:
-            axes.text(0.5, 0.5, missing, ha="center", transform=axes.transAxes)
     return figure
 
 
