@@ -12,23 +12,32 @@ from click.testing import CliRunner
 
 from facetrain.cli import main
 from facetrain.errors import FacetrainError
-from facetrain.train.metrics import curves_figure, plot_curves, read_run_curves
+from facetrain.train.curves import MIN_ACCURACY_SPAN, curves_figure, plot_curves, read_run_curves
 
 PNG_SIGNATURE = b"\x89PNG\r\n\x1a\n"
 
 
 def fake_run(
-    root: Path, name: str, rows: list[tuple[int, float, float]], evaluations: dict[int, float]
+    root: Path,
+    name: str,
+    rows: list[tuple[int, float, float]],
+    evaluations: dict[int, float],
+    stds: dict[int, float] | None = None,
 ) -> Path:
+    """A run directory as the trainer leaves it; the lr falls linearly from 0.1, by 1e-4 a step, and `stds`
+    gives verifications their spread over folds (accuracy_std)."""
     run = root / name
     (run / "eval").mkdir(parents=True)
     with (run / "metrics.csv").open("w", newline="") as handle:
         writer = csv.writer(handle)
         writer.writerow(["step", "epoch", "loss", "accuracy", "lr", "images_per_s", "elapsed_s"])
         for step, loss, accuracy in rows:
-            writer.writerow([step, 0, loss, accuracy, 0.1, 100.0, step / 10])
+            writer.writerow([step, 0, loss, accuracy, 0.1 * (1 - step / 1000), 100.0, step / 10])
     for step, accuracy in evaluations.items():
-        (run / "eval" / f"step_{step:08d}.json").write_text(json.dumps({"step": step, "accuracy": accuracy}))
+        result = {"step": step, "accuracy": accuracy, "best_by": "lfw"}
+        if stds and step in stds:
+            result["accuracy_std"] = stds[step]
+        (run / "eval" / f"step_{step:08d}.json").write_text(json.dumps(result))
     return run
 
 
@@ -57,9 +66,59 @@ def test_a_single_evaluation_sits_on_the_training_step_axis(tmp_path):
     run = read_run_curves(
         fake_run(tmp_path, "a", [(10, 3.0, 0.2), (50, 2.0, 0.5), (100, 1.5, 0.7)], {50: 0.7})
     )
-    loss_axes, _, eval_axes = curves_figure([run]).axes
+    loss_axes, _, eval_axes, _ = curves_figure([run]).axes
     low, high = eval_axes.get_xlim()
     assert (low, high) == loss_axes.get_xlim() and low <= 10 and high >= 100
+
+
+def test_the_verification_axis_holds_the_folds_spread_and_draws_it_as_a_band(tmp_path):
+    """The issue's run: means 0.600-0.608 whose folds spread ± 23.6 %; autoscaling showed 0.600-0.608."""
+    rows = [(10, 3.0, 0.2), (20, 2.0, 0.5), (30, 1.5, 0.7)]
+    run = read_run_curves(
+        fake_run(tmp_path, "wide", rows, {10: 0.600, 20: 0.608, 30: 0.604}, {10: 0.2, 20: 0.236, 30: 0.2})
+    )
+    assert run.eval_std == [0.2, 0.236, 0.2] and run.eval_set == "lfw"
+    eval_axes = curves_figure([run]).axes[2]
+    low, high = eval_axes.get_ylim()
+    assert low <= 0.600 - 0.2 and high >= 0.608 + 0.236
+    (band,) = eval_axes.collections
+    assert band.get_label() == "± 1 std over folds"
+    heights = band.get_paths()[0].vertices[:, 1]
+    assert heights.min() == pytest.approx(0.608 - 0.236) and heights.max() == pytest.approx(0.608 + 0.236)
+    assert "60.4 ± 20.0 % at step 30" in eval_axes.get_lines()[0].get_label()
+    assert eval_axes.get_title() == "verification accuracy on lfw"
+
+
+def test_a_steady_verification_is_not_zoomed_onto_its_noise(tmp_path):
+    run = read_run_curves(
+        fake_run(tmp_path, "flat", [(10, 3.0, 0.2), (20, 2.0, 0.5)], {10: 0.991, 20: 0.993})
+    )
+    low, high = curves_figure([run]).axes[2].get_ylim()
+    assert high - low >= MIN_ACCURACY_SPAN and low <= 0.991 and 0.993 <= high <= 1.01
+
+
+def test_every_panel_has_a_title_and_legend_and_the_lr_is_drawn(tmp_path):
+    first = read_run_curves(fake_run(tmp_path, "a", [(10, 3.0, 0.2), (20, 2.0, 0.5)], {20: 0.7}, {20: 0.05}))
+    second = read_run_curves(fake_run(tmp_path, "b", [(10, 3.5, 0.1), (30, 2.5, 0.4)], {}), "no EMA")
+    figure = curves_figure([first, second])
+    assert figure.get_suptitle() == "a: step 20, no EMA: step 30"
+    for axes in figure.axes:
+        assert axes.get_title() and axes.get_legend() is not None
+    lr_axes = figure.axes[3]
+    assert lr_axes.get_title() == "learning rate"
+    assert [line.get_label() for line in lr_axes.get_lines()] == ["a", "no EMA"]
+    assert list(lr_axes.get_lines()[1].get_ydata()) == pytest.approx([0.099, 0.097]) == second.lr
+
+
+def test_panels_without_figures_say_what_is_missing(tmp_path):
+    run = fake_run(tmp_path, "old", [(10, 3.0, 0.2)], {})
+    (run / "metrics.csv").write_text("step,epoch,loss,accuracy\n10,0,3.0,0.2\n20,0,2.0,0.4\n")
+    curves = read_run_curves(run)
+    assert curves.lr is None and curves.eval_std == []
+    eval_axes, lr_axes = curves_figure([curves]).axes[2:]
+    assert [text.get_text() for text in eval_axes.texts] == ["no verification: set eval.pairs"]
+    assert [text.get_text() for text in lr_axes.texts] == ["no lr column in metrics.csv"]
+    assert lr_axes.get_title() == "learning rate" and not lr_axes.get_lines()
 
 
 def test_bad_runs_are_one_line_errors(tmp_path):

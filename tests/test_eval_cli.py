@@ -78,6 +78,7 @@ def test_eval_pairs_writes_the_report_beside_the_model(model_dir: Path, pairs_fi
     loaded = load_model(model_dir)
     expected = verify(load_pairs(pairs_file), loaded.module, loaded.image_size, progress=False)
     assert figures["model"] == str(model_dir)
+    assert figures["step"] == 1  # the card's training step; the ROC plot's title names it and the model
     assert figures["accuracy"] == pytest.approx(expected.accuracy)
     assert figures["auc"] == pytest.approx(expected.metrics.auc)
     assert figures["xnorm"] == pytest.approx(expected.xnorm, rel=1e-5)

@@ -18,6 +18,7 @@ from facetrain.eval.metrics import (
     cross_validated_accuracy,
     equal_error_rate,
     roc_curve,
+    score_counts,
     true_accept_rates,
     verification_metrics,
 )
@@ -104,6 +105,19 @@ def brute_force_best_threshold(scores: np.ndarray, issame: np.ndarray) -> tuple[
     accuracies = [np.mean((scores >= t) == issame) for t in candidates]
     best = int(np.argmax(accuracies))
     return float(candidates[best]), float(accuracies[best])
+
+
+@pytest.mark.parametrize("seed", [0, 1])
+def test_score_counts_read_back_from_the_roc_are_the_scores_histogram(seed: int):
+    rng = np.random.default_rng(seed)
+    issame = rng.random(500) < 0.3
+    scores = np.round(rng.normal(issame * 0.5, 0.2), 2)  # ties, as rounded scores have
+    values, matched, mismatched = score_counts(
+        roc_curve(scores, issame), int(issame.sum()), int((~issame).sum())
+    )
+    np.testing.assert_array_equal(values, np.unique(scores)[::-1])
+    np.testing.assert_array_equal(matched, [np.sum(issame & (scores == value)) for value in values])
+    np.testing.assert_array_equal(mismatched, [np.sum(~issame & (scores == value)) for value in values])
 
 
 @pytest.mark.parametrize("seed", [3, 4])

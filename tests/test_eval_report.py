@@ -35,11 +35,38 @@ def verification_result() -> VerificationResult:
 
 def test_roc_draws_the_tar_points_over_a_hollow_threshold_marker(verification_result: VerificationResult):
     """A threshold chosen at FAR 1e-2 sits on the TAR@1e-2 point: both must stay visible."""
-    lines = {line.get_label(): line for line in roc_figure(verification_result).axes[0].get_lines()}
+    roc_axes = roc_figure(verification_result).axes[0]
+    assert roc_axes.get_title() == "ROC" and roc_axes.get_legend() is not None
+    lines = {line.get_label(): line for line in roc_axes.get_lines()}
     threshold = next(line for label, line in lines.items() if label.startswith("threshold"))
     tar_points = [line for label, line in lines.items() if label.startswith("TAR")]
     assert threshold.get_markerfacecolor() == "none" and tar_points
     assert all(line.get_zorder() > threshold.get_zorder() for line in tar_points)
+
+
+def test_the_score_histogram_shows_both_kinds_of_pair_and_the_threshold(
+    verification_result: VerificationResult,
+):
+    metrics = verification_result.metrics
+    figure = roc_figure(verification_result, "runs/orl/checkpoints/step_150", 150)
+    assert figure.get_suptitle() == (
+        f"lfw/pairs.txt: accuracy {100 * metrics.accuracy_mean:.2f} ± {100 * metrics.accuracy_std:.2f} %, "
+        "model runs/orl/checkpoints/step_150, step 150"
+    )
+    histogram_axes = figure.axes[1]
+    genuine, impostor = histogram_axes.patches
+    num_matched = metrics.num_matched
+    assert genuine.get_label() == f"genuine ({num_matched} pairs)"
+    assert impostor.get_label() == f"impostor ({2000 - num_matched} pairs)"
+    # each a density over the same bins: the genuine hump to the right of the impostor one
+    genuine_x, impostor_x = (patch.get_path().vertices[:, 0] for patch in (genuine, impostor))
+    genuine_y, impostor_y = (patch.get_path().vertices[:, 1] for patch in (genuine, impostor))
+    assert genuine_x[np.argmax(genuine_y)] > impostor_x[np.argmax(impostor_y)]
+    (threshold,) = histogram_axes.get_lines()
+    assert list(threshold.get_xdata()) == [metrics.operating_point.threshold] * 2
+    assert threshold.get_label().startswith("threshold")
+    assert histogram_axes.get_title() and histogram_axes.get_legend() is not None
+    assert roc_figure(verification_result).get_suptitle().endswith(" %")  # nothing to name
 
 
 def test_verification_files(verification_result: VerificationResult, tmp_path: Path):

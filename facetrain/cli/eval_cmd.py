@@ -290,7 +290,8 @@ def _evaluate(
             pairs, loaded.module, loaded.image_size, interpolation=card_interpolation(loaded.card), **options
         )
         click.echo(verification_table(result))
-        written = write_verification_report(result, out_dir, extra, name)
+        step = (loaded.card.get("training") or {}).get("step")
+        written = write_verification_report(result, out_dir, {**extra, "step": step}, name)
         if folder_root is not None:
             kept = out_dir / f"{name}{KEPT_PAIRS_SUFFIX}.csv"
             written.append(write_pairs_csv(pairs, kept, overwrite=True))

@@ -20,12 +20,12 @@ import click
 )
 @click.option("--overwrite", is_flag=True, help="Replace the PNG if it exists.")
 def plot(runs: tuple[Path, ...], out: Path, labels: tuple[str, ...], overwrite: bool) -> None:
-    """Plot loss, training accuracy and verification accuracy against the step for each RUN.
+    """Plot loss, training accuracy, verification accuracy and lr against the step for each RUN.
 
-    Each RUN is a training run directory (train.output_dir): its metrics.csv gives the loss and the
-    accuracy on its training batches (means over each log interval), its eval/step_*.json the
-    verification accuracy on eval.pairs (every eval.every steps and at the end). Every run gets one
-    colour in all three panels. The trainer writes the same figure of its own run to RUN/curves.png
+    Each RUN is a training run directory (train.output_dir): its metrics.csv gives the loss, the
+    accuracy on its training batches (means over each log interval) and the lr, its eval/step_*.json
+    the verification accuracy on eval.pairs (every eval.every steps and at the end) with a band of
+    ± one standard deviation over its folds. Every run gets one colour in all four panels. The trainer writes the same figure of its own run to RUN/curves.png
     when it finishes.
 
     \b
@@ -35,7 +35,7 @@ def plot(runs: tuple[Path, ...], out: Path, labels: tuple[str, ...], overwrite: 
     """
     from facetrain.errors import FacetrainError
     from facetrain.files import refuse_to_overwrite
-    from facetrain.train.metrics import plot_curves, read_run_curves
+    from facetrain.train.curves import plot_curves, read_run_curves
 
     if labels and len(labels) != len(runs):
         raise FacetrainError(f"{len(labels)} --label for {len(runs)} runs; give one per run or none")

@@ -81,6 +81,19 @@ def roc_curve(scores: np.ndarray, issame: np.ndarray) -> RocCurve:
     return RocCurve(fpr, tpr, thresholds)
 
 
+def score_counts(
+    roc: RocCurve, num_matched: int, num_mismatched: int
+) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """Every distinct score with its number of matched and of mismatched pairs, read back from the ROC.
+
+    The ROC keeps one point per distinct score and its steps are those counts over the class sizes, so
+    the genuine and impostor score histograms need no copy of the scores beside it.
+    """
+    matched = np.rint(np.diff(roc.true_positive_rate) * num_matched).astype(np.int64)
+    mismatched = np.rint(np.diff(roc.false_positive_rate) * num_mismatched).astype(np.int64)
+    return roc.thresholds[1:], matched, mismatched
+
+
 def area_under_curve(roc: RocCurve) -> float:
     return float(np.trapezoid(roc.true_positive_rate, roc.false_positive_rate))
 

@@ -1,4 +1,5 @@
-"""Evaluation reports: a table for the terminal and files for later (JSON, per-fold CSV, ROC plot).
+"""Evaluation reports: a table for the terminal and files for later (JSON, per-fold CSV, ROC and
+score-histogram plot).
 
 Files are named after what was evaluated (`lfw_pairs.json`, `lfw_pairs_folds.csv`,
 `lfw_pairs_roc.png`, `market1501.json`, `market1501_cmc.png`), so several pair sets can share one report folder; the CLI
@@ -14,11 +15,18 @@ import json
 from pathlib import Path
 from typing import Any
 
+import numpy as np
+from matplotlib.axes import Axes
 from matplotlib.figure import Figure
 
+from facetrain.eval.metrics import VerificationMetrics, score_counts
 from facetrain.eval.retrieval import RetrievalResult
 from facetrain.eval.verify_pairs import VerificationResult
 from facetrain.files import atomic_target
+
+# Bars of the score histogram: fine enough to show where the humps overlap on LFW's 6,000 pairs,
+# coarse enough that a few hundred pairs still fill them.
+HISTOGRAM_BINS = 40
 
 
 def verification_table(result: VerificationResult) -> str:
@@ -76,7 +84,8 @@ def write_verification_report(
     extra: dict[str, Any] | None = None,
     name: str | None = None,
 ) -> list[Path]:
-    """`<name>.json`, `<name>_folds.csv` and `<name>_roc.png` in `out_dir`; `extra` joins the JSON.
+    """`<name>.json`, `<name>_folds.csv` and `<name>_roc.png` in `out_dir`; `extra` joins the JSON, and
+    its `model` and `step` title the plot.
 
     `name` defaults to the set's own name; `facetrain eval` passes one no other pairs file shares."""
     out_dir = Path(out_dir)
@@ -84,7 +93,7 @@ def write_verification_report(
     paths = verification_report_paths(out_dir, name or result.name)
     write_json(paths[0], {**(extra or {}), **result.as_dict()})
     _write_bytes(paths[1], _folds_csv(result).encode())
-    _write_bytes(paths[2], _roc_png(result))
+    _write_bytes(paths[2], _png(roc_figure(result, (extra or {}).get("model"), (extra or {}).get("step"))))
     return paths
 
 
@@ -131,10 +140,6 @@ def _folds_csv(result: VerificationResult) -> str:
     return buffer.getvalue()
 
 
-def _roc_png(result: VerificationResult) -> bytes:
-    return _png(roc_figure(result))
-
-
 def _png(figure: Figure) -> bytes:
     buffer = io.BytesIO()
     figure.savefig(buffer, format="png")
@@ -161,15 +166,33 @@ def cmc_figure(result: RetrievalResult) -> Figure:
     return figure
 
 
-def roc_figure(result: VerificationResult) -> Figure:
+def roc_figure(result: VerificationResult, model: str | None = None, step: int | None = None) -> Figure:
+    """The ROC beside the genuine and impostor score histograms, titled with the set, the model and its
+    step where known: a report page says what was evaluated, and the histograms are where a threshold
+    is chosen (how far the two humps overlap, and where the chosen one cuts them)."""
+    metrics = result.metrics
+    figure = Figure(figsize=(10, 4.2), dpi=100, layout="constrained")
+    roc_axes, histogram_axes = figure.subplots(1, 2)
+    _draw_roc(roc_axes, metrics)
+    _draw_score_histogram(histogram_axes, metrics)
+    pairs = "/".join(Path(result.pairs_file).parts[-2:])  # lfw/pairs.txt: which of several pairs.txt
+    spread = f"{100 * metrics.accuracy_mean:.2f} ± {100 * metrics.accuracy_std:.2f} %"
+    subject = f"{pairs}: accuracy {spread}"
+    figure.suptitle(", ".join([subject, *_model_words(model, step)]))
+    return figure
+
+
+def _model_words(model: str | None, step: int | None) -> list[str]:
+    words = [f"model {model}"] if model else []
+    return words + ([f"step {step}"] if step is not None else [])
+
+
+def _draw_roc(axes: Axes, metrics: VerificationMetrics) -> None:
     """ROC with a logarithmic FAR axis, where deployed thresholds live, the TAR@FAR points and the
     threshold's operating point marked."""
-    metrics = result.metrics
     roc = metrics.roc
     num_mismatched = metrics.num_pairs - metrics.num_matched
     shown = roc.false_positive_rate > 0
-    figure = Figure(figsize=(5, 4), dpi=100)
-    axes = figure.add_subplot()
     axes.step(
         roc.false_positive_rate[shown],
         roc.true_positive_rate[shown],
@@ -194,10 +217,33 @@ def roc_figure(result: VerificationResult) -> Figure:
     axes.set_xscale("log")
     axes.set_xlim(1.0 / num_mismatched, 1.0)
     axes.set_ylim(float(roc.true_positive_rate[shown].min()) * 0.95, 1.005)
-    axes.set_xlabel("false accept rate")
-    axes.set_ylabel("true accept rate")
-    axes.set_title(f"{result.name}: accuracy {100 * metrics.accuracy_mean:.2f}%")
+    axes.set(xlabel="false accept rate", ylabel="true accept rate", title="ROC")
     axes.grid(True, which="both", alpha=0.3)
     axes.legend(loc="lower right", fontsize="small")
-    figure.tight_layout()
-    return figure
+
+
+def _draw_score_histogram(axes: Axes, metrics: VerificationMetrics) -> None:
+    """Genuine (matched) and impostor (mismatched) cosine similarities, each as a density so a set of
+    mostly mismatched pairs still shows both shapes, and the deploy threshold as a vertical line."""
+    num_mismatched = metrics.num_pairs - metrics.num_matched
+    values, matched, mismatched = score_counts(metrics.roc, metrics.num_matched, num_mismatched)
+    bins = np.linspace(values.min(), values.max(), HISTOGRAM_BINS + 1)
+    for counts, label, colour in (
+        (matched, f"genuine ({metrics.num_matched} pairs)", "tab:green"),
+        (mismatched, f"impostor ({num_mismatched} pairs)", "tab:red"),
+    ):
+        axes.hist(
+            values,
+            bins,
+            weights=counts,
+            density=True,
+            histtype="stepfilled",
+            alpha=0.4,
+            color=colour,
+            label=label,
+        )
+    threshold = metrics.operating_point.threshold
+    axes.axvline(threshold, color="black", linestyle="--", label=f"threshold {threshold:.3f} (balanced)")
+    axes.set(xlabel="cosine similarity", ylabel="density", title="scores of genuine and impostor pairs")
+    axes.grid(True, alpha=0.3)
+    axes.legend(loc="best", fontsize="small")

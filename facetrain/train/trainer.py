@@ -31,9 +31,10 @@ from facetrain.parallel import comm
 from facetrain.parallel.dims import ParallelDims, destroy_parallel, init_parallel, is_initialized
 from facetrain.parallel.failures import collective_failure_error, is_collective_failure
 from facetrain.progress import ProgressBar as tqdm  # plain lines when not on a terminal
+from facetrain.train.curves import CURVES_FILE, plot_curves, read_run_curves
 from facetrain.train.ema import WeightEma
 from facetrain.train.evaluation import TrainingVerifier, evaluation_line, report_lines, tensorboard_scalars
-from facetrain.train.metrics import CURVES_FILE, MetricsLog, UnderfitWatch, plot_curves, read_run_curves
+from facetrain.train.metrics import MetricsLog, UnderfitWatch
 from facetrain.train.resume import hold_global_batch
 from facetrain.train.setup import build_training_run
 from facetrain.train.step import StepWindow, train_step
