@@ -67,8 +67,9 @@ def prepare_train_data(cfg: DataConfig) -> None:
     if cfg.source != "synthetic" or (Path(cfg.path) / "train").is_dir():
         return
     from facetrain.data.synthetic import generate_synthetic
+    from facetrain.progress import ProgressBar  # the line goes to the run's train.log too
 
-    print(f"generating the synthetic face set in {cfg.path} (data.synth)")
+    ProgressBar.write(f"generating the synthetic face set in {cfg.path} (data.synth)")
     generate_synthetic(cfg.path, cfg.synth)
 
 
