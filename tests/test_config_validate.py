@@ -116,6 +116,7 @@ BAD_VALUES = [
     (["train.precision=fp64"], "train.precision", "'fp64'"),
     (["train.keep_checkpoints=0"], "train.keep_checkpoints", "0"),
     (["train.max_nonfinite_steps=-1"], "train.max_nonfinite_steps", "-1"),
+    (["train.trackers=[neptune]"], "train.trackers", "['neptune']"),
     # eval
     (["eval.pairs=pairs.json"], "eval.pairs", "'pairs.json'"),
     (["eval.images=''"], "eval.images", "''"),

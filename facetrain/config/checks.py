@@ -134,6 +134,20 @@ class Registered:
 
 
 @dataclasses.dataclass(frozen=True)
+class RegisteredEach:
+    """A list of names in a registry, none twice (e.g. train.trackers); an empty list chooses none."""
+
+    where: str
+
+    def problem(self, value: Any) -> str | None:
+        names = Registered(self.where).names()
+        wrong = next((item for item in value if item not in names), None)
+        if wrong is not None:
+            return f"{wrong!r} must be one of: {', '.join(names)}"
+        return None if len(set(value)) == len(value) else "must not name one twice"
+
+
+@dataclasses.dataclass(frozen=True)
 class RegisteredSuffix:
     """A file name, or a list of them, whose extension (any case) is a name in a registry, e.g. the
     pairs formats."""

@@ -16,6 +16,7 @@ from facetrain.config.checks import (
     NotEmpty,
     OneOf,
     Registered,
+    RegisteredEach,
     RegisteredSuffix,
     Within,
     above,
@@ -199,6 +200,9 @@ class TrainConfig:
     # resuming on data whose classes differ from the checkpoint's (by name, in order) is refused; true:
     # head rows follow their class by name, new classes start fresh, classes no longer there are dropped
     remap_classes: bool = False
+    # where rank 0 also sends the figures of metrics.csv (facetrain.train.trackers): tensorboard, wandb,
+    # mlflow; each an optional package (wandb and mlflow are extras of their own); []: metrics.csv alone
+    trackers: list[str] = setting(["tensorboard"], RegisteredEach("facetrain.train.trackers:TRACKERS"))
 
 
 @dataclass

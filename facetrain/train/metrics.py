@@ -1,10 +1,10 @@
 """A run's training figures: written as it trains and watched.
 
-Rank 0 appends a row per log interval (means over it) to `metrics.csv` beside the run, and to
-TensorBoard when it is installed. Once, at UNDERFIT_CHECK_SHARE of the schedule, the logged training
-accuracy is compared with chance: a recipe fitted to a few dozen identities can leave a run on
-thousands near chance for its whole schedule (docs/accuracy.md measured 8 % training accuracy after
-1,800 steps on 1,505 LFW people), which the loss alone does not tell a newcomer. Not before the lr's
+Rank 0 appends a row per log interval (means over it) to `metrics.csv` beside the run, and sends it
+to the trackers `train.trackers` names (TensorBoard by default; `facetrain.train.trackers`).
+Once, at UNDERFIT_CHECK_SHARE of the schedule, the logged training accuracy is compared with chance:
+a recipe fitted to a few dozen identities can leave a run on thousands near chance for its whole
+schedule (docs/accuracy.md measured 8 % training accuracy after 1,800 steps on 1,505 LFW people), which the loss alone does not tell a newcomer. Not before the lr's
 warmup is over, and not in a run too short to judge (UNDERFIT_MIN_STEPS): at 2 of 6 steps every
 recipe is near chance, so a warning there would be about the run's length, not its recipe.
 
@@ -17,6 +17,8 @@ import csv
 from dataclasses import dataclass
 from pathlib import Path
 
+from facetrain.train.trackers import open_trackers
+
 COLUMNS = ["step", "epoch", "loss", "accuracy", "lr", "images_per_s", "elapsed_s"]
 # Checked once, when this share of the schedule is done: late enough for any sane warmup to be over,
 # early enough that stopping saves most of the run.
@@ -28,42 +30,39 @@ UNDERFIT_MARGIN = 0.05
 
 
 class MetricsLog:
-    """Appends rows to `<run>/metrics.csv`; a resumed run continues the same file."""
+    """Appends rows to `<run>/metrics.csv` and sends them to the trackers; a resumed run continues the
+    same file."""
 
-    def __init__(self, run_dir: Path, enabled: bool):
+    def __init__(self, run_dir: Path, enabled: bool, trackers: list[str] = (), config: dict | None = None):
         self.enabled = enabled
         self.path = run_dir / "metrics.csv"
-        self.tensorboard = None
+        self.trackers = []
         if not enabled:
             return
         if not self.path.exists():
             with self.path.open("w", newline="") as handle:
                 csv.writer(handle).writerow(COLUMNS)
-        try:
-            from torch.utils.tensorboard import SummaryWriter
-        except ImportError:
-            return
-        self.tensorboard = SummaryWriter(str(run_dir / "tensorboard"))
+        self.trackers = open_trackers(list(trackers), run_dir)
+        for tracker in self.trackers:
+            tracker.log_config(config or {})
 
     def log(self, row: dict[str, float]) -> None:
         if not self.enabled:
             return
         with self.path.open("a", newline="") as handle:
             csv.writer(handle).writerow([row.get(c, "") for c in COLUMNS])
-        if self.tensorboard is not None:
-            for key, value in row.items():
-                if key not in ("step", "epoch"):
-                    self.tensorboard.add_scalar(f"train/{key}", value, row["step"])
+        figures = {f"train/{key}": value for key, value in row.items() if key not in ("step", "epoch")}
+        for tracker in self.trackers:
+            tracker.log_metrics(row["step"], figures)
 
     def log_eval(self, step: int, results: dict[str, float]) -> None:
-        if self.enabled and self.tensorboard is not None:
-            for key, value in results.items():
-                if isinstance(value, int | float):
-                    self.tensorboard.add_scalar(f"eval/{key}", value, step)
+        figures = {f"eval/{key}": value for key, value in results.items() if isinstance(value, int | float)}
+        for tracker in self.trackers:
+            tracker.log_metrics(step, figures)
 
     def close(self) -> None:
-        if self.tensorboard is not None:
-            self.tensorboard.close()
+        for tracker in self.trackers:
+            tracker.close()
 
 
 @dataclass

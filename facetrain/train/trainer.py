@@ -23,7 +23,7 @@ from torch.distributed.elastic.multiprocessing.errors import record
 
 from facetrain import run_lock, run_log
 from facetrain.checkpoint import load_ema_weights, save_checkpoint
-from facetrain.config import Config
+from facetrain.config import Config, to_dict
 from facetrain.config.validate import validate
 from facetrain.errors import EveryRankError, FacetrainError, PeerFailed
 from facetrain.heads.margins import margin_at_step
@@ -39,6 +39,7 @@ from facetrain.train.resume import hold_global_batch
 from facetrain.train.setup import build_training_run
 from facetrain.train.step import StepWindow, train_step
 from facetrain.train.step_gate import StepGate, StopSignals
+from facetrain.train.trackers import check_installed
 
 
 @record  # every rank's entry point: an error other than a user error leaves its traceback for torchrun
@@ -51,6 +52,7 @@ def train(cfg: Config, resume: str | None = None) -> dict:
     try:
         try:
             validate(cfg, dims.world_size, device_type=dims.device.type)
+            check_installed(cfg.train.trackers)
         except FacetrainError as error:  # every rank sees the same config: one of them says so
             raise EveryRankError(str(error)) from None
         trainer = Trainer(cfg, dims, resume)
@@ -115,7 +117,7 @@ class Trainer:
 
     def fit(self) -> dict:
         cfg, dims, state, head = self.cfg, self.dims, self.state, self.parts.head
-        log = MetricsLog(self.run_dir, enabled=dims.is_primary)
+        log = MetricsLog(self.run_dir, dims.is_primary, cfg.train.trackers, to_dict(cfg))
         minutes = cfg.train.checkpoint_every_minutes
         seconds = None if minutes is None else 60 * minutes
         gate = StepGate(self._batches(), cfg.optim.grad_accumulation, state, dims, seconds)

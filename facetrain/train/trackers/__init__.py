@@ -1,0 +1,69 @@
+"""Experiment trackers a run's figures also go to, besides `metrics.csv`: `train.trackers` names them.
+
+Users keep their runs in a tracker they already have (TensorBoard, Weights & Biases, MLflow); each is
+an optional package, imported only when chosen, so facetrain itself needs none of them. Each tracker
+lives in its own file and registers its factory in TRACKERS; the factory takes the run directory and
+returns a `Tracker`, or raises `TrackerMissing` when its package is not installed.
+"""
+
+from __future__ import annotations
+
+from importlib.util import find_spec
+from pathlib import Path
+from typing import Protocol
+
+from facetrain.errors import FacetrainError
+from facetrain.progress import ProgressBar
+from facetrain.registry import Registry
+
+
+class Tracker(Protocol):
+    """Where rank 0 sends the run's config once and its figures as it trains."""
+
+    def log_config(self, config: dict) -> None: ...
+
+    def log_metrics(self, step: int, metrics: dict[str, float]) -> None: ...
+
+    def close(self) -> None: ...
+
+
+class TrackerMissing(FacetrainError):
+    """A chosen tracker's package is not installed; the message is the one line to show."""
+
+
+def missing(name: str) -> TrackerMissing:
+    tracker = TRACKERS.get(name)
+    return TrackerMissing(
+        f"train.trackers lists {name}, which needs {tracker.package}: "
+        f"pip install 'facetrain[{tracker.extra}]' (or pip install {tracker.package})"
+    )
+
+
+TRACKERS: Registry = Registry("tracker")
+
+from facetrain.train.trackers import mlflow_tracker, tensorboard_tracker, wandb_tracker  # noqa: E402, F401
+
+
+def check_installed(names: list[str]) -> None:
+    """Before the run starts, on every rank alike: a chosen tracker whose package is missing stops it
+    (a user who chose one would rather install it than lose the run's record there). TensorBoard, the
+    default, is only said to be off when opened."""
+    for name in names:
+        if name != "tensorboard" and find_spec(TRACKERS.get(name).module) is None:
+            raise missing(name)
+
+
+def open_trackers(names: list[str], run_dir: Path) -> list[Tracker]:
+    """The chosen trackers, opened on `run_dir`; a missing TensorBoard is said in one line and the run
+    goes on without it."""
+    trackers = []
+    for name in names:
+        try:
+            trackers.append(TRACKERS.build(name, Path(run_dir)))
+        except TrackerMissing as error:
+            if name != "tensorboard":
+                raise
+            ProgressBar.write(f"note: TensorBoard logging is off: {error}")
+    if "tensorboard" not in names:
+        ProgressBar.write(f"note: TensorBoard logging is off: train.trackers is {names} (add tensorboard)")
+    return trackers

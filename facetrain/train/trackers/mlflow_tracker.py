@@ -1,0 +1,48 @@
+"""MLflow: an MLflow run per start of the facetrain run, the config as its params, in the tracking
+store and experiment MLflow's own settings name (MLFLOW_TRACKING_URI, MLFLOW_EXPERIMENT_NAME).
+
+`mlflow-skinny` is enough: only the tracking client is used. Its default store needs a database
+package it does not bring; a server's URI, or a file store (with MLFLOW_ALLOW_FILE_STORE=true on
+MLflow 3), needs none.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from facetrain.train.trackers import TRACKERS, missing
+
+
+class MlflowTracker:
+    module, package, extra = "mlflow", "mlflow-skinny", "mlflow"  # imported, installed, facetrain's extra
+
+    def __init__(self, run_dir: Path):
+        try:
+            import mlflow
+        except ImportError:
+            raise missing("mlflow") from None
+        self.mlflow = mlflow
+        self.run = mlflow.start_run(run_name=run_dir.resolve().name)
+
+    def log_config(self, config: dict) -> None:
+        self.mlflow.log_params(_flat(config))
+
+    def log_metrics(self, step: int, metrics: dict[str, float]) -> None:
+        self.mlflow.log_metrics(metrics, step=step)
+
+    def close(self) -> None:
+        self.mlflow.end_run()
+
+
+def _flat(config: dict, prefix: str = "") -> dict[str, str]:
+    """MLflow's params are flat strings: `train.steps`, not a nested mapping."""
+    flat = {}
+    for key, value in config.items():
+        if isinstance(value, dict):
+            flat.update(_flat(value, f"{prefix}{key}."))
+        else:
+            flat[f"{prefix}{key}"] = str(value)
+    return flat
+
+
+TRACKERS.register("mlflow")(MlflowTracker)
