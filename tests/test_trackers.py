@@ -7,6 +7,7 @@ installed, W&B offline and MLflow on a file store, both in tmp_path.
 from __future__ import annotations
 
 import sys
+from importlib.util import find_spec
 
 import pytest
 
@@ -95,3 +96,14 @@ def test_mlflow_logs_params_and_each_figure_at_its_step(tmp_path, monkeypatch):
     assert run.info.run_name == "run" and run.data.params == {"train.steps": "6", "model.backbone": "small"}
     history = client.get_metric_history(run.info.run_id, "train/loss")
     assert [(m.step, m.value) for m in history] == [(1, 2.0), (2, 1.5)]
+
+
+def test_mlflow_skinny_without_a_store_it_can_use_is_one_line(tmp_path, monkeypatch):
+    pytest.importorskip("mlflow")
+    if find_spec("sqlalchemy") is not None:
+        pytest.skip("the full mlflow can use its default sqlite store")
+    monkeypatch.setenv("MLFLOW_TRACKING_URI", f"sqlite:///{tmp_path / 'mlflow.db'}")
+    with pytest.raises(
+        FacetrainError, match=r"^train.trackers lists mlflow, which cannot start a run in sqlite:"
+    ):
+        TRACKERS.build("mlflow", tmp_path)
