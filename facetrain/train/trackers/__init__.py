@@ -2,46 +2,20 @@
 
 Users keep their runs in a tracker they already have (TensorBoard, Weights & Biases, MLflow); each is
 an optional package, imported only when chosen, so facetrain itself needs none of them. Each tracker
-lives in its own file and registers its factory in TRACKERS; the factory takes the run directory and
-returns a `Tracker`, or raises `TrackerMissing` when its package is not installed.
+lives in its own file and registers its factory in TRACKERS (`base.py`); the factory takes the run
+directory and returns a `Tracker`, or raises `TrackerMissing` when its package is not installed.
 """
 
 from __future__ import annotations
 
 from importlib.util import find_spec
 from pathlib import Path
-from typing import Protocol
 
-from facetrain.errors import FacetrainError
 from facetrain.progress import ProgressBar
-from facetrain.registry import Registry
+from facetrain.train.trackers import mlflow_tracker, tensorboard_tracker, wandb_tracker  # noqa: F401  (they register)
+from facetrain.train.trackers.base import TRACKERS, Tracker, TrackerMissing, missing
 
-
-class Tracker(Protocol):
-    """Where rank 0 sends the run's config once and its figures as it trains."""
-
-    def log_config(self, config: dict) -> None: ...
-
-    def log_metrics(self, step: int, metrics: dict[str, float]) -> None: ...
-
-    def close(self) -> None: ...
-
-
-class TrackerMissing(FacetrainError):
-    """A chosen tracker's package is not installed; the message is the one line to show."""
-
-
-def missing(name: str) -> TrackerMissing:
-    tracker = TRACKERS.get(name)
-    return TrackerMissing(
-        f"train.trackers lists {name}, which needs {tracker.package}: "
-        f"pip install 'facetrain[{tracker.extra}]' (or pip install {tracker.package})"
-    )
-
-
-TRACKERS: Registry = Registry("tracker")
-
-from facetrain.train.trackers import mlflow_tracker, tensorboard_tracker, wandb_tracker  # noqa: E402, F401
+__all__ = ["TRACKERS", "Tracker", "TrackerMissing", "check_installed", "open_trackers"]
 
 
 def check_installed(names: list[str]) -> None:

@@ -11,7 +11,7 @@ from __future__ import annotations
 from pathlib import Path
 
 from facetrain.errors import FacetrainError
-from facetrain.train.trackers import TRACKERS, missing
+from facetrain.train.trackers.base import TRACKERS, missing
 
 
 class MlflowTracker:

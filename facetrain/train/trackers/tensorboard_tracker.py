@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from facetrain.train.trackers import TRACKERS, missing
+from facetrain.train.trackers.base import TRACKERS, missing
 
 
 class TensorBoardTracker:
