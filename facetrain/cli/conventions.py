@@ -46,6 +46,15 @@ quiet_option = click.option(
 )
 
 
+trust_torchscript_option = click.option(
+    "--trust-torchscript",
+    is_flag=True,
+    help="Let MODEL be TorchScript (a .pt, or an export with no model.safetensors). TorchScript is a "
+    "program: loading it runs the code it holds, which can read and write your files, so pass this only "
+    "for a file you trust; without it only weights (safetensors, checkpoints) are loaded.",
+)
+
+
 def old_spelling_notice(old: str, new: str) -> None:
     click.echo(f"note: {old} is the old spelling, kept for this release only; write {new}", err=True)
 
