@@ -1,13 +1,16 @@
 """An ONNX model read as data: its constant tensors and the nodes that consume each value.
 
 Importing someone else's `.onnx` must never run it. `onnx.load` parses the protobuf only, external
-weight files are refused (a model zoo `.onnx` holds its weights inline, and an external path could
-name any file on the machine), and nothing here hands the graph to a runtime: the weights are read as
-numpy arrays and the graph is walked node by node to find which layer each array belongs to.
+data is refused wherever a tensor carries it (an initializer, a Constant node's value, any node's
+tensor attribute, a subgraph's): a model zoo `.onnx` holds its weights inline, and an external path
+is resolved by onnx against the current folder, so it could name any file on the machine. Nothing
+here hands the graph to a runtime: the weights are read as numpy arrays and the graph is walked node
+by node to find which layer each array belongs to.
 """
 
 from __future__ import annotations
 
+from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -126,12 +129,44 @@ def _load(path: Path):
     except (DecodeError, ValueError, OSError, RuntimeError) as error:
         reason = str(error).strip().splitlines()[0] if str(error).strip() else type(error).__name__
         raise FacetrainError(f"{path}: not a readable ONNX model ({reason[:200]})") from None
-    external = [t.name for t in model.graph.initializer if t.data_location == onnx.TensorProto.EXTERNAL]
-    if external:
+    external = next(
+        (name for name, tensor in _tensors(model.graph) if tensor.data_location == onnx.TensorProto.EXTERNAL),
+        None,
+    )
+    if external is not None:
         raise FacetrainError(
-            f"{path}: weight {external[0]!r} is stored in a separate file; facetrain imports ONNX models "
-            "that hold their weights inline (as insightface's model zoo files do)"
+            f"{path}: the {external} is stored in a separate file, which facetrain never reads; "
+            "it imports ONNX models that hold their weights inline (as insightface's model zoo files do)"
         )
     if not model.graph.node:
         raise FacetrainError(f"{path}: not a readable ONNX model (it holds no graph)")
     return model
+
+
+def _tensors(graph) -> Iterator[tuple[str, object]]:
+    """Every tensor a graph holds, each with what to call it in a message: its initializers, and each
+    node's tensor attributes (a Constant's value among them), its subgraphs' included. Protobuf's
+    parser bounds how deep subgraphs nest, so the recursion is bounded too."""
+    for tensor in graph.initializer:
+        yield f"initializer {_short(tensor.name)}", tensor
+    for sparse in graph.sparse_initializer:
+        yield f"initializer {_short(sparse.values.name)}", sparse.values
+        yield f"initializer {_short(sparse.values.name)}", sparse.indices
+    for node in graph.node:
+        node_name = node.name or (node.output[0] if node.output else "")
+        for attribute in node.attribute:
+            where = f"{_short(attribute.name)} of {_short(node.op_type)} node {_short(node_name)}"
+            sparse = [
+                *attribute.sparse_tensors,
+                *([attribute.sparse_tensor] if attribute.HasField("sparse_tensor") else []),
+            ]
+            tensors = [*attribute.tensors, *([attribute.t] if attribute.HasField("t") else [])]
+            for tensor in [*tensors, *(part for item in sparse for part in (item.values, item.indices))]:
+                yield where, tensor
+            for subgraph in [*attribute.graphs, *([attribute.g] if attribute.HasField("g") else [])]:
+                yield from _tensors(subgraph)
+
+
+def _short(name: str, limit: int = 80) -> str:
+    """A name from the file, quoted, cut so that a hostile megabyte-long name cannot flood the message."""
+    return repr(name if len(name) <= limit else name[:limit] + "...")
