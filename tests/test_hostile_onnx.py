@@ -7,6 +7,8 @@ from pathlib import Path
 
 import pytest
 
+from facetrain.errors import FacetrainError
+from facetrain.export.onnx_graph import OnnxGraph
 from tests.hostile_helpers import one_line_error
 
 onnx = pytest.importorskip("onnx")
@@ -66,3 +68,40 @@ def test_an_initializers_external_data_is_refused_by_its_name(tmp_path) -> None:
     line = one_line_error("import", "insightface", model, "-o", tmp_path / "out", "--quiet")
     assert f"the initializer '{'w' * 80}...' is stored in a separate file" in line
     assert len(line) < 400 and not (tmp_path / "out").exists()
+
+
+@pytest.mark.timeout(20)
+def test_a_loop_of_identity_nodes_after_the_input_is_one_line(tmp_path) -> None:
+    """Before, the walk from the input recursed through the loop until RecursionError."""
+    loop = [
+        helper.make_node("Identity", ["x"], ["a"], name="first"),
+        helper.make_node("Identity", ["a"], ["b"], name="second"),
+        helper.make_node("Identity", ["b"], ["a"], name="back"),
+        helper.make_node("Relu", ["b"], ["y"]),
+    ]
+    model = save_model(tmp_path / "model.onnx", loop)
+    line = one_line_error("import", "insightface", model, "-o", tmp_path / "out", "--quiet")
+    assert line.startswith(f"error: {model}: the graph loops through Identity node ")
+    assert not (tmp_path / "out").exists()
+
+
+@pytest.mark.timeout(20)
+def test_an_identity_feeding_itself_ends_the_search_for_a_source(tmp_path) -> None:
+    """Before, `source` (which the residual Add's check asks) went round the self-loop forever."""
+    nodes = [
+        helper.make_node("Identity", ["s"], ["s"], name="selfloop"),
+        helper.make_node("Add", ["x", "s"], ["y"], name="add"),
+    ]
+    graph = OnnxGraph(save_model(tmp_path / "model.onnx", nodes))
+    with pytest.raises(FacetrainError, match=r"the graph loops through Identity node 'selfloop'"):
+        graph.source("s")
+
+
+def test_an_identity_without_input_is_one_line(tmp_path) -> None:
+    nodes = [
+        helper.make_node("Identity", [], ["s"], name="empty"),
+        helper.make_node("Add", ["x", "s"], ["y"]),
+    ]
+    model = save_model(tmp_path / "model.onnx", nodes)
+    with pytest.raises(FacetrainError, match=r"Identity node 'empty' has no input; the graph is malformed"):
+        OnnxGraph(model).source("s")

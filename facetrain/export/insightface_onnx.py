@@ -84,7 +84,11 @@ class _Walk:
         value = self.conv_bn(conv, "conv1", "bn1", stride=1)
         value = self.prelu(graph.next_node(value, ("PRelu",), "conv1"), "prelu")
         depths: list[int] = []
+        walked = set()
         while True:
+            if value in walked:  # a block's Add fed back into an earlier block: it would never end
+                raise graph.fail(f"the graph loops back to value {value[:80]!r} after {len(walked)} blocks")
+            walked.add(value)
             readers = graph.users(value)
             norms = [node for node in readers if node.op == "BatchNormalization"]
             if len(readers) == 1 and norms:

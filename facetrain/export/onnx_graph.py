@@ -70,7 +70,7 @@ class OnnxGraph:
         """Resolve `Identity` nodes whose input is a constant (torch's export shares equal weights so)."""
         kept = []
         for node in nodes:
-            if node.op == "Identity" and node.inputs[0] in self.constants:
+            if node.op == "Identity" and node.inputs and node.inputs[0] in self.constants:
                 self.constants[node.outputs[0]] = self.constants[node.inputs[0]]
             else:
                 kept.append(node)
@@ -91,13 +91,25 @@ class OnnxGraph:
         return self.constant(node, position, role)
 
     def users(self, value: str) -> list[OnnxNode]:
-        """The nodes that read `value`, looking through pass-through nodes."""
-        found = []
-        for node in self.consumers.get(value, []):
-            if node.op in PASS_THROUGH:
-                found.extend(self.users(node.outputs[0]))
-            else:
+        """The nodes that read `value`, looking through pass-through nodes.
+
+        Walked with a stack, not recursion, and each value once: a hostile file's loop of Identity
+        nodes, or a chain of a million, is a one-line error rather than a RecursionError."""
+        found: list[OnnxNode] = []
+        seen = {value}
+        pending = [iter(self.consumers.get(value, []))]
+        while pending:
+            node = next(pending[-1], None)
+            if node is None:
+                pending.pop()
+            elif node.op not in PASS_THROUGH:
                 found.append(node)
+            else:
+                output = self._passed_on(node, node.outputs, "output")
+                if output in seen:
+                    raise self._loop(node)
+                seen.add(output)
+                pending.append(iter(self.consumers.get(output, [])))
         return found
 
     def next_node(self, value: str, expected: tuple[str, ...], after: str) -> OnnxNode:
@@ -112,10 +124,25 @@ class OnnxGraph:
         return users[0]
 
     def source(self, value: str) -> str:
-        """`value`, or the value a chain of pass-through nodes copies it from."""
+        """`value`, or the value a chain of pass-through nodes copies it from (each visited once)."""
+        seen = set()
         while value in self.producers and self.producers[value].op in PASS_THROUGH:
-            value = self.producers[value].inputs[0]
+            if value in seen:
+                raise self._loop(self.producers[value])
+            seen.add(value)
+            value = self._passed_on(self.producers[value], self.producers[value].inputs, "input")
         return value
+
+    def _passed_on(self, node: OnnxNode, values: list[str], kind: str) -> str:
+        if not values or not values[0]:
+            raise self.fail(f"{node.op} node {_short(node.name)} has no {kind}; the graph is malformed")
+        return values[0]
+
+    def _loop(self, node: OnnxNode) -> FacetrainError:
+        return self.fail(
+            f"the graph loops through {node.op} node {_short(node.name)} (a value feeds back into what "
+            "computes it); an ONNX model is acyclic, so the file is damaged or was made to hang readers"
+        )
 
 
 def _load(path: Path):
