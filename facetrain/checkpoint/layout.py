@@ -16,6 +16,17 @@ from facetrain.input_files import UnreadableInput, read_regular_bytes
 POINTERS = ("last", "best")
 STEP_NAME = re.compile(r"step_\d{8}")
 MAX_POINTER_BYTES = 4096
+META_COUNTS = {
+    "step": 0,
+    "epoch": 0,
+    "consumed": 0,
+    "best_step": 0,
+    "world_size": 1,
+    "num_classes": 0,
+    "embedding_size": 1,
+}
+META_OPTIONAL = {"best_step"}
+MAX_META_COUNT = 2**53  # a float64 holds every count below it exactly
 
 
 def complete_checkpoints(run_dir: Path) -> list[Path]:
@@ -58,6 +69,8 @@ def _parsed(path: Path):
     try:
         value = parse(read_regular_bytes(path, path.name, MAX_SMALL_FILE_BYTES).decode())
         problem = None if isinstance(value, kind) else f"not a {kind.__name__} of facetrain's"
+        if problem is None and path.name == "meta.json":
+            problem = meta_problem(value)
     except UnreadableInput as error:
         problem = error.reason
     except PlainYamlError as error:
@@ -68,6 +81,25 @@ def _parsed(path: Path):
     if problem is not None:
         raise FacetrainError(f"{path} is missing or unreadable ({problem})")
     return value
+
+
+def meta_problem(meta: dict) -> str | None:
+    """What in a meta.json no run of facetrain's writes, or None: its counters are whole numbers in
+    range (a step of -5 divided by zero, "abc" was a TypeError, 4.5 trained to "9.5 steps")."""
+    for key, least in META_COUNTS.items():
+        if key not in meta or (key in META_OPTIONAL and meta[key] is None):
+            if key == "step":
+                return "it has no step"
+            continue
+        value = meta[key]
+        if isinstance(value, bool) or not isinstance(value, int) or not least <= value <= MAX_META_COUNT:
+            return f"its {key} is {str(value)[:40]!r}, not a whole number from {least} to {MAX_META_COUNT}"
+    accuracy = meta.get("best_accuracy")
+    if accuracy is not None and (
+        isinstance(accuracy, bool) or not isinstance(accuracy, int | float) or not 0 <= accuracy <= 1
+    ):
+        return f"its best_accuracy is {str(accuracy)[:40]!r}, not a number from 0 to 1"
+    return None
 
 
 def resolve_checkpoint(path: str | Path) -> Path:
