@@ -10,7 +10,11 @@ from pathlib import Path
 import pytest
 
 from facetrain.checkpoint.layout import find_damage, read_meta
+from facetrain.checkpoint.names import BACKBONE
 from facetrain.errors import FacetrainError
+from facetrain.export.insightface_import import write_imported_checkpoint
+from tests.hostile_helpers import one_line_error
+from tests.test_export_formats import EMBEDDING_SIZE, fresh_backbone, small_config
 from tests.test_hostile_configs import fake_checkpoint
 
 MAX = 2**53
@@ -48,3 +52,26 @@ def test_the_meta_a_run_writes_passes(tmp_path: Path) -> None:
             "num_classes": 12, "embedding_size": 64, "evaluation": {}}  # fmt: skip
     (checkpoint / "meta.json").write_text(json.dumps(meta))
     assert read_meta(checkpoint) == meta
+
+
+def test_a_config_that_does_not_describe_the_weights_is_one_line_in_export(tmp_path: Path) -> None:
+    """Before: the backbone built from the edited config.yaml failed load_state_dict with a traceback."""
+    config = small_config()
+    backbone = fresh_backbone(config)
+    entries = {BACKBONE + key: value for key, value in backbone.state_dict().items()}
+    checkpoint = tmp_path / "checkpoint"
+    write_imported_checkpoint(entries, {"embedding_size": EMBEDDING_SIZE}, config, [], checkpoint)
+    edited = (
+        (checkpoint / "config.yaml")
+        .read_text()
+        .replace(f"embedding_size: {EMBEDDING_SIZE}", "embedding_size: 24")
+    )
+    (checkpoint / "config.yaml").write_text(edited)
+    line = one_line_error("export", checkpoint, "-o", tmp_path / "out", "--formats", "safetensors", "--quiet")
+    assert line.startswith(
+        f"error: checkpoint {checkpoint} is damaged: its config.yaml builds a backbone whose "
+    )
+    assert line.endswith(
+        "whose output.fc.weight is [24, 192], but the checkpoint holds [16, 192]; restore the config.yaml it was saved with"
+    )
+    assert sorted(path.name for path in tmp_path.iterdir()) == ["checkpoint"]
