@@ -55,6 +55,16 @@ trust_torchscript_option = click.option(
 )
 
 
+def checked_output(_ctx: click.Context, param: click.Parameter, value: Path | None) -> Path | None:
+    """The callback of every `-o/--out`: a path no command can write to (a symlink to nothing, a name
+    over 255 bytes) is one line before anything runs, instead of a traceback after the work."""
+    from facetrain.files import check_output_path
+
+    if value is not None:
+        check_output_path(Path(value), param.opts[0])
+    return value
+
+
 def old_spelling_notice(old: str, new: str) -> None:
     click.echo(f"note: {old} is the old spelling, kept for this release only; write {new}", err=True)
 

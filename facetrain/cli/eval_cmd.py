@@ -11,7 +11,7 @@ from typing import TYPE_CHECKING
 import click
 
 from facetrain.choices import DEFAULT_FOLD_SEED, DEFAULT_FOLDS
-from facetrain.cli.conventions import quiet_option, trust_torchscript_option
+from facetrain.cli.conventions import checked_output, quiet_option, trust_torchscript_option
 from facetrain.errors import FacetrainError
 
 if TYPE_CHECKING:
@@ -99,6 +99,7 @@ if TYPE_CHECKING:
     "--out",
     "out_dir",
     type=click.Path(path_type=Path),
+    callback=checked_output,
     help="Report folder (default: MODEL/eval, or eval/ beside a model file).",
 )
 @click.option("--overwrite", is_flag=True, help="Replace an earlier report of the same name in --out.")

@@ -8,6 +8,7 @@ import click
 
 from facetrain.cli.conventions import (
     OldSpellings,
+    checked_output,
     model_option_first,
     quiet_option,
     trust_torchscript_option,
@@ -67,7 +68,15 @@ def _parse_formats(value: str) -> list[str]:
 
 @click.command()
 @model_argument
-@click.option("-o", "--out", "out_dir", type=click.Path(path_type=Path), required=True, help="Output folder.")
+@click.option(
+    "-o",
+    "--out",
+    "out_dir",
+    type=click.Path(path_type=Path),
+    required=True,
+    callback=checked_output,
+    help="Output folder.",
+)
 @click.option(
     "--formats",
     default="safetensors,torchscript,onnx",
@@ -147,6 +156,7 @@ def export(
     "--out",
     type=click.Path(path_type=Path),
     required=True,
+    callback=checked_output,
     help="Output: .npy (+ .paths.txt), .parquet or .csv.",
 )
 @click.option(
