@@ -29,7 +29,8 @@ def _new_file_mode() -> int:
 def atomic_target(path: Path) -> Iterator[Path]:
     """A temporary path beside `path` to write into; it replaces `path` only if the block succeeds.
 
-    The file gets ordinary permissions: some writers (safetensors) create private 0600 files.
+    The file gets ordinary permissions: some writers (safetensors) create private 0600 files. An
+    OSError that names no file (a full disk met by `write()`) is raised naming `path`.
     """
     tmp = path.with_name(
         f".{path.name}.tmp-{os.getpid()}{path.suffix}"
@@ -40,6 +41,10 @@ def atomic_target(path: Path) -> Iterator[Path]:
         _fsync(tmp, os.O_RDONLY)
         os.replace(tmp, path)
         fsync_directory(path.parent)
+    except OSError as error:
+        if error.filename is not None:
+            raise
+        raise OSError(error.errno, error.strerror, str(path)) from None  # a write() names no file
     finally:
         tmp.unlink(missing_ok=True)
 

@@ -248,6 +248,8 @@ def write_imported_checkpoint(
         (tmp / "classes.json").write_text(json.dumps(class_names))
         save_config(config, tmp / "config.yaml")
         _replace_directory(tmp, out_dir)
+    except OSError as error:  # named as the folder the user asked for, not its temporary twin
+        raise OSError(error.errno, error.strerror, str(out_dir)) from None
     finally:
         shutil.rmtree(tmp, ignore_errors=True)
 
