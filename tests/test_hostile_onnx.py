@@ -105,3 +105,70 @@ def test_an_identity_without_input_is_one_line(tmp_path) -> None:
     model = save_model(tmp_path / "model.onnx", nodes)
     with pytest.raises(FacetrainError, match=r"Identity node 'empty' has no input; the graph is malformed"):
         OnnxGraph(model).source("s")
+
+
+def conv_model(path: Path, weight: TensorProto, **conv_attributes) -> Path:
+    """x -> Conv(weight) -> y: the first node the import walks to, whose weight it reads first."""
+    conv = helper.make_node("Conv", ["x", weight.name], ["y"], name="conv", **conv_attributes)
+    return save_model(path, [conv], [weight])
+
+
+def raw_tensor(name: str, data_type: int, dims: list[int], raw: bytes) -> TensorProto:
+    return TensorProto(name=name, data_type=data_type, dims=dims, raw_data=raw)
+
+
+FLOATS = raw_tensor("w", TensorProto.FLOAT, [2, 4, 1, 1], bytes(32))
+
+
+@pytest.mark.parametrize(
+    "weight, attributes, problem",
+    [
+        (raw_tensor("w", TensorProto.FLOAT, [4, 4, 1, 1], bytes(8)), {}, "initializer 'w' cannot be read: "),
+        (
+            raw_tensor("w", TensorProto.FLOAT, [1 << 40, 1, 1, 1], b""),
+            {},
+            "initializer 'w' has shape [1099511627776, 1, 1, 1], not a weight's (at most 268435456 values)",
+        ),
+        (
+            helper.make_tensor("w", TensorProto.STRING, [2], [b"ab", b"cd"]),
+            {},
+            "initializer 'w' holds string values, not numbers; it is no model's weight",
+        ),
+        (
+            TensorProto(name="w", data_type=0, dims=[1]),
+            {},
+            "initializer 'w' holds undefined values, not numbers",
+        ),
+        (FLOATS, {"group": float("nan")}, "Conv node 'conv': attribute group is 'nan', not a number"),
+    ],
+    ids=["short raw data", "huge dims", "strings", "undefined type", "NaN group"],
+)
+def test_malformed_weights_and_attributes_are_one_line(tmp_path, weight, attributes, problem) -> None:
+    """Before: ValueError, TypeError or numpy's reshape errors as tracebacks."""
+    model = conv_model(tmp_path / "model.onnx", weight, **attributes)
+    line = one_line_error("import", "insightface", model, "-o", tmp_path / "out", "--quiet")
+    assert line.startswith(f"error: {model}: {problem}")
+    assert not (tmp_path / "out").exists()
+
+
+def test_a_string_batchnorm_epsilon_is_one_line(tmp_path) -> None:
+    params = [raw_tensor(name, TensorProto.FLOAT, [2], bytes(8)) for name in ("s", "b", "m", "v")]
+    nodes = [
+        helper.make_node("Conv", ["x", "w"], ["c"], name="conv"),
+        helper.make_node("BatchNormalization", ["c", "s", "b", "m", "v"], ["y"], name="bn", epsilon="abc"),
+    ]
+    model = save_model(tmp_path / "model.onnx", nodes, [FLOATS, *params])
+    line = one_line_error("import", "insightface", model, "-o", tmp_path / "out", "--quiet")
+    assert (
+        line == f"error: {model}: BatchNormalization node 'bn': attribute epsilon is \"b'abc'\", not a number"
+    )
+
+
+def test_integer_weights_are_refused_as_in_a_pth(tmp_path) -> None:
+    """Low item: int64 weights were converted to float silently, where a .pth's are refused."""
+    model = conv_model(tmp_path / "model.onnx", raw_tensor("w", TensorProto.INT64, [2, 4, 1, 1], bytes(64)))
+    line = one_line_error("import", "insightface", model, "-o", tmp_path / "out", "--quiet")
+    assert (
+        line
+        == f"error: {model}: the weight of Conv node 'conv' holds int64 values, not floating-point weights"
+    )

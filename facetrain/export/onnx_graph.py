@@ -10,6 +10,7 @@ by node to find which layer each array belongs to.
 
 from __future__ import annotations
 
+import math
 from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -22,6 +23,10 @@ from facetrain.errors import FacetrainError
 # deduplicated weights, a `Cast` to float where a module upcasts (`x.float()`), and `Dropout` when
 # exported in training mode.
 PASS_THROUGH = ("Identity", "Cast", "Dropout")
+# TensorProto data types that hold numbers: FLOAT, UINT8, INT8, UINT16, INT16, INT32, INT64, FLOAT16,
+# DOUBLE, UINT32, UINT64, BFLOAT16 (not UNDEFINED, STRING, BOOL or the complex types)
+NUMERIC_TYPES = frozenset({1, 2, 3, 4, 5, 6, 7, 10, 11, 12, 13, 16})
+MAX_TENSOR_VALUES = 1 << 28  # insightface's largest weight, glintr100's FC, holds 12.8 million
 
 
 @dataclass
@@ -44,12 +49,15 @@ class OnnxGraph:
         graph = model.graph
         self.constants: dict[str, np.ndarray] = {}
         for tensor in graph.initializer:
-            self.constants[tensor.name] = numpy_helper.to_array(tensor)
+            self.constants[tensor.name] = self._array(
+                tensor, f"initializer {_short(tensor.name)}", numpy_helper
+            )
         nodes = []
         for proto in graph.node:
             attributes = {a.name: helper.get_attribute_value(a) for a in proto.attribute}
-            if proto.op_type == "Constant" and "value" in attributes:
-                self.constants[proto.output[0]] = numpy_helper.to_array(attributes["value"])
+            if proto.op_type == "Constant" and "value" in attributes and proto.output:
+                where = f"the value of Constant node {_short(proto.name or proto.output[0])}"
+                self.constants[proto.output[0]] = self._array(attributes["value"], where, numpy_helper)
                 continue
             nodes.append(
                 OnnxNode(proto.op_type, proto.name, list(proto.input), list(proto.output), attributes)
@@ -76,14 +84,48 @@ class OnnxGraph:
                 kept.append(node)
         return kept
 
+    def _array(self, tensor, where: str, numpy_helper) -> np.ndarray:
+        """A stored tensor as numbers, its declared size checked before anything is allocated: a
+        string tensor, a negative or astronomic shape, raw data shorter than the shape, each one line."""
+        if tensor.data_type not in NUMERIC_TYPES:
+            raise self.fail(
+                f"{where} holds {_type_name(tensor.data_type)} values, not numbers; it is no model's weight"
+            )
+        dims = list(tensor.dims)
+        if any(side < 0 for side in dims) or math.prod(dims) > MAX_TENSOR_VALUES:
+            raise self.fail(
+                f"{where} has shape {dims[:8]}, not a weight's (at most {MAX_TENSOR_VALUES} values)"
+            )
+        try:
+            return numpy_helper.to_array(tensor)
+        except (ValueError, TypeError) as error:
+            raise self.fail(f"{where} cannot be read: {str(error)[:120]}") from None
+
+    def number(self, node: OnnxNode, name: str, default: float) -> float:
+        """A node's numeric attribute (an epsilon, a group count), which must be a finite number."""
+        value = node.attributes.get(name, default)
+        if isinstance(value, bool) or not isinstance(value, int | float) or not math.isfinite(value):
+            raise self.fail(
+                f"{node.op} node {_short(node.name)}: attribute {name} is {str(value)[:40]!r}, not a number"
+            )
+        return float(value)
+
     def fail(self, what: str) -> FacetrainError:
         return FacetrainError(f"{self.path}: {what}")
 
     def constant(self, node: OnnxNode, position: int, role: str) -> np.ndarray:
-        """Input `position` of `node`, which must be a weight stored in the file."""
+        """Input `position` of `node`, which must be a floating-point weight stored in the file (integers
+        are refused as a `.pth`'s are: they would be converted silently)."""
         if position >= len(node.inputs) or node.inputs[position] not in self.constants:
-            raise self.fail(f"{node.op} node {node.name!r} has no stored {role}; it is computed in the graph")
-        return np.asarray(self.constants[node.inputs[position]], dtype=np.float32)
+            raise self.fail(
+                f"{node.op} node {_short(node.name)} has no stored {role}; it is computed in the graph"
+            )
+        value = self.constants[node.inputs[position]]
+        if not np.issubdtype(value.dtype, np.floating):
+            raise self.fail(
+                f"the {role} of {node.op} node {_short(node.name)} holds {value.dtype} values, not floating-point weights"
+            )
+        return np.asarray(value, dtype=np.float32)
 
     def optional_constant(self, node: OnnxNode, position: int, role: str) -> np.ndarray | None:
         if position >= len(node.inputs) or not node.inputs[position]:
@@ -192,6 +234,13 @@ def _tensors(graph) -> Iterator[tuple[str, object]]:
                 yield where, tensor
             for subgraph in [*attribute.graphs, *([attribute.g] if attribute.HasField("g") else [])]:
                 yield from _tensors(subgraph)
+
+
+def _type_name(data_type: int) -> str:
+    from onnx import TensorProto
+
+    names = {value: name.lower() for name, value in TensorProto.DataType.items()}
+    return names.get(data_type, f"type {data_type}")
 
 
 def _short(name: str, limit: int = 80) -> str:
