@@ -166,3 +166,14 @@ def test_a_last_pointer_that_names_no_checkpoint_is_one_line(
     assert pointer_target(last) == (None, problem)
     with pytest.raises(FacetrainError, match="^" + re.escape(f"{last} {problem}") + "$"):
         resolve_checkpoint(last)
+
+
+def test_an_unknown_section_from_set_is_blamed_on_set() -> None:
+    """Low item: the error named the config file, which holds no such key."""
+    assert one_line_error("config", "--set", "nosuch.key=1").startswith("error: --set: unknown key nosuch;")
+
+
+def test_an_infinite_margin_is_refused_before_training() -> None:
+    """Low item: it passed validation and failed at step 1 with advice about the learning rate."""
+    line = one_line_error("config", "--set", "head.margin_params={m: .inf}")
+    assert line == "error: --set: head.margin_params = {'m': inf}: m must be a finite number"

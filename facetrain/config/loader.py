@@ -69,6 +69,9 @@ def where_given(key: str, source: str, given: Mapping[str, str] | None) -> str:
         option = (given or {}).get(".".join(parts[:end]))
         if option:
             return option
+    below = [option for given_key, option in (given or {}).items() if given_key.startswith(f"{key}.")]
+    if below:  # `--set nosuch.key=1` made the unknown section `nosuch`: that --set is at fault
+        return below[0]
     return f"config {source}" if source else "config"
 
 
