@@ -85,9 +85,13 @@ def _aligned(length: int) -> int:
 def read_index(idx_path: Path) -> dict[int, int]:
     """`key -> byte offset`, in file order."""
     try:
-        lines = idx_path.read_text().splitlines()
+        lines = idx_path.read_text(encoding="ascii").splitlines()
     except OSError as error:
         raise FacetrainError(f"cannot read RecordIO index {idx_path}: {error.strerror}") from None
+    except UnicodeDecodeError as error:
+        raise FacetrainError(
+            f"RecordIO index {idx_path}: byte {error.start} is not text; an index holds lines of key<TAB>offset"
+        ) from None
     offsets: dict[int, int] = {}
     for number, line in enumerate(lines, start=1):
         if not line.strip():
