@@ -8,9 +8,14 @@ from pathlib import Path
 
 import pytest
 
+from facetrain.config import load_config, validate
 from facetrain.data.listfile import read_list_file
-from facetrain.data.recordio import read_index
+from facetrain.data.recordio import RecordIOWriter, pack_image_record, read_index, scan_recordio
 from facetrain.errors import FacetrainError
+from facetrain.eval.csv_pairs import load_csv_pairs
+from facetrain.eval.insightface_bin import load_insightface_bin
+from facetrain.eval.lfw_pairs import load_lfw_pairs
+from facetrain.export.insightface_import import read_backbone_state
 from tools.fuzz_inputs import TARGETS, fuzz
 
 CASES_PER_TARGET = 25
@@ -63,3 +68,87 @@ def test_a_recordio_index_that_is_not_text_is_one_line(tmp_path: Path) -> None:
     path.write_bytes(b"0\t0\n1\t\xff\n")
     with pytest.raises(FacetrainError, match=rf"^RecordIO index {path}: byte 6 is not text"):
         read_index(path)
+
+
+def test_a_bin_pickle_naming_a_far_memo_slot_is_refused_before_unpickling(tmp_path: Path) -> None:
+    """Found by the fuzzer: `LONG_BINPUT 1562862965` in a 3 KB .bin made C's unpickler allocate
+    12 GB for its memo (the worker was OOM-killed)."""
+    path = tmp_path / "lfw.bin"
+    path.write_bytes(b"\x80\x02]r\x75\xa5\x27\x5d." + bytes(64))
+    with pytest.raises(FacetrainError, match=r"memo slot 1562879349, beyond any its 73 bytes could fill"):
+        load_insightface_bin(path, None, False)
+
+
+def test_a_zip_claiming_several_disks_is_one_line(tmp_path: Path) -> None:
+    """Found by the fuzzer: zipfile.is_zipfile raised BadZipFile, which it does not catch."""
+    path = tmp_path / "backbone.pth"
+    end_of_directory = b"PK\x05\x06" + (1).to_bytes(2, "little") + bytes(16)  # disk number 1
+    path.write_bytes(b"PK\x03\x04" + bytes(40) + end_of_directory)
+    with pytest.raises(FacetrainError, match=r"not a readable (torch.save archive|PyTorch weights file) \("):
+        read_backbone_state(path)
+
+
+def test_a_recordio_header_promising_no_images_is_one_line(tmp_path: Path) -> None:
+    """Found by the fuzzer: record 0's range [1, 3) left no image keys, then keys[0] was an IndexError."""
+    writer = RecordIOWriter(tmp_path / "train.rec", tmp_path / "train.idx")
+    writer.write(0, pack_image_record([1, 3], b""))
+    writer.write(1, pack_image_record([0, 0], b""))
+    writer.close()
+    with pytest.raises(
+        FacetrainError, match=r"record 0: its label \[1.0, 3.0\] is not the \[first, end\) identity range"
+    ):
+        scan_recordio(tmp_path / "train.rec", progress=False)
+
+
+@pytest.mark.parametrize("name", ["Ab\x00el", "A" * 300])
+def test_pair_images_the_system_cannot_look_up_are_missing(tmp_path: Path, name: str) -> None:
+    """Found by the fuzzer: a NUL byte (ValueError) or a 300-byte name (ENAMETOOLONG) in a pairs file."""
+    lfw, csv_file = tmp_path / "pairs.txt", tmp_path / "pairs.csv"
+    lfw.write_text(f"{name} 1 2\n")
+    csv_file.write_text(f"{name}.png,b.png,1\n")
+    for load, path in ((load_lfw_pairs, lfw), (load_csv_pairs, csv_file)):
+        with pytest.raises(FacetrainError, match="none of the 1 pairs has both of its images"):
+            load(path, None, True)
+
+
+def test_values_from_a_file_are_cut_in_messages(tmp_path: Path) -> None:
+    """Found by the fuzzer: 5000 characters of a file's value echoed into one message."""
+    pairs = tmp_path / "pairs.csv"
+    pairs.write_text("a.png,b.png," + "1" * 5000 + "\n")
+    with pytest.raises(FacetrainError) as error:
+        load_csv_pairs(pairs, None, True)
+    assert len(str(error.value)) < 300
+
+
+def test_a_config_number_beyond_float_range_is_one_line(tmp_path: Path) -> None:
+    """Found by the fuzzer: math.isfinite(10**400) raised OverflowError in validation."""
+    config = tmp_path / "big.yaml"
+    config.write_text("optim:\n  lr: " + "1" * 400 + "\n")
+    with pytest.raises(FacetrainError, match="optim.lr"):
+        validate(load_config(config), 1)
+
+
+def test_a_list_file_of_blank_lines_is_one_line(tmp_path: Path) -> None:
+    """Found by the fuzzer: pandas' EmptyDataError for a file of whitespace after a line."""
+    path = tmp_path / "list.csv"
+    path.write_text("\n \n\t\n")
+    with pytest.raises(FacetrainError, match="list file .* (is empty|lists no images)"):
+        read_list_file(path)
+
+
+def test_a_validation_message_cuts_a_3000_digit_value(tmp_path: Path) -> None:
+    """Found by the fuzzer: train.steps of 3000 digits was echoed whole by validation."""
+    config = tmp_path / "steps.yaml"
+    config.write_text("train:\n  steps: 3" + "1" * 3000 + "\n")
+    with pytest.raises(FacetrainError) as error:
+        validate(load_config(config), 1)
+    assert "train.steps = 31111" in str(error.value) and len(str(error.value)) < 400
+
+
+def test_a_refused_global_with_a_long_name_is_cut(tmp_path: Path) -> None:
+    """Found by the fuzzer: the name of a refused global, 5000 characters, was echoed whole."""
+    path = tmp_path / "lfw.bin"
+    path.write_bytes(b"\x80\x02c_codecs" + b"1" * 5000 + b"\nencode\n.")
+    with pytest.raises(FacetrainError, match="refused to load: the pickle asks for _codecs111") as error:
+        load_insightface_bin(path, None, False)
+    assert len(str(error.value)) < 400

@@ -10,10 +10,11 @@ recompressed), a run folder's checkpoint files (`--resume auto`'s search), `.bin
 mutated byte by byte and with hostile tokens (aliases, `..`, 1e309, 20-digit numbers, NUL, superscripts).
 
 A finding is anything but success or one line of FacetrainError (a traceback's exception, a message
-of several lines or over 1000 characters), a case over `--timeout` seconds, the worker's peak memory
+of several lines or over 1000 characters, a line a C library printed to stderr beside it), a case over `--timeout` seconds, the worker's peak memory
 growing by more than `--max-memory-mb`, a crash of the worker, or a file opened outside the case's
 input folder under the fuzzing folder (planted `secret.txt` files beside and above it) or written
-outside its output folder, as an audit hook sees them. Cases are reproducible: case N of a target is
+outside its output folder, as an audit hook sees them. The worker's address space is capped at
+ADDRESS_SPACE_GB, so an allocation of gigabytes is a MemoryError there rather than the OOM killer's. Cases are reproducible: case N of a target is
 drawn from `Random(f"{seed}:{target}:{N}")`.
 
 All cases run in one worker process that imports facetrain once; a crash restarts it at the next case.
@@ -41,6 +42,7 @@ TOKENS = [
     b"-5", b"0", b"\x00", b"\xc2\xb2", b"\xff\xfe", b"../", b"../../secret.txt", b"/etc/passwd", b"secret.txt",
     b"!!python/object/apply:os.system ['true']", b"\n", b",", b" ", b"\t", b"'", b'"', b"-", b"1" * 5001,
 ]  # fmt: skip
+ADDRESS_SPACE_GB = 6
 INTERESTING_INTS = [0, 1, -1, 2, 255, 256, 65535, 1 << 31, (1 << 32) + 1, 1 << 40, 1 << 62, -(1 << 63)]
 
 
@@ -473,8 +475,13 @@ def _alarm(_signum, _frame) -> None:
 
 def serve(work: Path, seed: int, timeout: float, max_mb: float) -> None:
     """Worker: read `target number` lines, answer one JSON line each."""
+    import resource
     import warnings
 
+    # address space, not memory: a case that allocates gigabytes fails here (MemoryError, a finding)
+    # instead of bringing the machine's OOM killer; torch and onnx import within it
+    limit = ADDRESS_SPACE_GB << 30
+    resource.setrlimit(resource.RLIMIT_AS, (limit, limit))
     warnings.simplefilter("ignore")
     os.environ.setdefault("FACETRAIN_QUIET", "1")
     signal.signal(signal.SIGALRM, _alarm)
@@ -506,6 +513,9 @@ def fuzz(cases: int, seed: int, targets: tuple[str, ...] = TARGETS, timeout: flo
                     worker = None
                     outcome = {"target": target, "case": number, "result": "crash", "seconds": None,
                                "finding": "the worker crashed or hung"}  # fmt: skip
+                printed = _drain(worker) if worker is not None else ""
+                if printed and not outcome["finding"]:  # a C library's own line beside facetrain's
+                    outcome["finding"] = f"printed to stderr: {printed.strip().splitlines()[0][:200]}"
                 outcomes.append(outcome)
     finally:
         if worker is not None:
@@ -530,8 +540,25 @@ def _start_worker(work: Path, seed: int, timeout: float, max_mb: float) -> subpr
                "--max-memory-mb", str(max_mb)]  # fmt: skip
     env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONWARNINGS": "ignore"}
     return subprocess.Popen(
-        command, stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True, env=env, cwd=REPO
+        command,
+        stdin=subprocess.PIPE,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        env=env,
+        cwd=REPO,
     )
+
+
+def _drain(worker: subprocess.Popen) -> str:
+    """What the worker wrote to stderr since the last call (C libraries write there directly)."""
+    chunks = []
+    while select.select([worker.stderr], [], [], 0)[0]:  # written before the answer was
+        chunk = os.read(worker.stderr.fileno(), 65536)
+        if not chunk:
+            break
+        chunks.append(chunk)
+    return b"".join(chunks).decode(errors="replace")
 
 
 def _ask(worker: subprocess.Popen, target: str, number: int, limit: float) -> dict | None:

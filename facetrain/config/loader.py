@@ -153,7 +153,12 @@ def _convert(hint: Any, value: Any, source: str, key: str, given: Mapping[str, s
             return float(value)  # YAML 1.1 reads 5e-3 (no dot) as a string
         if isinstance(value, bool) or not isinstance(value, int | float):
             _type_error(where, key, "a number", value)
-        return float(value)
+        try:
+            return float(value)
+        except OverflowError:  # an integer of 400 digits
+            raise FacetrainError(
+                f"{where}: {key} must be a number a float can hold, got {shown(value)}"
+            ) from None
     if hint is str:
         if not isinstance(value, str):
             _type_error(where, key, "a string", value)

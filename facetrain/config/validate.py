@@ -69,8 +69,10 @@ def field_problems(section: Any, prefix: str = "") -> Iterator[Problem]:
                 break
 
 
-def show(value: Any) -> str:
-    return repr(value) if isinstance(value, str) else str(value)
+def show(value: Any, limit: int = 200) -> str:
+    """A value as a message shows it, cut at `limit` characters (a 3000-digit train.steps was echoed whole)."""
+    text = repr(value) if isinstance(value, str) else str(value)
+    return text if len(text) <= limit else f"{text[:limit]}..."
 
 
 def fused_optimizer_conflict(cfg: Config) -> Problem | None:

@@ -51,7 +51,11 @@ def read_list_file(list_path: str | Path) -> pd.DataFrame:
             skip_blank_lines=False,
         )
     except pd.errors.ParserError as error:
-        raise FacetrainError(f"list file {list_path}: {str(error).strip()}") from None
+        raise FacetrainError(f"list file {list_path}: {str(error).strip()[:200]}") from None
+    except pd.errors.EmptyDataError:
+        raise FacetrainError(
+            f"list file {list_path} lists no images; expected lines of path,label[,camera]"
+        ) from None
     if has_header:
         frame.columns = [str(column).strip().lower() for column in frame.columns]
         frame = frame.rename(columns={"pid": "label"})
@@ -96,7 +100,7 @@ def _resolve(list_path: Path, raw: str, line: int) -> str:
             f"list file {list_path} line {line}: image path {str(path)[:120]!r}: {reason}"
         ) from None
     if not exists:
-        raise FacetrainError(f"list file {list_path} line {line}: image {path} does not exist")
+        raise FacetrainError(f"list file {list_path} line {line}: image {str(path)[:300]} does not exist")
     return str(path)
 
 

@@ -58,7 +58,9 @@ def _parse_same(path: Path, number: int, value: str) -> bool:
         return True
     if word in FALSE_WORDS:
         return False
-    raise FacetrainError(f"{path} line {number}: 'same' must be 1/0, true/false or yes/no, got {value!r}")
+    raise FacetrainError(
+        f"{path} line {number}: 'same' must be 1/0, true/false or yes/no, got {value[:40]!r}"
+    )
 
 
 def _parse_fold(path: Path, number: int, value: str) -> int:

@@ -151,8 +151,8 @@ def _check_same_images(paths: dict[str, Path], faces: np.ndarray, points: np.nda
     if len(differ):
         line = int(differ[0]) + 1
         raise FacetrainError(
-            f"{paths['landmarks']} line {line} names {str(points[differ[0]])!r} where {paths['faces'].name} line "
-            f"{line} names {str(faces[differ[0]])!r}; the two files list the same face images in the same order"
+            f"{paths['landmarks']} line {line} names {str(points[differ[0]])[:80]!r} where {paths['faces'].name} "
+            f"line {line} names {str(faces[differ[0]])[:80]!r}; the two files list the same face images in the same order"
         )
 
 

@@ -111,7 +111,7 @@ class _ImageFinder:
         if name not in self._folders:
             try:
                 entries = sorted(os.listdir(self.root / name))
-            except OSError:
+            except (OSError, ValueError):  # missing, or a name with a NUL byte or over 255 bytes
                 entries = []
             listing: dict[str, str] = {}
             for entry in entries:

@@ -332,9 +332,9 @@ def check_archive_sizes(path: Path) -> None:
     for, before torch allocates them: torch.save stores entries uncompressed, but its reader also
     inflates deflated ones, so a 1 MB file can declare a 1 GiB tensor. The declared sizes are what
     the reader allocates, so checking them bounds the memory."""
-    if not zipfile.is_zipfile(path):
-        return  # the legacy format, a plain pickle: torch.load refuses or reads it as it is
     try:
+        if not zipfile.is_zipfile(path):
+            return  # the legacy format, a plain pickle: torch.load refuses or reads it as it is
         with zipfile.ZipFile(path) as archive:
             entries = archive.infolist()
     except (zipfile.BadZipFile, OSError, ValueError) as error:
