@@ -79,3 +79,14 @@ def test_a_jpeg_size_behind_stray_bytes_is_still_checked(tmp_path: Path) -> None
 def test_files_without_a_size_are_corrupt_without_decoding(data: bytes) -> None:
     with pytest.raises(BadImageError, match="^image x is corrupt or not an image$"):
         decode_image(data, "x")
+
+
+def test_a_png_with_a_damaged_chunk_is_refused_before_libpng_prints(capfd) -> None:
+    """Found by the fuzzer: libpng inflates a damaged IDAT before it reaches the chunk's CRC and prints
+    `libpng error: bad adaptive filter value` to stderr itself, beside facetrain's line."""
+    ok, encoded = cv2.imencode(".png", np.random.default_rng(0).integers(0, 256, (12, 12, 3), dtype=np.uint8))
+    data = bytearray(encoded.tobytes())
+    data[data.index(b"IDAT") + 6] ^= 0xFF
+    with pytest.raises(BadImageError, match="^image damaged.png is corrupt or not an image$"):
+        decode_image(bytes(data), "damaged.png")
+    assert capfd.readouterr().err == ""
