@@ -4,6 +4,7 @@ those formats are decoded, each only when its header gives a size within the lim
 
 from __future__ import annotations
 
+import os
 import re
 import struct
 import time
@@ -90,3 +91,14 @@ def test_a_png_with_a_damaged_chunk_is_refused_before_libpng_prints(capfd) -> No
     with pytest.raises(BadImageError, match="^image damaged.png is corrupt or not an image$"):
         decode_image(bytes(data), "damaged.png")
     assert capfd.readouterr().err == ""
+
+
+@pytest.mark.timeout(20)
+def test_a_named_pipe_among_the_images_is_one_line_not_a_hang(tmp_path: Path) -> None:
+    """Before, reading its bytes waited for a writer for ever (embed, compare, training, pairs)."""
+    fifo = tmp_path / "face.png"
+    os.mkfifo(fifo)
+    expected = f"image {fifo} is a named pipe, not a file; pass the file itself"
+    assert image_file_problem(fifo) == expected
+    with pytest.raises(BadImageError, match=f"^{re.escape(expected)}$"):
+        decode_image(fifo)

@@ -8,6 +8,7 @@ what is wrong with an image in one line of its own, which they would otherwise p
 
 from __future__ import annotations
 
+import os
 import struct
 import zlib
 from pathlib import Path
@@ -17,9 +18,11 @@ import numpy as np
 
 from facetrain.data.image_header import HEADER_BYTES, image_dimensions, image_format, oversize_problem
 from facetrain.errors import FacetrainError
+from facetrain.input_files import UnreadableInput, open_regular, read_regular_bytes
 
 cv2.utils.logging.setLogLevel(cv2.utils.logging.LOG_LEVEL_SILENT)
 
+MAX_IMAGE_FILE_BYTES = 1 << 30  # a 268-megapixel image, the decode limit, stored without compression
 IMAGE_EXTENSIONS = (".jpg", ".jpeg", ".png", ".bmp", ".pgm", ".ppm", ".webp")
 LEFT_OUT_NAMED = 5  # unreadable images named one by one; the rest are counted
 
@@ -55,13 +58,14 @@ class BadImageError(DataError):
 
 
 def read_file_bytes(path: str | Path) -> bytes:
-    """The raw bytes of an image file, or a one-line error naming it."""
+    """The raw bytes of an image file, or a one-line error naming it: missing, unreadable, a named
+    pipe (which would hang the reader) or a device, or over MAX_IMAGE_FILE_BYTES."""
     try:
-        return Path(path).read_bytes()
-    except FileNotFoundError:
-        raise BadImageError(f"image {path} does not exist") from None
-    except OSError as error:
-        raise BadImageError(f"cannot read image {path}: {error.strerror}") from None
+        return read_regular_bytes(path, "image", MAX_IMAGE_FILE_BYTES)
+    except UnreadableInput as error:
+        if not os.path.lexists(path):
+            raise BadImageError(f"image {path} does not exist") from None
+        raise BadImageError(str(error)) from None
 
 
 def decode_image(data: bytes | str | Path, name: str | None = None) -> np.ndarray:
@@ -134,10 +138,10 @@ def image_file_problem(path: str | Path) -> str | None:
     of a folder, as only its header is read. A header whose size fields lie past HEADER_BYTES (a JPEG
     behind a huge EXIF segment) passes here; decoding reads the whole file and checks it again."""
     try:
-        with open(path, "rb") as handle:
+        with open_regular(path, "image") as handle:
             head = handle.read(HEADER_BYTES)
-    except OSError as error:
-        return f"cannot read image {path}: {error.strerror}"
+    except UnreadableInput as error:
+        return str(error)
     if image_format(head) in (None, "tiff"):
         return unchecked_format_problem(head, str(path))
     return oversize_problem(head, str(path))
