@@ -102,3 +102,14 @@ def test_a_named_pipe_among_the_images_is_one_line_not_a_hang(tmp_path: Path) ->
     assert image_file_problem(fifo) == expected
     with pytest.raises(BadImageError, match=f"^{re.escape(expected)}$"):
         decode_image(fifo)
+
+
+@pytest.mark.timeout(20)
+def test_a_named_pipe_as_a_verification_bin_is_one_line(tmp_path: Path) -> None:
+    from facetrain.errors import FacetrainError
+    from facetrain.eval.insightface_bin import read_insightface_bin
+
+    fifo = tmp_path / "lfw.bin"
+    os.mkfifo(fifo)
+    with pytest.raises(FacetrainError, match="is a named pipe, not a file; pass the file itself"):
+        read_insightface_bin(fifo)

@@ -27,6 +27,7 @@ import numpy as np
 from facetrain.errors import FacetrainError
 from facetrain.eval.folds import FOLDS_IN_FILE_ORDER, contiguous_folds
 from facetrain.eval.pair_set import PairSet
+from facetrain.input_files import read_regular_bytes
 
 UINT8_NAMES = ("u1", "uint8", "|u1")
 UINT8_BYTE_ORDERS = ("|", "=")
@@ -162,6 +163,10 @@ class _DataOnlyUnpickler(pickle.Unpickler):
         raise Refused(f"the pickle asks for persistent id {_shown(pid)}")
 
 
+MAX_BIN_BYTES = 4 << 30
+"""insightface's largest verification .bin (cfp_fp, 14,000 images) is under 300 MB."""
+
+
 def _far_memo_index(data: bytes) -> int | None:
     """The first memo slot a PUT opcode names past the pickle's size, or None. A pickler numbers its
     memo from 0, one slot an object, so a real index stays below the byte count; the C unpickler grows
@@ -181,10 +186,7 @@ def _far_memo_index(data: bytes) -> int | None:
 
 def read_insightface_bin(path: str | Path) -> tuple[list[bytes], np.ndarray]:
     """The encoded images and the issame flags (one per consecutive pair of images)."""
-    try:
-        data = Path(path).read_bytes()
-    except OSError as error:
-        raise FacetrainError(f"cannot read {path}: {error.strerror}") from None
+    data = read_regular_bytes(path, "verification .bin", MAX_BIN_BYTES)  # a FIFO would hang the read
     far_memo = _far_memo_index(data)
     if far_memo is not None:
         raise FacetrainError(
