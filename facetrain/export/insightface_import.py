@@ -365,11 +365,24 @@ def _first_reason(error: Exception) -> str:
     text = str(error)
     detail = re.search(r"WeightsUnpickler error:\s*([^\n]+)", text)
     if detail:
-        return detail.group(1).strip()[:200]
+        return _first_sentences(detail.group(1).strip())
     line = (text.strip().splitlines() or [""])[0]
     if not line or "weights_only" in line or "Weights only load failed" in line:
         return f"{type(error).__name__} while unpickling"
-    return line[:200]
+    return _first_sentences(line)
+
+
+def _first_sentences(text: str, limit: int = 200) -> str:
+    """`text` within `limit` characters, cut after a whole sentence (torch's `... This is an internal
+    miniz error. If you are seeing this error, there is a high likelihood that your checkpoint file is
+    co` was cut mid-word), else after a whole word, marked with "..."."""
+    if len(text) <= limit:
+        return text
+    head = text[:limit]
+    end = head.rfind(". ")
+    if end > 0:
+        return head[: end + 1]
+    return head[: head.rfind(" ")].rstrip(",;:") + "..." if " " in head else head + "..."
 
 
 def unwrap_state(loaded: object, path: Path) -> dict[str, object]:
