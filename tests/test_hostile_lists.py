@@ -5,6 +5,8 @@ from __future__ import annotations
 
 from pathlib import Path
 
+import cv2
+import numpy as np
 import pytest
 
 from facetrain.errors import FacetrainError
@@ -99,3 +101,39 @@ def test_a_csv_fold_that_is_no_small_integer_is_one_line(tmp_path: Path, fold: s
     with pytest.raises(FacetrainError) as error:
         load_csv_pairs(pairs, None, True)
     assert str(error.value) == f"{pairs} line 2: 'fold' must be an integer from 0 to 1000000, got {fold!r}"
+
+
+@pytest.mark.filterwarnings("error::UserWarning")
+def test_a_set_of_one_matched_and_one_mismatched_pair_plots_without_warnings(tmp_path: Path) -> None:
+    """Low item: the ROC's FAR axis ran from 1/1 to 1, and matplotlib warned of a singular range."""
+    from click.testing import CliRunner
+
+    from facetrain.checkpoint.names import BACKBONE
+    from facetrain.cli import main
+    from facetrain.export.insightface_import import write_imported_checkpoint
+    from tests.test_export_formats import EMBEDDING_SIZE, fresh_backbone, small_config
+
+    config = small_config()
+    entries = {BACKBONE + key: value for key, value in fresh_backbone(config).state_dict().items()}
+    write_imported_checkpoint(entries, {"embedding_size": EMBEDDING_SIZE}, config, [], tmp_path / "model")
+    for name in ("a", "b", "c"):
+        cv2.imwrite(
+            str(tmp_path / f"{name}.png"),
+            np.random.default_rng(ord(name)).integers(0, 256, (32, 32, 3), dtype=np.uint8),
+        )
+    (tmp_path / "pairs.csv").write_text("a.png,b.png,1\na.png,c.png,0\n")
+    args = [
+        "eval",
+        tmp_path / "model",
+        "--pairs",
+        tmp_path / "pairs.csv",
+        "-o",
+        tmp_path / "report",
+        "--device",
+        "cpu",
+        "-q",
+    ]
+    result = CliRunner().invoke(main, [str(arg) for arg in args])
+    assert result.exception is None or isinstance(result.exception, SystemExit), result.exception
+    assert result.exit_code == 0, result.output
+    assert (tmp_path / "report" / "pairs_roc.png").is_file()
