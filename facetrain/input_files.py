@@ -53,11 +53,23 @@ def open_regular(path: str | Path, what: str) -> BinaryIO:
         raise
 
 
+def _read_up_to(handle: BinaryIO, size: int, limit: int) -> bytes:
+    """The file's bytes, asking for its size first (read(n) allocates n bytes up front, so asking for
+    `limit` would take gigabytes for a small file), then more while it grows, up to `limit` + 1."""
+    data = handle.read(size + 1)
+    while size < len(data) <= limit:
+        more = handle.read(min(1 << 20, limit + 1 - len(data)))
+        if not more:
+            break
+        data += more
+    return data
+
+
 def read_regular_bytes(path: str | Path, what: str, limit: int) -> bytes:
     """The whole regular file `path`, refused in one line when it holds more than `limit` bytes."""
     with open_regular(path, what) as handle:
         size = os.fstat(handle.fileno()).st_size
-        data = b"" if size > limit else handle.read(limit + 1)  # +1: a file growing as it is read
+        data = b"" if size > limit else _read_up_to(handle, size, limit)
     if size > limit or len(data) > limit:
         reason = f"{max(size, len(data))} bytes, more than the {limit} a {what} can need"
         raise UnreadableInput(f"{what} {path} holds {reason}; check that it is the right file", reason)

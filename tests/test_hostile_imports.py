@@ -117,3 +117,13 @@ def test_a_pth_declaring_a_tensor_far_larger_than_itself_is_refused(tmp_path: Pa
         f"to {64 << 20} bytes; torch.save never compresses, so the file was made to exhaust memory or "
         "damaged; save `model.state_dict()` with torch.save and import that"
     )
+
+
+def test_a_small_file_under_a_huge_limit_is_read_without_allocating_the_limit(tmp_path: Path) -> None:
+    """read(limit + 1) allocates its argument up front: a 4 GiB limit for a .bin took 4 GiB per read
+    (a MemoryError in the fuzzer's 6 GB worker); the file's own size is asked for instead."""
+    from facetrain.input_files import read_regular_bytes
+
+    path = tmp_path / "small.bin"
+    path.write_bytes(b"twelve bytes")
+    assert read_regular_bytes(path, "file", 1 << 45) == b"twelve bytes"
