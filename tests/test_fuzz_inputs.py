@@ -16,7 +16,8 @@ from facetrain.eval.csv_pairs import load_csv_pairs
 from facetrain.eval.insightface_bin import load_insightface_bin
 from facetrain.eval.lfw_pairs import load_lfw_pairs
 from facetrain.export.insightface_import import read_backbone_state
-from tools.fuzz_inputs import TARGETS, fuzz
+from tools.fuzz_cases import TARGETS
+from tools.fuzz_inputs import fuzz
 
 CASES_PER_TARGET = 25
 
@@ -34,7 +35,7 @@ def test_the_fuzzer_reports_a_traceback_as_a_finding(tmp_path: Path, monkeypatch
     import tools.fuzz_inputs as fuzz_inputs
 
     watch = fuzz_inputs._Watch(tmp_path)
-    monkeypatch.setattr(fuzz_inputs, "_read", lambda target, path, out: {}["no such key"])
+    monkeypatch.setattr("tools.fuzz_cases.read_case", lambda target, path, out: {}["no such key"])
     outcome = fuzz_inputs.run_case("yaml", 0, 0, tmp_path, watch, timeout=10, max_mb=1024)
     assert outcome["result"] == "exception" and outcome["finding"] == "KeyError: 'no such key'"
 
@@ -45,7 +46,7 @@ def test_the_fuzzer_reports_a_read_outside_the_input(tmp_path: Path, monkeypatch
     secret = tmp_path / "secret.txt"
     secret.write_text("TOPSECRET")
     watch = fuzz_inputs._Watch(tmp_path)
-    monkeypatch.setattr(fuzz_inputs, "_read", lambda target, path, out: secret.read_text())
+    monkeypatch.setattr("tools.fuzz_cases.read_case", lambda target, path, out: secret.read_text())
     outcome = fuzz_inputs.run_case("yaml", 0, 1, tmp_path, watch, timeout=10, max_mb=1024)
     assert outcome["finding"] == f"read {secret}"
 
