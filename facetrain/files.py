@@ -29,7 +29,8 @@ def _new_file_mode() -> int:
 def atomic_target(path: Path) -> Iterator[Path]:
     """A temporary path beside `path` to write into; it replaces `path` only if the block succeeds.
 
-    The file gets ordinary permissions: some writers (safetensors) create private 0600 files.
+    The file gets ordinary permissions: some writers (safetensors) create private 0600 files. An
+    OSError that names no file (a full disk met by `write()`) is raised naming `path`.
     """
     tmp = path.with_name(
         f".{path.name}.tmp-{os.getpid()}{path.suffix}"
@@ -40,6 +41,10 @@ def atomic_target(path: Path) -> Iterator[Path]:
         _fsync(tmp, os.O_RDONLY)
         os.replace(tmp, path)
         fsync_directory(path.parent)
+    except OSError as error:
+        if error.filename is not None:
+            raise
+        raise OSError(error.errno, error.strerror, str(path)) from None  # a write() names no file
     finally:
         tmp.unlink(missing_ok=True)
 
@@ -87,3 +92,32 @@ def make_output_folder(path: Path, option: str) -> None:
         raise FacetrainError(
             f"cannot create {option} {path}: {error.strerror or error}; choose another {option}"
         ) from None
+
+
+NAME_MAX = 255  # bytes in one file name on Linux file systems
+PATH_MAX = 4096  # bytes in a path the kernel takes, its terminating NUL included
+
+
+def output_path_problem(path: Path, option: str) -> str | None:
+    """Why `path` cannot be written to as `option`, found before any work is done, or None: a name
+    or path longer than the system takes (ENAMETOOLONG, a traceback wherever it was first touched)
+    or a symlink to nothing (written through, or left half-done, by each command its own way)."""
+    encoded = os.fsencode(path)
+    if len(encoded) >= PATH_MAX:
+        return f"{option} {_cut(str(path))} is {len(encoded)} bytes long, more than the {PATH_MAX - 1} a path can have; choose a shorter one"
+    for part in path.parts:
+        if len(os.fsencode(part)) > NAME_MAX:
+            return f"{option} {_cut(str(path))}: the name {_cut(part)} is {len(os.fsencode(part))} bytes, more than the {NAME_MAX} a file name can have; choose a shorter one"
+    if path.is_symlink() and not path.exists():
+        return f"{option} {path} is a symlink to {os.readlink(path)}, which does not exist; remove the link or choose another {option}"
+    return None
+
+
+def check_output_path(path: Path, option: str) -> None:
+    problem = output_path_problem(path, option)
+    if problem is not None:
+        raise FacetrainError(problem)
+
+
+def _cut(text: str, limit: int = 60) -> str:
+    return text if len(text) <= limit else f"{text[:limit]}..."

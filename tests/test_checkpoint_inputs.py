@@ -60,7 +60,7 @@ def test_resuming_past_train_steps_says_there_is_nothing_left_to_train(finished_
     "name, damage, reason",
     [
         ("meta.json", "{cut sh", "not valid json: Expecting property name enclosed in double quotes"),
-        ("config.yaml", "model: [r50\n", "not valid yaml: while parsing a flow sequence"),
+        ("config.yaml", "model: [r50\n", "not valid yaml line 2: expected"),
         ("config.yaml", None, "No such file or directory"),
     ],
     ids=["meta.json cut short", "config.yaml cut short", "config.yaml missing"],

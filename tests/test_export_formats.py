@@ -72,7 +72,7 @@ def exported(tmp_path_factory: pytest.TempPathFactory) -> tuple[LoadedModel, Pat
 @pytest.mark.parametrize("target", ["", "model.json", "model.safetensors", "model.torchscript.pt"])
 def test_loaded_formats_match_the_backbone(exported: tuple[LoadedModel, Path], target: str) -> None:
     model, out = exported
-    loaded = load_model(out / target if target else out)
+    loaded = load_model(out / target if target else out, trust_torchscript=True)  # its own export
     batch = images(5)
     with torch.no_grad():
         expected = model.module(batch)
@@ -177,5 +177,7 @@ def test_loading_bad_models_are_user_errors(exported: tuple[LoadedModel, Path], 
         load_model(mismatched)
     pickled = tmp_path / "pickled.pt"
     torch.save({"weights": torch.zeros(2)}, pickled)
-    with pytest.raises(FacetrainError, match="not a TorchScript model"):
+    with pytest.raises(FacetrainError, match="is TorchScript, a program that runs when it is loaded"):
         load_model(pickled)
+    with pytest.raises(FacetrainError, match="not a TorchScript model"):
+        load_model(pickled, trust_torchscript=True)

@@ -3,10 +3,13 @@
     python tools/bad_input_sweep.py --cases 300 --seed 0 --out sweep.json
 
 Each case is one command line (`config`, `train`, `eval`, `export`, `embed`, `compare`, `align`,
-`pairs`, `import insightface`) with one or more bad inputs drawn at random: a config key set to a
-wrong type, a negative, huge, NaN or infinite number, an odd string, given by `--set` or in the YAML
-file; a missing path, a folder where a file belongs, a text file named .jpg, an empty file, a PNG cut
-short, a 30000x30000 PNG, a plain pickle, a bad option value. A finding is a Python traceback, an exit
+`pairs`, `import insightface`, `import dlib`) with one or more bad inputs drawn at random: a config key
+set to a wrong type, a negative, huge, NaN or infinite number, an odd string, given by `--set` or in
+the YAML file; a missing path, a folder where a file belongs, a text file named .jpg, an empty file, a
+PNG cut short, a 30000x30000 PNG, a plain pickle, a bad option value; and issue 38's hostile files: a
+TIFF bomb named .png, a named pipe, a YAML alias bomb, a Latin-1 config, an ONNX model whose Constant
+reads `secret.txt`, a dlib file whose shape wraps int64, /dev/zero, a TorchScript file that writes to
+a victim file (which must stay untouched), a symlink to nothing as the output. A finding is a Python traceback, an exit
 status other than 0 or 2, or 0 where an input was certainly bad.
 
 Commands run in a worker process that imports facetrain once and invokes the command line in
@@ -91,7 +94,17 @@ class Fixtures:
             "dir.jpg": self._folder(self.bad / "dir.jpg"),
             "missing": self.bad / "missing" / "nothing.png",
             "empty_dir": self._folder(self.bad / "empty_dir"),
+            # issue 38's hostile files
+            "tiff.png": bad_files.tiff_bomb(self.bad / "tiff.png"),
+            "fifo.png": bad_files.named_pipe(self.bad / "fifo.png"),
+            "bomb.yaml": bad_files.alias_bomb_yaml(self.bad / "bomb.yaml"),
+            "latin1.yaml": bad_files.latin1_yaml(self.bad / "latin1.yaml"),
+            "external.onnx": bad_files.external_data_onnx(self.bad / "external.onnx"),
+            "wrap.dat": bad_files.wrapping_dlib(self.bad / "wrap.dat"),
+            "dangling": bad_files.dangling_symlink(self.bad / "dangling"),
+            "evil.pt": bad_files.evil_torchscript(self.bad / "evil.pt", self.bad / "victim.txt"),
         }
+        (self.bad / "victim.txt").write_text("untouched\n")
         self.config = self._write_config(root / "tiny.yaml", root / "synth", root / "run")
 
     @staticmethod
@@ -156,13 +169,15 @@ def command_case(fx: Fixtures, rng: random.Random, number: int) -> tuple[list[st
     out = fx.root / "out" / str(number)
     model = rng.choice(
         [(str(fx.root / "run"), False), (str(fx.export), False)]
-        + _files(fx, "missing", "notes.jpg", "empty_dir", "pickle.pth", "huge.png")
+        + _files(fx, "missing", "notes.jpg", "empty_dir", "pickle.pth", "huge.png", "evil.pt", "fifo.png")
     )
     image = rng.choice(
         [(str(fx.images / "0.png"), False)]
-        + _files(fx, "huge.png", "cut.png", "notes.jpg", "empty.png", "dir.jpg", "missing")
+        + _files(
+            fx, "huge.png", "cut.png", "notes.jpg", "empty.png", "dir.jpg", "missing", "tiff.png", "fifo.png"
+        )
     )
-    command = rng.choice(["eval", "export", "embed", "compare", "align", "pairs", "import"])
+    command = rng.choice(["eval", "export", "embed", "compare", "align", "pairs", "import", "config"])
     if command == "eval":
         target = rng.choice(
             [(f"--pairs={fx.pairs}", False), (f"--folder={fx.identities}", False)]
@@ -181,6 +196,7 @@ def command_case(fx: Fixtures, rng: random.Random, number: int) -> tuple[list[st
                               ("--formats=onnx,onnx", None)])  # fmt: skip
         target = rng.choice(
             [(str(out), False), (str(fx.files["notes.jpg"]), True), (str(fx.root / "run"), None)]
+            + _files(fx, "dangling")
         )
         parts = [model, formats, target]
         args = ["export", model[0], "-o", target[0], formats[0], "--quiet"]
@@ -188,6 +204,7 @@ def command_case(fx: Fixtures, rng: random.Random, number: int) -> tuple[list[st
         source = rng.choice([(str(fx.images), False), (str(fx.mixed), False), image])
         target = rng.choice(
             [(f"{out}.npy", False), (f"{out}.csv", False), (f"{out}.txt", True), (str(fx.images), True)]
+            + _files(fx, "dangling")
         )
         size = rng.choice([("--batch-size=1", False), ("--batch-size=0", True), ("--batch-size=x", True)])
         parts = [model, source, target, size]
@@ -218,10 +235,21 @@ def command_case(fx: Fixtures, rng: random.Random, number: int) -> tuple[list[st
         seed = rng.choice([("--seed=0", False), ("--seed=-1", None), ("--seed=99999999999999999999", None)])
         parts = [root, folds, seed]
         args = ["pairs", root[0], "-o", f"{out}.csv", folds[0], seed[0]]
+    elif command == "config":  # a hostile config file itself
+        config = rng.choice(_files(fx, "bomb.yaml", "latin1.yaml", "fifo.png", "dir.jpg", "missing"))
+        parts = [config]
+        args = ["config", "-c", config[0]]
+    elif rng.random() < 0.3:
+        weights = rng.choice(
+            _files(fx, "wrap.dat", "fifo.png", "notes.jpg", "empty.png") + [("/dev/zero", True)]
+        )
+        parts = [weights]
+        args = ["import", "dlib", weights[0], "-o", str(out), "--quiet"]
     else:
         weights = rng.choice(
-            _files(fx, "missing", "notes.jpg", "empty.png", "pickle.pth", "huge.png", "empty_dir")
-        )
+            _files(fx, "missing", "notes.jpg", "empty.png", "pickle.pth", "huge.png", "empty_dir", "external.onnx",
+                   "fifo.png")
+        )  # fmt: skip
         arch = rng.choice([("--arch=iresnet50", False), ("--arch=bogus", True)])
         parts = [weights, arch]
         args = ["import", "insightface", weights[0], arch[0], "-o", str(out), "--quiet"]
@@ -351,6 +379,9 @@ def sweep(cases: int, seed: int, timeout: float, work: Path) -> dict:
             )
             print(f"case {number}: {problem}: facetrain {' '.join(args)}", flush=True)
     worker.close()
+    if (fixtures.bad / "victim.txt").read_text() != "untouched\n":
+        findings.append({"case": None, "args": [], "problem": "evil.pt's program ran and wrote its victim",
+                         "input": None, "output": ""})  # fmt: skip
     return {
         "cases": cases,
         "seed": seed,

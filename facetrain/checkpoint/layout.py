@@ -7,14 +7,26 @@ import json
 import re
 from pathlib import Path
 
-import yaml
-
 from facetrain.checkpoint.storage import find_data_damage
 from facetrain.config import Config, from_dict
+from facetrain.config.plain_yaml import PlainYamlError, parse_plain_yaml
 from facetrain.errors import FacetrainError
+from facetrain.input_files import UnreadableInput, read_regular_bytes
 
 POINTERS = ("last", "best")
 STEP_NAME = re.compile(r"step_\d{8}")
+MAX_POINTER_BYTES = 4096
+META_COUNTS = {
+    "step": 0,
+    "epoch": 0,
+    "consumed": 0,
+    "best_step": 0,
+    "world_size": 1,
+    "num_classes": 0,
+    "embedding_size": 1,
+}
+META_OPTIONAL = {"best_step"}
+MAX_META_COUNT = 2**53  # a float64 holds every count below it exactly
 
 
 def complete_checkpoints(run_dir: Path) -> list[Path]:
@@ -44,24 +56,50 @@ def find_damage(checkpoint: Path) -> str | None:
 _READERS = {
     "meta.json": (json.loads, dict),
     "classes.json": (json.loads, list),
-    "config.yaml": (yaml.safe_load, dict),
+    "config.yaml": (parse_plain_yaml, dict),
 }
+MAX_SMALL_FILE_BYTES = 256 << 20
+"""classes.json of millions of identities is tens of megabytes; no small file of facetrain's is more."""
 
 
 def _parsed(path: Path):
-    """The parsed contents of one of a checkpoint's small files."""
+    """The parsed contents of one of a checkpoint's small files: regular files only (a FIFO would
+    hang the reader), within MAX_SMALL_FILE_BYTES, config.yaml as plain YAML without aliases."""
     parse, kind = _READERS[path.name]
     try:
-        value = parse(path.read_text())
+        value = parse(read_regular_bytes(path, path.name, MAX_SMALL_FILE_BYTES).decode())
         problem = None if isinstance(value, kind) else f"not a {kind.__name__} of facetrain's"
-    except OSError as error:
-        problem = error.strerror or str(error)
-    except (UnicodeDecodeError, ValueError, yaml.YAMLError) as error:
-        reason = str(error).strip().splitlines()[0] if str(error).strip() else type(error).__name__
+        if problem is None and path.name == "meta.json":
+            problem = meta_problem(value)
+    except UnreadableInput as error:
+        problem = error.reason
+    except PlainYamlError as error:
+        problem = f"not valid yaml{error.where()}: {error.problem}"
+    except (UnicodeDecodeError, ValueError, RecursionError) as error:
+        reason = str(error).strip().splitlines()[0][:200] if str(error).strip() else type(error).__name__
         problem = f"not valid {path.suffix[1:]}: {reason}"
     if problem is not None:
         raise FacetrainError(f"{path} is missing or unreadable ({problem})")
     return value
+
+
+def meta_problem(meta: dict) -> str | None:
+    """What in a meta.json no run of facetrain's writes, or None: its counters are whole numbers in
+    range (a step of -5 divided by zero, "abc" was a TypeError, 4.5 trained to "9.5 steps")."""
+    for key, least in META_COUNTS.items():
+        if key not in meta or (key in META_OPTIONAL and meta[key] is None):
+            if key == "step":
+                return "it has no step"
+            continue
+        value = meta[key]
+        if isinstance(value, bool) or not isinstance(value, int) or not least <= value <= MAX_META_COUNT:
+            return f"its {key} is {str(value)[:40]!r}, not a whole number from {least} to {MAX_META_COUNT}"
+    accuracy = meta.get("best_accuracy")
+    if accuracy is not None and (
+        isinstance(accuracy, bool) or not isinstance(accuracy, int | float) or not 0 <= accuracy <= 1
+    ):
+        return f"its best_accuracy is {str(accuracy)[:40]!r}, not a number from 0 to 1"
+    return None
 
 
 def resolve_checkpoint(path: str | Path) -> Path:
@@ -69,11 +107,13 @@ def resolve_checkpoint(path: str | Path) -> Path:
     without a `last` pointer (lost, or never written) resolves to its newest finished checkpoint."""
     path = Path(path)
     for candidate in (path, path / "last", path / "checkpoints" / "last"):
-        if candidate.is_file() and candidate.name in POINTERS:
-            target = candidate.parent / candidate.read_text().strip()
-            if (target / ".metadata").is_file():
+        if candidate.name in POINTERS and candidate.exists() and not candidate.is_dir():
+            target, problem = pointer_target(candidate)
+            if target is not None and (target / ".metadata").is_file():
                 return target
-            raise FacetrainError(f"{candidate} points to {target.name}, which is missing or incomplete")
+            raise FacetrainError(
+                f"{candidate} {problem or f'points to {target.name}, which is missing or incomplete'}"
+            )
         if (candidate / ".metadata").is_file() and (candidate / "meta.json").is_file():
             return candidate
     finished = complete_checkpoints(path.parent if path.name == "checkpoints" else path)
@@ -82,6 +122,20 @@ def resolve_checkpoint(path: str | Path) -> Path:
     raise FacetrainError(
         f"no checkpoint at {path}: expected a checkpoint directory, a run directory or a pointer"
     )
+
+
+def pointer_target(pointer: Path) -> tuple[Path | None, str]:
+    """The checkpoint a `last`/`best` pointer names (a step_NNNNNNNN beside it), or None and what is
+    wrong with the pointer: not a regular file (a FIFO would hang the reader), binary, another name."""
+    try:
+        text = read_regular_bytes(pointer, "pointer", MAX_POINTER_BYTES).decode("ascii").strip()
+    except UnreadableInput as error:
+        return None, f"is unreadable ({error.reason})"
+    except UnicodeDecodeError:
+        return None, "is not a pointer of facetrain's (it holds binary data)"
+    if not STEP_NAME.fullmatch(text):
+        return None, f"names {text[:40]!r}, not a step_NNNNNNNN checkpoint beside it"
+    return pointer.parent / text, ""
 
 
 def find_resume_point(run_dir: Path) -> tuple[Path | None, list[str]]:
@@ -94,11 +148,14 @@ def find_resume_point(run_dir: Path) -> tuple[Path | None, list[str]]:
     pointer = run_dir / "checkpoints" / "last"
     notes: list[str] = []
     candidates = finished
-    if pointer.is_file():
-        target = pointer.parent / pointer.read_text().strip()
-        if target not in finished:
+    if pointer.exists():
+        target, problem = pointer_target(pointer)
+        if target is None:
+            notes.append(f"{pointer} {problem}; taking the newest finished checkpoint")
+        elif target not in finished:
             notes.append(f"{pointer} names {target.name}, which is missing or incomplete")
-        candidates = [p for p in finished if p == target or p.name < target.name] or finished
+        if target is not None:
+            candidates = [p for p in finished if p == target or p.name < target.name] or finished
     elif finished:
         notes.append(f"{pointer} is missing; taking the newest finished checkpoint")
     for checkpoint in reversed(candidates):

@@ -160,5 +160,20 @@ def load_backbone(path: str | Path, device: str | torch.device = "cpu") -> tuple
     checkpoint = resolve_checkpoint(path)
     config = read_config(checkpoint)
     backbone = build_backbone(config.model, tuple(config.data.image_size))
+    _check_config_describes_weights(checkpoint, stored(checkpoint), backbone)
     load_backbone_weights(checkpoint, backbone)
     return backbone.to(device).eval(), config, read_meta(checkpoint)
+
+
+def _check_config_describes_weights(checkpoint: Path, index: dict, backbone: nn.Module) -> None:
+    """The backbone a checkpoint's own config.yaml builds must take its stored weights; when it does
+    not (an edited embedding_size), loading was a size-mismatch traceback."""
+    prefix = EMA if any(key.startswith(EMA) for key in index) else BACKBONE
+    for name, tensor in backbone.state_dict().items():
+        entry = index.get(prefix + name)
+        if entry is None or tuple(entry.size) != tuple(tensor.shape):
+            found = "lacks it" if entry is None else f"holds {list(entry.size)}"
+            raise FacetrainError(
+                f"checkpoint {checkpoint} is damaged: its config.yaml builds a backbone whose {name} is "
+                f"{list(tensor.shape)}, but the checkpoint {found}; restore the config.yaml it was saved with"
+            )

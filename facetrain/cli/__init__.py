@@ -6,6 +6,7 @@ stays fast and a broken optional dependency of one command never breaks the othe
 
 from __future__ import annotations
 
+import errno
 import importlib
 import os
 import sys
@@ -84,6 +85,35 @@ class LazyGroup(click.Group):
             return super().invoke(ctx)
         except FacetrainError as error:
             sys.exit(report_user_error(error))
+        except OSError as error:
+            line = environment_error_line(error)
+            if line is None:
+                raise
+            sys.exit(report_user_error(FacetrainError(line)))
+
+
+# What the machine, not facetrain, refused: a full disk, a read-only or unwritable folder, a name the
+# file system cannot hold. Any command can meet them on any file; each is a line naming the file.
+ENVIRONMENT_ADVICE = {
+    errno.ENOSPC: "free space, then run it again",
+    errno.EDQUOT: "free space within your quota, then run it again",
+    errno.EFBIG: "the file system cannot hold a file this big; choose another place",
+    errno.EROFS: "choose a writable place",
+    errno.EACCES: "check its permissions, or choose another place",
+    errno.EPERM: "check its permissions, or choose another place",
+    errno.ENAMETOOLONG: "choose a shorter name",
+    errno.ELOOP: "fix or remove the symlink",
+    errno.EIO: "the disk reported an error; check it",
+}
+
+
+def environment_error_line(error: OSError) -> str | None:
+    """One line for an OSError of ENVIRONMENT_ADVICE's kinds, or None for any other (a bug to show)."""
+    advice = ENVIRONMENT_ADVICE.get(error.errno)
+    if advice is None:
+        return None
+    where = f"{error.filename}: " if error.filename else ""
+    return f"{where}{error.strerror or os.strerror(error.errno)}; {advice}"
 
 
 def report_user_error(error: FacetrainError) -> int:

@@ -7,7 +7,7 @@ from pathlib import Path
 
 import click
 
-from facetrain.cli.conventions import old_positional_out, out_or_old_positional, quiet_option
+from facetrain.cli.conventions import checked_output, old_positional_out, out_or_old_positional, quiet_option
 
 DEFAULT_WORKERS = max(1, min(8, os.cpu_count() or 1))
 
@@ -15,7 +15,11 @@ DEFAULT_WORKERS = max(1, min(8, os.cpu_count() or 1))
 @click.command(options_metavar="-o OUT [OPTIONS]")
 @click.argument("source", metavar="SRC", type=click.Path(path_type=Path))
 @click.option(
-    "-o", "--out", type=click.Path(path_type=Path), help="Folder for the crops, SRC's tree (required)."
+    "-o",
+    "--out",
+    type=click.Path(path_type=Path),
+    callback=checked_output,
+    help="Folder for the crops, SRC's tree (required).",
 )
 @old_positional_out("old_destination")
 @click.option(

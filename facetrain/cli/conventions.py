@@ -46,6 +46,25 @@ quiet_option = click.option(
 )
 
 
+trust_torchscript_option = click.option(
+    "--trust-torchscript",
+    is_flag=True,
+    help="Let MODEL be TorchScript (a .pt, or an export with no model.safetensors). TorchScript is a "
+    "program: loading it runs the code it holds, which can read and write your files, so pass this only "
+    "for a file you trust; without it only weights (safetensors, checkpoints) are loaded.",
+)
+
+
+def checked_output(_ctx: click.Context, param: click.Parameter, value: Path | None) -> Path | None:
+    """The callback of every `-o/--out`: a path no command can write to (a symlink to nothing, a name
+    over 255 bytes) is one line before anything runs, instead of a traceback after the work."""
+    from facetrain.files import check_output_path
+
+    if value is not None:
+        check_output_path(Path(value), param.opts[0])
+    return value
+
+
 def old_spelling_notice(old: str, new: str) -> None:
     click.echo(f"note: {old} is the old spelling, kept for this release only; write {new}", err=True)
 

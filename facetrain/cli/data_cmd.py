@@ -10,6 +10,7 @@ import click
 from facetrain.choices import STATS_SOURCES
 from facetrain.cli.conventions import (
     OldSpellings,
+    checked_output,
     dropped_verb,
     old_positional_out,
     out_or_old_positional,
@@ -21,7 +22,13 @@ _SYNTH_DEFAULTS = SynthConfig()
 
 
 @click.command("synth", options_metavar="-o OUT [OPTIONS]")
-@click.option("-o", "--out", type=click.Path(path_type=Path), help="Folder to draw the set into (required).")
+@click.option(
+    "-o",
+    "--out",
+    type=click.Path(path_type=Path),
+    callback=checked_output,
+    help="Folder to draw the set into (required).",
+)
 @old_positional_out("old_out")
 @click.option(
     "--identities", type=click.IntRange(min=1), default=_SYNTH_DEFAULTS.identities, show_default=True

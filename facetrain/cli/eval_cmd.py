@@ -3,13 +3,19 @@
 from __future__ import annotations
 
 import os
+from collections.abc import Callable
+from functools import partial
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import click
 
 from facetrain.choices import DEFAULT_FOLD_SEED, DEFAULT_FOLDS
-from facetrain.cli.conventions import quiet_option
+from facetrain.cli.conventions import checked_output, quiet_option, trust_torchscript_option
 from facetrain.errors import FacetrainError
+
+if TYPE_CHECKING:
+    from facetrain.export.loading import LoadedModel
 
 
 @click.command()
@@ -93,9 +99,11 @@ from facetrain.errors import FacetrainError
     "--out",
     "out_dir",
     type=click.Path(path_type=Path),
+    callback=checked_output,
     help="Report folder (default: MODEL/eval, or eval/ beside a model file).",
 )
 @click.option("--overwrite", is_flag=True, help="Replace an earlier report of the same name in --out.")
+@trust_torchscript_option
 @quiet_option
 def eval_command(
     model: Path,
@@ -116,6 +124,7 @@ def eval_command(
     device: str | None,
     out_dir: Path | None,
     overwrite: bool,
+    trust_torchscript: bool,
 ) -> None:
     """Evaluate MODEL: face verification on --pairs or --folder, or person re-id retrieval on --market.
 
@@ -150,6 +159,7 @@ def eval_command(
     """
     import torch
 
+    from facetrain.export.loading import load_model
     from facetrain.files import refuse_to_overwrite
     from facetrain.train.run_dir import writing_into_run
 
@@ -176,6 +186,7 @@ def eval_command(
         "device": device,
         "num_workers": workers,
     }
+    load = partial(load_model, model, device, trust_torchscript)
     extra = {"model": str(model)}
     if reid_sets is not None:
         from facetrain.cli.eval_reid import evaluate_reid_sets, reid_report_paths
@@ -183,7 +194,7 @@ def eval_command(
         if not overwrite:
             refuse_to_overwrite(reid_report_paths(out_dir, reid_sets[1]))
         with writing_into_run(out_dir, "facetrain eval", "wait for it to finish, or pass --out elsewhere"):
-            written = evaluate_reid_sets(model, *reid_sets, rerank, out_dir, options, extra)
+            written = evaluate_reid_sets(load, *reid_sets, rerank, out_dir, options, extra)
         click.echo("wrote " + ", ".join(str(path) for path in written))
         return
     name = _report_file_name(pairs_path, folder_root)
@@ -195,7 +206,7 @@ def eval_command(
         out_dir, "facetrain eval", "wait for it to finish, or pass --out to write the report elsewhere"
     ):
         written = _evaluate(
-            model, out_dir, name, options, extra, pairs_path, images_root, skip_missing, folder_root, seed,
+            model, load, out_dir, name, options, extra, pairs_path, images_root, skip_missing, folder_root, seed,
             num_folds, market_root, ijb_root, ijb_target or "IJBC", rerank,
         )  # fmt: skip
     click.echo("wrote " + ", ".join(str(path) for path in written))
@@ -229,6 +240,7 @@ def _report_paths(out_dir: Path, name: str | None, keeps_pairs: bool, ijb_target
 
 def _evaluate(
     model: Path,
+    load: Callable[[], LoadedModel],
     out_dir: Path,
     name: str | None,
     options: dict,
@@ -244,7 +256,9 @@ def _evaluate(
     ijb_target: str,
     rerank: bool = False,
 ) -> list[Path]:
-    """Run the evaluation MODEL was asked for, print its table and write its report to `out_dir`."""
+    """Run the evaluation MODEL was asked for, print its table and write its report to `out_dir`.
+
+    `load` loads MODEL, called only once the inputs were read, so a bad input fails before the model loads."""
     from facetrain.eval.report import (
         retrieval_table,
         verification_table,
@@ -252,16 +266,14 @@ def _evaluate(
         write_verification_report,
     )
     from facetrain.export.card import card_interpolation
-    from facetrain.export.loading import load_model
 
-    device = options["device"]
     if ijb_root is not None:
         from facetrain.eval.ijb import evaluate_ijb
         from facetrain.eval.ijb_meta import read_ijb_meta
         from facetrain.eval.ijb_report import ijb_table, write_ijb_report
 
         read_ijb_meta(ijb_root, ijb_target)  # a broken protocol file fails before the model loads
-        loaded = load_model(model, device=device)
+        loaded = load()
         result = evaluate_ijb(loaded.module, ijb_root, ijb_target, loaded.image_size, **options)
         click.echo(ijb_table(result))
         return write_ijb_report(result, out_dir, extra)
@@ -284,8 +296,8 @@ def _evaluate(
                 err=True,
             )
         if one_kind_problem(pairs) is not None:
-            return _evaluate_one_kind(model, pairs, out_dir, name, options, extra)
-        loaded = load_model(model, device=device)
+            return _evaluate_one_kind(model, load, pairs, out_dir, name, options, extra)
+        loaded = load()
         result = verify(
             pairs, loaded.module, loaded.image_size, interpolation=card_interpolation(loaded.card), **options
         )
@@ -299,7 +311,7 @@ def _evaluate(
         from facetrain.eval.rerank import RerankSettings
         from facetrain.eval.retrieval import evaluate_market1501
 
-        loaded = load_model(model, device=device)
+        loaded = load()
         settings = RerankSettings() if rerank else None
         result = evaluate_market1501(
             loaded.module, market_root, loaded.image_size, rerank=settings, **options
@@ -310,7 +322,7 @@ def _evaluate(
 
 
 def _evaluate_one_kind(
-    model: Path, pairs, out_dir: Path, name: str, options: dict, extra: dict
+    model: Path, load: Callable[[], LoadedModel], pairs, out_dir: Path, name: str, options: dict, extra: dict
 ) -> list[Path]:
     """A pairs file of one kind only: say so at once (before the model loads), then report what it can."""
     from facetrain.eval.one_kind import (
@@ -320,10 +332,9 @@ def _evaluate_one_kind(
         write_one_kind_report,
     )
     from facetrain.export.card import card_interpolation
-    from facetrain.export.loading import load_model
 
     click.echo(f"note: {one_kind_problem(pairs)}; reporting the similarity statistics instead", err=True)
-    loaded = load_model(model, device=options["device"])
+    loaded = load()
     threshold = loaded.threshold
     source = (
         "the model's own, from its verification"

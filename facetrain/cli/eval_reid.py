@@ -2,9 +2,14 @@
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import click
+
+if TYPE_CHECKING:
+    from facetrain.export.loading import LoadedModel
 
 
 def reid_report_paths(out_dir: Path, gallery: str) -> list[Path]:
@@ -16,15 +21,20 @@ def reid_report_paths(out_dir: Path, gallery: str) -> list[Path]:
 
 
 def evaluate_reid_sets(
-    model: Path, query: str, gallery: str, rerank: bool, out_dir: Path, options: dict, extra: dict
+    load: Callable[[], LoadedModel],
+    query: str,
+    gallery: str,
+    rerank: bool,
+    out_dir: Path,
+    options: dict,
+    extra: dict,
 ) -> list[Path]:
-    """Embed both sets with MODEL, print the CMC/mAP table and write the JSON report and CMC plot."""
+    """Embed both sets with the model `load` gives, print the CMC/mAP table and write the JSON report and CMC plot."""
     from facetrain.eval.report import retrieval_table, write_retrieval_report
     from facetrain.eval.rerank import RerankSettings
     from facetrain.eval.retrieval import evaluate_reid
-    from facetrain.export.loading import load_model
 
-    loaded = load_model(model, device=options["device"])
+    loaded = load()
     settings = RerankSettings() if rerank else None
     result = evaluate_reid(loaded.module, query, gallery, loaded.image_size, rerank=settings, **options)
     click.echo(retrieval_table(result))

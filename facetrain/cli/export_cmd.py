@@ -6,7 +6,13 @@ from pathlib import Path
 
 import click
 
-from facetrain.cli.conventions import OldSpellings, model_option_first, quiet_option
+from facetrain.cli.conventions import (
+    OldSpellings,
+    checked_output,
+    model_option_first,
+    quiet_option,
+    trust_torchscript_option,
+)
 from facetrain.errors import FacetrainError
 
 # MODEL, first on every command that uses a model: a training checkpoint (a checkpoint directory, a
@@ -62,7 +68,15 @@ def _parse_formats(value: str) -> list[str]:
 
 @click.command()
 @model_argument
-@click.option("-o", "--out", "out_dir", type=click.Path(path_type=Path), required=True, help="Output folder.")
+@click.option(
+    "-o",
+    "--out",
+    "out_dir",
+    type=click.Path(path_type=Path),
+    required=True,
+    callback=checked_output,
+    help="Output folder.",
+)
 @click.option(
     "--formats",
     default="safetensors,torchscript,onnx",
@@ -79,6 +93,7 @@ def _parse_formats(value: str) -> list[str]:
     "--with-head", is_flag=True, help="Also write the full classifier head, gathered from its shards."
 )
 @click.option("--overwrite", is_flag=True, help="Replace model files already in the output folder.")
+@trust_torchscript_option
 @quiet_option
 def export(
     model_path: Path,
@@ -87,6 +102,7 @@ def export(
     verification_report: Path | None,
     with_head: bool,
     overwrite: bool,
+    trust_torchscript: bool,
 ) -> None:
     """Export a trained backbone for inference, with a JSON model card.
 
@@ -116,6 +132,7 @@ def export(
             with_head,
             overwrite,
             verification_report=verification_report,
+            trust_torchscript=trust_torchscript,
         )
     click.echo(
         f"exported {result.card['architecture']} ({result.card['embedding_size']}-d) to {result.out_dir}"
@@ -139,6 +156,7 @@ def export(
     "--out",
     type=click.Path(path_type=Path),
     required=True,
+    callback=checked_output,
     help="Output: .npy (+ .paths.txt), .parquet or .csv.",
 )
 @click.option(
@@ -151,6 +169,7 @@ def export(
 @click.option("--overwrite", is_flag=True, help="Replace the output file if it exists.")
 @align_option
 @detector_option
+@trust_torchscript_option
 @quiet_option
 def embed(
     model_path: Path,
@@ -162,6 +181,7 @@ def embed(
     overwrite: bool,
     align: bool,
     detector: str,
+    trust_torchscript: bool,
 ) -> None:
     """Write MODEL's L2-normalized embeddings of images, and of every image under folders.
 
@@ -176,7 +196,7 @@ def embed(
       facetrain embed runs/demo/export data/synth/heldout -o embeddings.npy
       facetrain embed runs/demo/checkpoints/best a.jpg b.jpg -o faces.csv
       facetrain embed runs/demo/export raw_photos/ -o faces.npy --align
-      facetrain embed exported/model.torchscript.pt photos/ -o faces.parquet --batch-size 128
+      facetrain embed exported photos/ -o faces.parquet --batch-size 128
     """
     from facetrain.export.compare import default_flip
     from facetrain.export.embed_paths import embed_paths
@@ -186,7 +206,7 @@ def embed(
 
     write = embeddings_writer(out, overwrite)
     images = collect_images(paths)
-    model = load_model(model_path, device=_resolve_device(device))
+    model = load_model(model_path, _resolve_device(device), trust_torchscript)
     flip = default_flip(model.card) if flip is None else flip
     result = embed_paths(model, images, batch_size, flip, _aligner(align, detector, model.image_size))
     for line in result.warnings():
@@ -211,6 +231,7 @@ def embed(
 @click.option("--device", default=None, help="cpu, cuda or cuda:N (default: cuda when available, else cpu).")
 @align_option
 @detector_option
+@trust_torchscript_option
 def compare(
     model_path: Path,
     first: Path,
@@ -220,6 +241,7 @@ def compare(
     device: str | None,
     align: bool,
     detector: str,
+    trust_torchscript: bool,
 ) -> None:
     """Say whether two face images show the same person, by MODEL's embeddings.
 
@@ -237,7 +259,7 @@ def compare(
     from facetrain.export.compare import compare_images
     from facetrain.export.loading import load_model
 
-    model = load_model(model_path, device=_resolve_device(device))
+    model = load_model(model_path, _resolve_device(device), trust_torchscript)
     result = compare_images(
         model, first, second, threshold, flip, _aligner(align, detector, model.image_size)
     )

@@ -7,7 +7,7 @@ from pathlib import Path
 import click
 
 from facetrain.choices import INSIGHTFACE_ARCHITECTURES
-from facetrain.cli.conventions import quiet_option
+from facetrain.cli.conventions import checked_output, quiet_option
 
 
 @click.group("import")
@@ -25,7 +25,7 @@ def import_group() -> None:
 def destination_options(command):
     """-o/--out, --overwrite and -q/--quiet: where every import writes its checkpoint, and how."""
     out = click.option(
-        "-o", "--out", "out_dir", type=click.Path(path_type=Path), required=True,
+        "-o", "--out", "out_dir", type=click.Path(path_type=Path), required=True, callback=checked_output,
         help="Checkpoint folder to write.",
     )  # fmt: skip
     overwrite = click.option(

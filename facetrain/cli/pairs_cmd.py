@@ -7,13 +7,18 @@ from pathlib import Path
 import click
 
 from facetrain.choices import DEFAULT_FOLD_SEED, DEFAULT_FOLDS
-from facetrain.cli.conventions import OldSpellings, dropped_verb
+from facetrain.cli.conventions import OldSpellings, checked_output, dropped_verb
 
 
 @click.command(cls=OldSpellings, upgrades=[dropped_verb("pairs", "make")])
 @click.argument("root", type=click.Path(path_type=Path))
 @click.option(
-    "-o", "--out", type=click.Path(path_type=Path, dir_okay=False), required=True, help="Pairs CSV."
+    "-o",
+    "--out",
+    type=click.Path(path_type=Path, dir_okay=False),
+    required=True,
+    callback=checked_output,
+    help="Pairs CSV.",
 )
 @click.option(
     "--seed",

@@ -6,11 +6,18 @@ from pathlib import Path
 
 import click
 
+from facetrain.cli.conventions import checked_output
+
 
 @click.command()
 @click.argument("runs", nargs=-1, required=True, type=click.Path(path_type=Path, file_okay=False))
 @click.option(
-    "-o", "--out", type=click.Path(path_type=Path, dir_okay=False), required=True, help="PNG to write."
+    "-o",
+    "--out",
+    type=click.Path(path_type=Path, dir_okay=False),
+    required=True,
+    callback=checked_output,
+    help="PNG to write.",
 )
 @click.option(
     "--label",

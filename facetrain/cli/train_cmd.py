@@ -9,7 +9,7 @@ from pathlib import Path
 
 import click
 
-from facetrain.cli.conventions import quiet_option
+from facetrain.cli.conventions import checked_output, quiet_option
 
 
 @click.command()
@@ -43,6 +43,7 @@ from facetrain.cli.conventions import quiet_option
     "--out",
     "output_dir",
     metavar="DIR",
+    callback=checked_output,
     help="Run directory: checkpoints, logs, curves (train.output_dir; the same as --set train.output_dir=DIR).",
 )
 @click.option(

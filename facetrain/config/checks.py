@@ -49,7 +49,11 @@ def _number(value: float) -> str:
 
 
 def _finite(value: Any) -> bool:
-    return isinstance(value, int | float) and not isinstance(value, bool) and math.isfinite(value)
+    """A number that is not NaN or infinite; an int always is (math.isfinite of one past float's
+    range raised OverflowError)."""
+    if isinstance(value, bool) or not isinstance(value, int | float):
+        return False
+    return isinstance(value, int) or math.isfinite(value)
 
 
 # The largest float32: settings become float32 tensors and optimizer arguments, where 1e308 overflows

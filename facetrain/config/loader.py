@@ -5,6 +5,7 @@ from __future__ import annotations
 import dataclasses
 import os
 import re
+import reprlib
 import types
 import typing
 from collections.abc import Mapping
@@ -14,14 +15,18 @@ from typing import Any, TypeVar, Union
 import yaml
 
 from facetrain.config.checks import is_path_field
+from facetrain.config.plain_yaml import PlainYamlError, parse_plain_yaml
 from facetrain.config.schema import Config
 from facetrain.errors import FacetrainError
 from facetrain.files import atomic_write_text
+from facetrain.input_files import read_regular_bytes
 
 T = TypeVar("T")
 
 _EXPONENT_NUMBER = re.compile(r"[-+]?(\d+\.?\d*|\.\d+)[eE][-+]?\d+")
 _LIST_INDEX = re.compile(r"\[\d+\]")
+MAX_YAML_BYTES = 4 << 20
+"""A config is a few kilobytes; this leaves room for long lists of data paths."""
 
 
 def load_config(path: str | Path | None = None, overrides: list[str] | tuple[str, ...] = ()) -> Config:
@@ -29,19 +34,7 @@ def load_config(path: str | Path | None = None, overrides: list[str] | tuple[str
     raw: dict[str, Any] = {}
     source = config_source(path)
     if path is not None:
-        try:
-            text = Path(path).read_text()
-        except OSError as error:
-            raise FacetrainError(f"cannot read config {path}: {error.strerror}") from None
-        try:
-            raw = yaml.safe_load(text) or {}
-        except yaml.YAMLError as error:
-            mark = getattr(error, "problem_mark", None)
-            where = f" line {mark.line + 1}" if mark else ""
-            problem = getattr(error, "problem", None) or "unreadable"
-            if isinstance(error, yaml.constructor.ConstructorError):
-                problem += "; only plain YAML is read, no !!python or other language tags"
-            raise FacetrainError(f"config {path}{where}: not valid YAML: {problem}") from None
+        raw = read_yaml_file(path, "config") or {}
         if not isinstance(raw, dict):
             raise FacetrainError(f"config {path}: the top level must be a mapping of sections")
     for override in overrides:
@@ -76,6 +69,9 @@ def where_given(key: str, source: str, given: Mapping[str, str] | None) -> str:
         option = (given or {}).get(".".join(parts[:end]))
         if option:
             return option
+    below = [option for given_key, option in (given or {}).items() if given_key.startswith(f"{key}.")]
+    if below:  # `--set nosuch.key=1` made the unknown section `nosuch`: that --set is at fault
+        return below[0]
     return f"config {source}" if source else "config"
 
 
@@ -83,17 +79,19 @@ def apply_override(raw: dict[str, Any], override: str) -> None:
     """Set `section.key=value` in a raw config mapping; the value is parsed as YAML."""
     dotted, sep, value = override.partition("=")
     if not sep or not dotted.strip():
-        raise FacetrainError(f"--set {override!r}: expected section.key=value")
+        raise FacetrainError(f"--set {shown(override)}: expected section.key=value")
     keys = dotted.strip().split(".")
     node = raw
     for key in keys[:-1]:
         node = node.setdefault(key, {})
         if not isinstance(node, dict):
-            raise FacetrainError(f"--set {override!r}: {key} is not a section")
+            raise FacetrainError(f"--set {shown(override)}: {key} is not a section")
     try:
-        node[keys[-1]] = yaml.safe_load(value)
-    except yaml.YAMLError:
-        raise FacetrainError(f"--set {override!r}: the value is not valid YAML") from None
+        node[keys[-1]] = parse_plain_yaml(value)
+    except PlainYamlError as error:
+        raise FacetrainError(
+            f"--set {shown(override)}: the value is not valid YAML: {error.problem}"
+        ) from None
 
 
 def from_dict(
@@ -155,7 +153,12 @@ def _convert(hint: Any, value: Any, source: str, key: str, given: Mapping[str, s
             return float(value)  # YAML 1.1 reads 5e-3 (no dot) as a string
         if isinstance(value, bool) or not isinstance(value, int | float):
             _type_error(where, key, "a number", value)
-        return float(value)
+        try:
+            return float(value)
+        except OverflowError:  # an integer of 400 digits
+            raise FacetrainError(
+                f"{where}: {key} must be a number a float can hold, got {shown(value)}"
+            ) from None
     if hint is str:
         if not isinstance(value, str):
             _type_error(where, key, "a string", value)
@@ -164,7 +167,34 @@ def _convert(hint: Any, value: Any, source: str, key: str, given: Mapping[str, s
 
 
 def _type_error(where: str, key: str, expected: str, value: Any) -> None:
-    raise FacetrainError(f"{where}: {key} must be {expected}, got {value!r}")
+    raise FacetrainError(f"{where}: {key} must be {expected}, got {shown(value)}")
+
+
+_SHOWN = reprlib.Repr()
+_SHOWN.maxlevel, _SHOWN.maxlist, _SHOWN.maxdict, _SHOWN.maxstring, _SHOWN.maxother = 3, 8, 8, 80, 80
+
+
+def shown(value: Any, limit: int = 200) -> str:
+    """`value` as a message shows it: a repr of its first items and characters only (reprlib), cut at
+    `limit`, so that a huge value (a long list in a file, a long --set) cannot make a line of megabytes."""
+    text = _SHOWN.repr(value)
+    return text if len(text) <= limit else f"{text[:limit]}..."
+
+
+def read_yaml_file(path: str | Path, what: str) -> Any:
+    """The plain YAML in file `path` (a `what`: "config", "checkpoint config"), in one-line errors:
+    not a regular file, over MAX_YAML_BYTES, not UTF-8, not plain YAML."""
+    data = read_regular_bytes(path, what, MAX_YAML_BYTES)
+    try:
+        text = data.decode("utf-8-sig")
+    except UnicodeDecodeError as error:
+        raise FacetrainError(
+            f"{what} {path}: not UTF-8 text (byte {error.start} is {data[error.start]:#04x}); save it as UTF-8"
+        ) from None
+    try:
+        return parse_plain_yaml(text)
+    except PlainYamlError as error:
+        raise FacetrainError(f"{what} {path}{error.where()}: not valid YAML: {error.problem}") from None
 
 
 def to_dict(config: Any) -> dict[str, Any]:

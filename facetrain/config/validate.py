@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import dataclasses
 import itertools
+import math
 import os
 import shutil
 from collections.abc import Iterator, Mapping
@@ -68,8 +69,10 @@ def field_problems(section: Any, prefix: str = "") -> Iterator[Problem]:
                 break
 
 
-def show(value: Any) -> str:
-    return repr(value) if isinstance(value, str) else str(value)
+def show(value: Any, limit: int = 200) -> str:
+    """A value as a message shows it, cut at `limit` characters (a 3000-digit train.steps was echoed whole)."""
+    text = repr(value) if isinstance(value, str) else str(value)
+    return text if len(text) <= limit else f"{text[:limit]}..."
 
 
 def fused_optimizer_conflict(cfg: Config) -> Problem | None:
@@ -138,10 +141,14 @@ def _rule_problems(cfg: Config, world_size: int | None, device_type: str | None)
             cfg.loss.name,
             "must be 'margin' when parallel.pipeline_stages > 1 (stages pass one tensor, not the features)",
         )
-    try:
-        build_margin(head.margin, **head.margin_params)
-    except FacetrainError as error:
-        yield "head.margin_params", head.margin_params, str(error)
+    not_finite = [name for name, value in head.margin_params.items() if not math.isfinite(value)]
+    if not_finite:  # an infinite margin passed here and failed at step 1 with advice about the lr
+        yield "head.margin_params", head.margin_params, f"{not_finite[0]} must be a finite number"
+    else:
+        try:
+            build_margin(head.margin, **head.margin_params)
+        except FacetrainError as error:
+            yield "head.margin_params", head.margin_params, str(error)
 
     # train.global_batch is made of whole micro-batches (train.batch_size) on every data-parallel rank
     if train.global_batch is not None and stages > 1:

@@ -8,16 +8,21 @@ what is wrong with an image in one line of its own, which they would otherwise p
 
 from __future__ import annotations
 
+import os
+import struct
+import zlib
 from pathlib import Path
 
 import cv2
 import numpy as np
 
-from facetrain.data.image_header import HEADER_BYTES, image_format, oversize_problem
+from facetrain.data.image_header import HEADER_BYTES, image_dimensions, image_format, oversize_problem
 from facetrain.errors import FacetrainError
+from facetrain.input_files import UnreadableInput, open_regular, read_regular_bytes
 
 cv2.utils.logging.setLogLevel(cv2.utils.logging.LOG_LEVEL_SILENT)
 
+MAX_IMAGE_FILE_BYTES = 1 << 30  # a 268-megapixel image, the decode limit, stored without compression
 IMAGE_EXTENSIONS = (".jpg", ".jpeg", ".png", ".bmp", ".pgm", ".ppm", ".webp")
 LEFT_OUT_NAMED = 5  # unreadable images named one by one; the rest are counted
 
@@ -53,13 +58,14 @@ class BadImageError(DataError):
 
 
 def read_file_bytes(path: str | Path) -> bytes:
-    """The raw bytes of an image file, or a one-line error naming it."""
+    """The raw bytes of an image file, or a one-line error naming it: missing, unreadable, a named
+    pipe (which would hang the reader) or a device, or over MAX_IMAGE_FILE_BYTES."""
     try:
-        return Path(path).read_bytes()
-    except FileNotFoundError:
-        raise BadImageError(f"image {path} does not exist") from None
-    except OSError as error:
-        raise BadImageError(f"cannot read image {path}: {error.strerror}") from None
+        return read_regular_bytes(path, "image", MAX_IMAGE_FILE_BYTES)
+    except UnreadableInput as error:
+        if not os.path.lexists(path):
+            raise BadImageError(f"image {path} does not exist") from None
+        raise BadImageError(str(error)) from None
 
 
 def decode_image(data: bytes | str | Path, name: str | None = None) -> np.ndarray:
@@ -72,10 +78,13 @@ def decode_image(data: bytes | str | Path, name: str | None = None) -> np.ndarra
         data = read_file_bytes(data)
     else:
         label = name or "<image bytes>"
+    unchecked = unchecked_format_problem(data, label)
+    if unchecked is not None:
+        raise BadImageError(unchecked)
     too_large = oversize_problem(data, label)
     if too_large is not None:
         raise BadImageError(too_large)
-    if not data or _cut_short_png(data):
+    if _damaged_png(data):
         raise BadImageError(f"image {label} is corrupt or not an image")
     image = cv2.imdecode(np.frombuffer(data, dtype=np.uint8), cv2.IMREAD_COLOR)
     if image is None:
@@ -83,28 +92,59 @@ def decode_image(data: bytes | str | Path, name: str | None = None) -> np.ndarra
     return cv2.cvtColor(image, cv2.COLOR_BGR2RGB)
 
 
-def _cut_short_png(data: bytes) -> bool:
-    """A PNG without its closing IEND chunk (a download or copy cut short): refused before libpng,
-    which would print a line of its own to stderr that no log level silences."""
-    return image_format(data) == "png" and data.rfind(b"IEND") == -1
+def unchecked_format_problem(data: bytes, label: str) -> str | None:
+    """Why an image is refused before OpenCV sees it because its size cannot be checked first, or None.
+
+    OpenCV decodes more formats than the header reader sizes (TIFF, JPEG 2000, OpenEXR, HDR, Sun
+    raster, GIF, ...), and its own pixel limit is four times facetrain's: a 72 KB TIFF of 20000x20000
+    took 40 s and 3.4 GB. So only the formats whose size is read first are decoded, and of those only
+    a file whose header gives its size (a decoder would fail on the others anyway)."""
+    found = image_format(data)
+    if found == "tiff":
+        return (
+            f"image {label} is a TIFF, which facetrain does not decode (its size cannot be checked "
+            "before decoding); convert it to PNG or JPEG"
+        )
+    if found is None or image_dimensions(data) is None:
+        return f"image {label} is corrupt or not an image"
+    return None
+
+
+def _damaged_png(data: bytes) -> bool:
+    """A PNG cut short (no IEND chunk) or with a chunk whose CRC does not match its bytes: refused
+    before libpng, which prints a line of its own to stderr that no log level silences (`libpng
+    error: bad adaptive filter value`: it inflates a damaged IDAT before it reaches the chunk's CRC).
+    Checking every CRC costs a pass of zlib.crc32 over the file, about half a millisecond a megabyte
+    (an eighth of decoding a PNG of noise, less for faces)."""
+    if image_format(data) != "png":
+        return False
+    position = 8
+    while position + 12 <= len(data):
+        (length,) = struct.unpack(">I", data[position : position + 4])
+        end = position + 8 + length
+        if end + 4 > len(data):
+            return True
+        (crc,) = struct.unpack(">I", data[end : end + 4])
+        if zlib.crc32(data[position + 4 : end]) != crc:
+            return True
+        if data[position + 4 : position + 8] == b"IEND":
+            return False
+        position = end + 4
+    return True
 
 
 def image_file_problem(path: str | Path) -> str | None:
     """Why the file at `path` is not an image facetrain can decode, or None; cheap enough for every file
-    of a folder. Its header is read, and only a file whose format the header reader does not know (a
-    text file named .jpg, an empty one, a TIFF) is decoded in full."""
+    of a folder, as only its header is read. A header whose size fields lie past HEADER_BYTES (a JPEG
+    behind a huge EXIF segment) passes here; decoding reads the whole file and checks it again."""
     try:
-        with open(path, "rb") as handle:
+        with open_regular(path, "image") as handle:
             head = handle.read(HEADER_BYTES)
-    except OSError as error:
-        return f"cannot read image {path}: {error.strerror}"
-    if image_format(head) is not None:
-        return oversize_problem(head, str(path))
-    try:
-        decode_image(path)
-    except BadImageError as error:
+    except UnreadableInput as error:
         return str(error)
-    return None
+    if image_format(head) in (None, "tiff"):
+        return unchecked_format_problem(head, str(path))
+    return oversize_problem(head, str(path))
 
 
 def left_out_warnings(problems: list[str]) -> list[str]:

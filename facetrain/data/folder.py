@@ -19,9 +19,34 @@ def is_image_name(name: str) -> bool:
 
 def list_identity_images(identity_dir: Path) -> list[Path]:
     """Sorted image files of one identity folder (other files, e.g. notes, are ignored)."""
-    with os.scandir(identity_dir) as entries:
-        names = sorted(entry.name for entry in entries if entry.is_file() and is_image_name(entry.name))
+    names = sorted(
+        entry.name
+        for entry in folder_entries(identity_dir, "identity folder")
+        if is_image_name(entry.name) and _followed(entry, entry.is_file)
+    )
     return [identity_dir / name for name in names]
+
+
+def folder_entries(folder: Path, what: str) -> list[os.DirEntry]:
+    """The entries of `folder`, or one line saying why it cannot be listed (no permission, gone)."""
+    try:
+        with os.scandir(folder) as entries:
+            return list(entries)
+    except OSError as error:
+        raise FacetrainError(
+            f"cannot list {what} {folder}: {error.strerror or error}; make it readable or remove it"
+        ) from None
+
+
+def _followed(entry: os.DirEntry, test) -> bool:
+    """`entry.is_dir()` or `is_file()`, which follow symlinks: a link that loops (or cannot be followed
+    for another reason than a missing target, which is just not a file) is one line naming it."""
+    try:
+        return test()
+    except OSError as error:
+        raise FacetrainError(
+            f"cannot follow {entry.path}: {error.strerror or error}; fix or remove the link"
+        ) from None
 
 
 def scan_image_folder(root: str | Path) -> SampleTable:
@@ -29,10 +54,11 @@ def scan_image_folder(root: str | Path) -> SampleTable:
     root = Path(root)
     if not root.is_dir():
         raise FacetrainError(f"image folder {root} does not exist or is not a folder; check data.path")
-    with os.scandir(root) as entries:
-        identities = sorted(
-            entry.name for entry in entries if entry.is_dir() and not entry.name.startswith(".")
-        )
+    identities = sorted(
+        entry.name
+        for entry in folder_entries(root, "image folder")
+        if not entry.name.startswith(".") and _followed(entry, entry.is_dir)
+    )
     if not identities:
         raise FacetrainError(
             f"image folder {root} has no identity folders; expected {root}/<identity>/<image>"

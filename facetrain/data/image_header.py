@@ -3,7 +3,7 @@
 Decoding allocates width x height x 3 bytes whatever the file's size: a 30000x30000 one-bit PNG of
 100 KB becomes 2.7 GB and minutes of work. Reading the size from the header first lets facetrain refuse
 such a file at once, naming it. PNG, JPEG, BMP, WebP and PNM headers are read here in a few
-microseconds (PIL would cost half a JPEG decode); other formats are left to OpenCV's own limit.
+microseconds (PIL would cost half a JPEG decode); `facetrain.data.decode` decodes no other format.
 """
 
 from __future__ import annotations
@@ -70,8 +70,11 @@ def _png(data: bytes) -> tuple[int, int] | None:
 def _jpeg(data: bytes) -> tuple[int, int] | None:
     position = 2
     while position + 9 <= len(data):
-        if data[position] != 0xFF:
-            return None
+        if data[position] != 0xFF:  # stray bytes between segments, which libjpeg skips as well
+            position = data.find(b"\xff", position)
+            if position < 0:
+                return None
+            continue
         marker = data[position + 1]
         if marker == 0xFF:  # fill byte before a marker
             position += 1

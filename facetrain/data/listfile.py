@@ -28,9 +28,13 @@ def read_list_file(list_path: str | Path) -> pd.DataFrame:
     """Columns path (absolute), label (int) and camera (int, -1 when absent); one row per image."""
     list_path = Path(list_path)
     try:
-        text_lines = list_path.read_text().splitlines()
+        text_lines = list_path.read_text(encoding="utf-8").splitlines()
     except OSError as error:
         raise FacetrainError(f"cannot read list file {list_path}: {error.strerror}") from None
+    except UnicodeDecodeError as error:
+        raise FacetrainError(
+            f"list file {list_path}: not UTF-8 text (byte {error.start}); save it as UTF-8"
+        ) from None
     if not any(line.strip() for line in text_lines):
         raise FacetrainError(f"list file {list_path} is empty; expected lines of path,label[,camera]")
     separator = _separator(list_path, text_lines[0])
@@ -42,11 +46,16 @@ def read_list_file(list_path: str | Path) -> pd.DataFrame:
             sep=separator,
             header=0 if has_header else None,
             dtype=str,
+            encoding="utf-8",
             keep_default_na=False,
             skip_blank_lines=False,
         )
     except pd.errors.ParserError as error:
-        raise FacetrainError(f"list file {list_path}: {str(error).strip()}") from None
+        raise FacetrainError(f"list file {list_path}: {str(error).strip()[:200]}") from None
+    except pd.errors.EmptyDataError:
+        raise FacetrainError(
+            f"list file {list_path} lists no images; expected lines of path,label[,camera]"
+        ) from None
     if has_header:
         frame.columns = [str(column).strip().lower() for column in frame.columns]
         frame = frame.rename(columns={"pid": "label"})
@@ -83,8 +92,15 @@ def _resolve(list_path: Path, raw: str, line: int) -> str:
     path = Path(raw.strip())
     if not path.is_absolute():
         path = list_path.parent / path
-    if not path.is_file():
-        raise FacetrainError(f"list file {list_path} line {line}: image {path} does not exist")
+    try:
+        exists = path.is_file()
+    except (OSError, ValueError) as error:  # a name over 255 bytes, a NUL byte
+        reason = getattr(error, "strerror", None) or str(error)
+        raise FacetrainError(
+            f"list file {list_path} line {line}: image path {str(path)[:120]!r}: {reason}"
+        ) from None
+    if not exists:
+        raise FacetrainError(f"list file {list_path} line {line}: image {str(path)[:300]} does not exist")
     return str(path)
 
 

@@ -18,6 +18,7 @@ property file copied from another set would have insightface build a head of the
 from __future__ import annotations
 
 import os
+import re
 import struct
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
@@ -82,24 +83,29 @@ def _aligned(length: int) -> int:
     return (length + 3) & ~3
 
 
+INDEX_NUMBER = re.compile(r"[0-9]{1,18}")  # ASCII digits; a 5000-digit key would fill its message
+
+
 def read_index(idx_path: Path) -> dict[int, int]:
     """`key -> byte offset`, in file order."""
     try:
-        lines = idx_path.read_text().splitlines()
+        lines = idx_path.read_text(encoding="ascii").splitlines()
     except OSError as error:
         raise FacetrainError(f"cannot read RecordIO index {idx_path}: {error.strerror}") from None
+    except UnicodeDecodeError as error:
+        raise FacetrainError(
+            f"RecordIO index {idx_path}: byte {error.start} is not text; an index holds lines of key<TAB>offset"
+        ) from None
     offsets: dict[int, int] = {}
     for number, line in enumerate(lines, start=1):
         if not line.strip():
             continue
         fields = line.split("\t")
-        try:
-            key, offset = int(fields[0]), int(fields[1])
-        except (ValueError, IndexError):
+        if len(fields) != 2 or not all(INDEX_NUMBER.fullmatch(field.strip()) for field in fields):
             raise FacetrainError(
-                f"RecordIO index {idx_path} line {number}: expected 'key<TAB>offset'"
-            ) from None
-        offsets[key] = offset
+                f"RecordIO index {idx_path} line {number}: expected 'key<TAB>offset', two whole numbers below 10**18"
+            )
+        offsets[int(fields[0])] = int(fields[1])
     return offsets
 
 
@@ -330,7 +336,8 @@ def _identity_range(header: ImageHeader, records: RecordIOFile) -> tuple[int, in
     """Record 0's `[first, end)` of the identity records, the insightface marker of a face set."""
     bounds = np.atleast_1d(header.label)
     first, end = (int(bounds[0]), int(bounds[1])) if bounds.size >= 2 else (0, 0)
-    if not 1 <= first <= end:
+    records_held = len(records.offsets)  # a range past them would be a list of 10**18 keys
+    if not 2 <= first <= end or first - 1 > records_held or end - first > records_held:
         raise FacetrainError(
             f"RecordIO file {records.rec_path} record 0: its label {bounds.tolist()} is not the "
             "[first, end) identity range of an insightface set"

@@ -7,6 +7,7 @@ with its images; `same` accepts 1/0, true/false and yes/no.
 from __future__ import annotations
 
 import csv
+import re
 from pathlib import Path
 
 from facetrain.errors import FacetrainError
@@ -15,6 +16,8 @@ from facetrain.eval.pair_set import PairSet, pair_set_from_paths
 HEADER = ("path1", "path2", "same", "fold")
 TRUE_WORDS = {"1", "true", "yes", "y", "t"}
 FALSE_WORDS = {"0", "false", "no", "n", "f"}
+FOLD_NUMBER = re.compile(r"[0-9]{1,7}")
+MAX_FOLD = 1_000_000
 
 
 def load_csv_pairs(path: Path, images_root: Path | None, skip_missing: bool) -> PairSet:
@@ -55,11 +58,16 @@ def _parse_same(path: Path, number: int, value: str) -> bool:
         return True
     if word in FALSE_WORDS:
         return False
-    raise FacetrainError(f"{path} line {number}: 'same' must be 1/0, true/false or yes/no, got {value!r}")
+    raise FacetrainError(
+        f"{path} line {number}: 'same' must be 1/0, true/false or yes/no, got {value[:40]!r}"
+    )
 
 
 def _parse_fold(path: Path, number: int, value: str) -> int:
-    try:
-        return int(value)
-    except ValueError:
-        raise FacetrainError(f"{path} line {number}: 'fold' must be an integer, got {value!r}") from None
+    """A fold number: ASCII digits, at most MAX_FOLD (an int64 array holds the folds, and int() alone
+    takes superscripts, underscores and 5000-digit numbers)."""
+    if not FOLD_NUMBER.fullmatch(value.strip()) or int(value) > MAX_FOLD:
+        raise FacetrainError(
+            f"{path} line {number}: 'fold' must be an integer from 0 to {MAX_FOLD}, got {value[:40]!r}"
+        )
+    return int(value)

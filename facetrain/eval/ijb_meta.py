@@ -25,6 +25,8 @@ from facetrain.errors import FacetrainError
 IJB_TARGETS = ("IJBB", "IJBC")
 CROPS_FOLDER = "loose_crop"
 MISSING_SHOWN = 3
+MAX_LANDMARK = 1e5
+"""Pixels; the loose crops are a few hundred wide."""
 
 
 @dataclass(frozen=True)
@@ -78,6 +80,9 @@ def read_ijb_meta(root: str | Path, target: str = "IJBC") -> IjbMeta:
     pairs = _read_table(paths["pairs"], [int, int, int], "TEMPLATE_1 TEMPLATE_2 LABEL")
     names = faces[0].to_numpy(dtype=str)
     _check_same_images(paths, names, points[0].to_numpy(dtype=str))
+    _check_names_inside(paths["faces"], names)
+    landmarks = points[list(range(1, 11))].to_numpy(dtype=np.float64)
+    _check_landmarks(paths["landmarks"], landmarks.reshape(-1, 5, 2))
     templates = faces[1].to_numpy(dtype=np.int64)
     labels = pairs[2].to_numpy(dtype=np.int64)
     pair_templates = pairs[[0, 1]].to_numpy(dtype=np.int64)
@@ -89,7 +94,7 @@ def read_ijb_meta(root: str | Path, target: str = "IJBC") -> IjbMeta:
         target=target,
         root=root,
         image_paths=image_paths,
-        landmarks=points[list(range(1, 11))].to_numpy(dtype=np.float32).reshape(-1, 5, 2),
+        landmarks=landmarks.astype(np.float32).reshape(-1, 5, 2),
         detector_scores=points[11].to_numpy(dtype=np.float32),
         templates=templates,
         medias=faces[2].to_numpy(dtype=np.int64),
@@ -146,9 +151,45 @@ def _check_same_images(paths: dict[str, Path], faces: np.ndarray, points: np.nda
     if len(differ):
         line = int(differ[0]) + 1
         raise FacetrainError(
-            f"{paths['landmarks']} line {line} names {str(points[differ[0]])!r} where {paths['faces'].name} line "
-            f"{line} names {str(faces[differ[0]])!r}; the two files list the same face images in the same order"
+            f"{paths['landmarks']} line {line} names {str(points[differ[0]])[:80]!r} where {paths['faces'].name} "
+            f"line {line} names {str(faces[differ[0]])[:80]!r}; the two files list the same face images in the same order"
         )
+
+
+def _check_names_inside(path: Path, names: np.ndarray) -> None:
+    """Every IMAGE a plain relative name under loose_crop/: an absolute one, a `..` part or a NUL byte
+    would have a protocol file open any file on the machine."""
+    series = pd.Series(names)
+    outside = series.str.startswith("/") | series.str.contains(r"(?:^|/)\.\.(?:/|$)|\x00", regex=True)
+    if outside.any():
+        line = int(np.flatnonzero(outside.to_numpy())[0])
+        raise FacetrainError(
+            f"{path} line {line + 1}: IMAGE {names[line][:80]!r} leads outside {CROPS_FOLDER}/; images are named "
+            f"relative to it, without '..'"
+        )
+
+
+def _check_landmarks(path: Path, landmarks: np.ndarray) -> None:
+    """Five distinct pixel positions per face: an infinite or astronomically large one (1e309) broke
+    the alignment's fit with a LinAlgError, and five equal ones define no alignment at all."""
+    bad = ~np.isfinite(landmarks).all(axis=(1, 2)) | (np.abs(landmarks) > MAX_LANDMARK).any(axis=(1, 2))
+    if bad.any():
+        line = int(np.flatnonzero(bad)[0])
+        raise FacetrainError(
+            f"{path} line {line + 1}: a landmark is {_first_out_of_range(landmarks[line])}, not a pixel position "
+            f"in a photo (within +-{MAX_LANDMARK:g})"
+        )
+    collapsed = np.ptp(landmarks, axis=1).max(axis=1) == 0
+    if collapsed.any():
+        line = int(np.flatnonzero(collapsed)[0])
+        raise FacetrainError(
+            f"{path} line {line + 1}: the five landmarks are one point, which defines no alignment"
+        )
+
+
+def _first_out_of_range(points: np.ndarray) -> str:
+    values = points.reshape(-1)
+    return f"{values[~np.isfinite(values) | (np.abs(values) > MAX_LANDMARK)][0]:g}"
 
 
 def _check_labels(path: Path, labels: np.ndarray) -> None:

@@ -18,6 +18,7 @@ from __future__ import annotations
 import io
 import math
 import pickle
+import pickletools
 from collections.abc import Callable
 from pathlib import Path
 
@@ -26,6 +27,7 @@ import numpy as np
 from facetrain.errors import FacetrainError
 from facetrain.eval.folds import FOLDS_IN_FILE_ORDER, contiguous_folds
 from facetrain.eval.pair_set import PairSet
+from facetrain.input_files import read_regular_bytes
 
 UINT8_NAMES = ("u1", "uint8", "|u1")
 UINT8_BYTE_ORDERS = ("|", "=")
@@ -75,7 +77,7 @@ def _sized(data: bytes, shape: object, fortran: bool = False) -> bytes:
     if not (isinstance(shape, tuple) and all(isinstance(side, int) and side >= 0 for side in shape)):
         raise Refused(f"the pickle asks for a numpy array of shape {_shown(shape)}")
     if math.prod(shape) != len(data):
-        raise Refused(f"the pickle asks for a numpy array of shape {shape} from {len(data)} bytes")
+        raise Refused(f"the pickle asks for a numpy array of shape {_shown(shape)} from {len(data)} bytes")
     if fortran and len(shape) > 1:
         return np.frombuffer(data, dtype=np.uint8).reshape(shape, order="F").tobytes(order="C")
     return data
@@ -155,18 +157,42 @@ class _DataOnlyUnpickler(pickle.Unpickler):
         try:
             return ALLOWED_GLOBALS[(module, name)]
         except KeyError:
-            raise Refused(f"the pickle asks for {module}.{name}") from None
+            raise Refused(f"the pickle asks for {module[:80]}.{name[:80]}") from None
 
     def persistent_load(self, pid):
         raise Refused(f"the pickle asks for persistent id {_shown(pid)}")
 
 
+MAX_BIN_BYTES = 4 << 30
+"""insightface's largest verification .bin (cfp_fp, 14,000 images) is under 300 MB."""
+
+
+def _far_memo_index(data: bytes) -> int | None:
+    """The first memo slot a PUT opcode names past the pickle's size, or None. A pickler numbers its
+    memo from 0, one slot an object, so a real index stays below the byte count; the C unpickler grows
+    its memo array to the index named, so `LONG_BINPUT 1562862965` in a 3 KB file asked for 12 GB.
+    Scanned with pickletools, which allocates nothing for an index; a scan that stops at a damaged
+    opcode leaves the verdict to the unpickler."""
+    try:
+        for opcode, argument, _ in pickletools.genops(data):
+            if opcode.name in ("PUT", "BINPUT", "LONG_BINPUT") and int(argument) >= len(data):
+                return int(argument)
+            if opcode.name == "STOP":
+                return None
+    except Exception:  # noqa: BLE001 - any damage is the unpickler's to report, in its own words
+        return None
+    return None
+
+
 def read_insightface_bin(path: str | Path) -> tuple[list[bytes], np.ndarray]:
     """The encoded images and the issame flags (one per consecutive pair of images)."""
-    try:
-        data = Path(path).read_bytes()
-    except OSError as error:
-        raise FacetrainError(f"cannot read {path}: {error.strerror}") from None
+    data = read_regular_bytes(path, "verification .bin", MAX_BIN_BYTES)  # a FIFO would hang the read
+    far_memo = _far_memo_index(data)
+    if far_memo is not None:
+        raise FacetrainError(
+            f"{path}: refused to load: the pickle stores an object at memo slot {far_memo}, beyond any its "
+            f"{len(data)} bytes could fill (C's unpickler would allocate gigabytes for it); do not use this file"
+        )
     try:
         content = _DataOnlyUnpickler(io.BytesIO(data), encoding="bytes").load()
     except Refused as refused:

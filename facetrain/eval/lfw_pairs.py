@@ -9,12 +9,15 @@ extension is on disk (the official set is .jpg; aligned copies are often .png).
 from __future__ import annotations
 
 import os
+import re
 from pathlib import Path
 from typing import NamedTuple
 
 from facetrain.errors import FacetrainError
 from facetrain.eval.pair_set import PairSet, pair_set_from_paths
 
+COUNT = re.compile(r"[0-9]{1,7}")  # ASCII digits: str.isdigit() also takes superscripts, int() does not
+MAX_COUNT = 9_999_999
 IMAGE_EXTENSIONS = (".jpg", ".jpeg", ".png", ".bmp", ".pgm", ".ppm", ".webp", ".tif", ".tiff")
 
 
@@ -37,6 +40,11 @@ def parse_lfw_pairs(path: str | Path) -> list[LfwPair]:
     header_line, header = numbered[0]
     pairs_per_fold = None
     if len(header) in (1, 2) and all(field.isdigit() for field in header):
+        if not all(COUNT.fullmatch(field) and int(field) > 0 for field in header):
+            raise FacetrainError(
+                f"{path} line {header_line}: the header must be N (pairs of each kind) or FOLDS N, each a "
+                f"number from 1 to {MAX_COUNT}, got {' '.join(header)[:40]!r}"
+            )
         numbered = numbered[1:]
         folds, per_class = (1, int(header[0])) if len(header) == 1 else (int(header[0]), int(header[1]))
         if len(numbered) != folds * 2 * per_class:
@@ -80,9 +88,9 @@ def _parse_line(path: str | Path, number: int, fields: list[str], fold: int | No
         raise FacetrainError(
             f"{path} line {number}: expected 'name i j' or 'name1 i name2 j', got {len(fields)} fields"
         )
-    if not (index1.isdigit() and index2.isdigit()):
+    if not (COUNT.fullmatch(index1) and COUNT.fullmatch(index2)):
         raise FacetrainError(
-            f"{path} line {number}: image numbers must be positive integers, got {index1!r} and {index2!r}"
+            f"{path} line {number}: image numbers must be positive integers, got {index1[:20]!r} and {index2[:20]!r}"
         )
     return LfwPair(name1, int(index1), name2, int(index2), len(fields) == 3, fold, number)
 
@@ -103,7 +111,7 @@ class _ImageFinder:
         if name not in self._folders:
             try:
                 entries = sorted(os.listdir(self.root / name))
-            except OSError:
+            except (OSError, ValueError):  # missing, or a name with a NUL byte or over 255 bytes
                 entries = []
             listing: dict[str, str] = {}
             for entry in entries:

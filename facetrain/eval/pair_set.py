@@ -52,6 +52,15 @@ class PairSet:
         return stratified_folds(self.issame), FOLDS_STRATIFIED
 
 
+def _is_file(path: Path) -> bool:
+    """Whether a pairs file's image exists; a name the system cannot even look up (a NUL byte, over
+    255 bytes) is as missing as any, not a ValueError or ENAMETOOLONG traceback."""
+    try:
+        return path.is_file()
+    except (OSError, ValueError):
+        return False
+
+
 def pair_set_from_paths(
     source: str | Path,
     paths: Sequence[tuple[Path, Path]],
@@ -67,11 +76,13 @@ def pair_set_from_paths(
     for pair in paths:
         for path in pair:
             if path not in exists:
-                exists[path] = path.is_file()
+                exists[path] = _is_file(path)
     missing = [str(path) for path, found in exists.items() if not found]
     keep = [exists[first] and exists[second] for first, second in paths]
     if missing and not skip_missing:
-        shown = ", ".join(missing[:MISSING_SHOWN]) + (", ..." if len(missing) > MISSING_SHOWN else "")
+        shown = ", ".join(path[:200] for path in missing[:MISSING_SHOWN]) + (
+            ", ..." if len(missing) > MISSING_SHOWN else ""
+        )
         raise FacetrainError(
             f"{source}: {len(missing)} images used by {keep.count(False)} pairs are missing ({shown}); "
             "point --images at the image root, or pass --skip-missing to drop those pairs"

@@ -215,7 +215,7 @@ def _draw_roc(axes: Axes, metrics: VerificationMetrics) -> None:
     for far, tar in metrics.tar_at_far.items():
         axes.plot(far, tar, "o", zorder=4, label=f"TAR {100 * tar:.1f}% @ FAR {far:g}")
     axes.set_xscale("log")
-    axes.set_xlim(1.0 / num_mismatched, 1.0)
+    axes.set_xlim(min(1.0 / num_mismatched, 0.5), 1.0)  # one mismatched pair: not a range of one point
     axes.set_ylim(float(roc.true_positive_rate[shown].min()) * 0.95, 1.005)
     axes.set(xlabel="false accept rate", ylabel="true accept rate", title="ROC")
     axes.grid(True, which="both", alpha=0.3)

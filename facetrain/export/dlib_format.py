@@ -16,12 +16,14 @@ that mirrors the C++ definition and checks this sequence against its own.
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass, field
 from pathlib import Path
 
 import numpy as np
 
 from facetrain.errors import FacetrainError
+from facetrain.input_files import read_regular_bytes
 
 TAG_OR_SKIP = "mark"
 INPUT_PREFIX = b"input_"
@@ -31,6 +33,9 @@ SPECIAL_EXPONENTS = {32000: np.inf, 32001: -np.inf, 32002: np.nan}
 LAYER_VERSIONS = (1, 2)  # add_layer over a subnetwork; 2 adds params_grad
 INPUT_LAYER_VERSIONS = (2, 3)  # add_layer over the input layer; 3 adds the sample expansion factor
 TAG_VERSION = 1
+MAX_FILE_BYTES = 256 << 20
+"""dlib's face ResNet is 22.5 MB (5.6 M parameters as raw float32s); ten times that covers a bigger
+network of the same kind, even in the longer mantissa/exponent form, and refuses /dev/zero-like input."""
 
 
 @dataclass
@@ -84,7 +89,10 @@ class _Reader:
         mantissa, exponent = self.integer(), self.integer()
         if exponent in SPECIAL_EXPONENTS:
             return float(SPECIAL_EXPONENTS[exponent])
-        return float(np.ldexp(np.float64(mantissa), exponent))
+        try:
+            return math.ldexp(float(mantissa), exponent)
+        except OverflowError:
+            raise self.fail(f"a float of exponent {exponent} is out of range") from None
 
     def string(self) -> str:
         length = self.integer()
@@ -104,9 +112,12 @@ class _Reader:
         version 1 one mantissa/exponent pair per value."""
         version = self.integer()
         shape = tuple(self.integer() for _ in range(4))
-        count = int(np.prod(shape))
         if min(shape) < 0:
             raise self.fail(f"tensor shape {shape} is negative")
+        count = math.prod(shape)  # Python's integers: a hostile shape cannot wrap around as int64 does
+        smallest = {2: 4, 1: 2}.get(version, 0)  # bytes a value takes at least: a float32, two integers
+        if smallest * count > len(self.data) - self.pos:
+            raise self.fail(f"tensor shape {shape} holds more values than the file has bytes left")
         if version == 2:
             values = np.frombuffer(self.take(4 * count), dtype="<f4").astype(np.float32)
         elif version == 1:
@@ -118,7 +129,10 @@ class _Reader:
     def alias_tensor(self) -> tuple[int, int, int, int]:
         if self.integer() != 1:
             raise self.fail("unknown alias_tensor version")
-        return tuple(self.integer() for _ in range(4))
+        shape = tuple(self.integer() for _ in range(4))
+        if min(shape) < 0:
+            raise self.fail(f"alias_tensor shape {shape} is negative")
+        return shape
 
     def starts_input_layer(self) -> bool:
         """Whether a string naming an input layer (`input_...`) comes next."""
@@ -135,10 +149,7 @@ class _Reader:
 def read_dlib_network(path: str | Path) -> DlibNetwork:
     """The layers of a dlib `loss_metric` network file, bottom up, with their parameters."""
     path = Path(path)
-    try:
-        data = path.read_bytes()
-    except OSError as error:
-        raise FacetrainError(f"cannot read dlib model {path}: {error.strerror or error}") from None
+    data = read_regular_bytes(path, "dlib model", MAX_FILE_BYTES)
     reader = _Reader(data, path)
     if reader.integer() != 1:
         raise reader.fail("no add_loss_layer version 1 at the start")
@@ -222,7 +233,7 @@ def _con(reader: _Reader) -> DlibLayer:
     bias_shape = reader.alias_tensor()
     for _ in range(4):  # learning-rate and weight-decay multipliers
         reader.floating()
-    weight_size = int(np.prod(weight_shape))
+    weight_size = math.prod(weight_shape)
     if weight_shape[0] != filters or weight_shape[2:] != (rows, cols) or params.size != weight_size + filters:
         raise reader.fail(f"con_ of {filters} {rows}x{cols} filters holds {params.size} parameters")
     del bias_shape
@@ -238,7 +249,7 @@ def _affine(reader: _Reader) -> DlibLayer:
     gamma_shape = reader.alias_tensor()
     reader.alias_tensor()
     mode = reader.integer()
-    channels = int(np.prod(gamma_shape))
+    channels = math.prod(gamma_shape)
     if params.size != 2 * channels:
         raise reader.fail(f"affine_ of {channels} channels holds {params.size} parameters")
     return DlibLayer("affine", {"gamma": params[:channels], "beta": params[channels:]}, {"mode": mode})
@@ -259,6 +270,10 @@ def _batch_norm(reader: _Reader) -> DlibLayer:
         reader.floating()
     eps = reader.floating()
     channels = running_mean.size
+    if params.size != 2 * channels or running_variance.size != channels:
+        raise reader.fail(
+            f"bn_con of {channels} channels holds {params.size} parameters and {running_variance.size} variances"
+        )
     gamma = params[:channels].astype(np.float64) / np.sqrt(running_variance + eps)
     beta = params[channels:].astype(np.float64) - gamma * running_mean
     return DlibLayer(
@@ -294,13 +309,12 @@ def _fc(reader: _Reader) -> DlibLayer:
     bias_mode = reader.integer()
     for _ in range(4):
         reader.floating()
-    weight = params[: inputs * outputs].reshape(inputs, outputs)
-    arrays = {"weight": weight}
-    if bias_mode == 0:
-        arrays["bias"] = params[inputs * outputs : inputs * outputs + outputs]
     expected = inputs * outputs + (outputs if bias_mode == 0 else 0)
-    if params.size != expected:
+    if min(inputs, outputs) < 1 or params.size != expected:
         raise reader.fail(f"fc_ {inputs} -> {outputs} holds {params.size} parameters, not {expected}")
+    arrays = {"weight": params[: inputs * outputs].reshape(inputs, outputs)}
+    if bias_mode == 0:
+        arrays["bias"] = params[inputs * outputs :]
     return DlibLayer("fc", arrays, {"outputs": outputs, "inputs": inputs})
 
 

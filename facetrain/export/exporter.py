@@ -36,9 +36,10 @@ def export_model(
     overwrite: bool = False,
     progress: bool = True,
     verification_report: str | Path | None = None,
+    trust_torchscript: bool = False,
 ) -> ExportResult:
     """Load `source` (a training checkpoint or an exported model) and export it; see `export_loaded`."""
-    loaded = load_model(source, device="cpu")
+    loaded = load_model(source, "cpu", trust_torchscript)
     return export_loaded(loaded, out_dir, formats, with_head, overwrite, progress, verification_report)
 
 

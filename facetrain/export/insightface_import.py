@@ -26,6 +26,7 @@ import re
 import shutil
 import time
 import warnings
+import zipfile
 from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
@@ -40,6 +41,7 @@ from facetrain.config import Config, ModelConfig, save_config
 from facetrain.errors import FacetrainError
 from facetrain.export.insightface_onnx import read_iresnet_onnx
 from facetrain.files import refuse_to_overwrite
+from facetrain.input_files import open_regular
 from facetrain.models import Backbone, build_backbone
 from facetrain.models.iresnet import IRESNET_DEPTHS, IRESNET_INPUT_SIZE
 from facetrain.models.state_match import first_state_mismatch
@@ -56,6 +58,11 @@ ONNX_FIRST_BYTE = b"\x08"  # a protobuf ModelProto opens with field 1, ir_versio
 WRAPPER_KEYS = ("state_dict_backbone", "state_dict", "model")
 DDP_PREFIX = "module."
 STAGES = 4
+MAX_ARCHIVE_BYTES = 4 << 30
+"""iresnet200 is 260 MB of float32s; arcface_torch's checkpoint_gpu_N.pt adds its head shard and the
+optimizer's state to it, well under this."""
+MAX_INFLATION = 4
+"""Float weights deflate to no less than about 90%; a quarter is already no float tensor."""
 
 
 @dataclass(frozen=True)
@@ -104,14 +111,14 @@ def import_insightface(
 
 
 def is_onnx(path: Path) -> bool:
-    """An `.onnx` name, or a protobuf's first byte where a torch file has a zip's or a pickle's."""
+    """An `.onnx` name, or a protobuf's first byte where a torch file has a zip's or a pickle's.
+    Opened as a regular file only: reading a named pipe's first byte would wait forever."""
     if path.suffix.lower() == ".onnx":
         return True
-    try:
-        with path.open("rb") as handle:
-            return handle.read(1) == ONNX_FIRST_BYTE
-    except OSError:
-        return False
+    if not path.exists():
+        return False  # load_weights_only names it
+    with open_regular(path, "model") as handle:
+        return handle.read(1) == ONNX_FIRST_BYTE
 
 
 def infer_architecture(state: Mapping[str, object], path: Path) -> str:
@@ -241,6 +248,8 @@ def write_imported_checkpoint(
         (tmp / "classes.json").write_text(json.dumps(class_names))
         save_config(config, tmp / "config.yaml")
         _replace_directory(tmp, out_dir)
+    except OSError as error:  # named as the folder the user asked for, not its temporary twin
+        raise OSError(error.errno, error.strerror, str(out_dir)) from None
     finally:
         shutil.rmtree(tmp, ignore_errors=True)
 
@@ -294,6 +303,7 @@ def _replace_directory(complete: Path, out_dir: Path) -> None:
 def load_weights_only(path: Path) -> object:
     if not path.is_file():
         raise FacetrainError(f"{path} does not exist or is not a file; pass insightface's backbone.pth")
+    check_archive_sizes(path)
     try:
         with warnings.catch_warnings():  # torch's note on a plain pickle's protocol; refused below anyway
             warnings.filterwarnings("ignore", message=".*pickle protocol")
@@ -317,6 +327,36 @@ def load_weights_only(path: Path) -> object:
         ) from None
 
 
+def check_archive_sizes(path: Path) -> None:
+    """Refuse a torch.save archive whose entries would take more memory than the file can hold data
+    for, before torch allocates them: torch.save stores entries uncompressed, but its reader also
+    inflates deflated ones, so a 1 MB file can declare a 1 GiB tensor. The declared sizes are what
+    the reader allocates, so checking them bounds the memory."""
+    try:
+        if not zipfile.is_zipfile(path):
+            return  # the legacy format, a plain pickle: torch.load refuses or reads it as it is
+        with zipfile.ZipFile(path) as archive:
+            entries = archive.infolist()
+    except (zipfile.BadZipFile, OSError, ValueError) as error:
+        raise FacetrainError(f"{path}: not a readable torch.save archive ({str(error)[:200]})") from None
+    total = sum(entry.file_size for entry in entries)
+    if total > MAX_ARCHIVE_BYTES:
+        raise FacetrainError(
+            f"{path}: its entries hold {total} bytes, more than the {MAX_ARCHIVE_BYTES} of the largest "
+            "backbone facetrain imports with its training state; pass the backbone's state dict alone"
+        )
+    for entry in entries:
+        if (
+            entry.compress_type != zipfile.ZIP_STORED
+            and entry.file_size > MAX_INFLATION * entry.compress_size + 4096
+        ):
+            raise FacetrainError(
+                f"{path}: entry {entry.filename[:80]!r} inflates from {entry.compress_size} to {entry.file_size} "
+                "bytes; torch.save never compresses, so the file was made to exhaust memory or damaged; "
+                "save `model.state_dict()` with torch.save and import that"
+            )
+
+
 def _first_reason(error: Exception) -> str:
     """What was wrong with the file, without torch's own advice (to load it with weights_only=False,
     which would let it run code)."""
@@ -325,11 +365,24 @@ def _first_reason(error: Exception) -> str:
     text = str(error)
     detail = re.search(r"WeightsUnpickler error:\s*([^\n]+)", text)
     if detail:
-        return detail.group(1).strip()[:200]
+        return _first_sentences(detail.group(1).strip())
     line = (text.strip().splitlines() or [""])[0]
     if not line or "weights_only" in line or "Weights only load failed" in line:
         return f"{type(error).__name__} while unpickling"
-    return line[:200]
+    return _first_sentences(line)
+
+
+def _first_sentences(text: str, limit: int = 200) -> str:
+    """`text` within `limit` characters, cut after a whole sentence (torch's `... This is an internal
+    miniz error. If you are seeing this error, there is a high likelihood that your checkpoint file is
+    co` was cut mid-word), else after a whole word, marked with "..."."""
+    if len(text) <= limit:
+        return text
+    head = text[:limit]
+    end = head.rfind(". ")
+    if end > 0:
+        return head[: end + 1]
+    return head[: head.rfind(" ")].rstrip(",;:") + "..." if " " in head else head + "..."
 
 
 def unwrap_state(loaded: object, path: Path) -> dict[str, object]:

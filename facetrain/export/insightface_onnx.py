@@ -46,7 +46,14 @@ def read_iresnet_onnx(path: Path, architecture: str | None = None) -> OnnxBackbo
     """The IResNet state dict that computes what the ONNX model at `path` computes."""
     graph = OnnxGraph(path)
     walk = _Walk(graph)
-    depths = walk.run()
+    try:
+        depths = walk.run()
+    except (ValueError, IndexError, TypeError) as error:
+        # shapes that contradict each other where the walk combines weights (a 1-D FC weight, a bias
+        # of another length): the graph holds no IResNet, whatever the exception's name
+        raise graph.fail(
+            f"its weights do not fit together as an IResNet's ({type(error).__name__}: {str(error)[:120]})"
+        ) from None
     matching = [name for name, known in IRESNET_DEPTHS.items() if known == depths]
     if not matching:
         raise graph.fail(
@@ -84,7 +91,11 @@ class _Walk:
         value = self.conv_bn(conv, "conv1", "bn1", stride=1)
         value = self.prelu(graph.next_node(value, ("PRelu",), "conv1"), "prelu")
         depths: list[int] = []
+        walked = set()
         while True:
+            if value in walked:  # a block's Add fed back into an earlier block: it would never end
+                raise graph.fail(f"the graph loops back to value {value[:80]!r} after {len(walked)} blocks")
+            walked.add(value)
             readers = graph.users(value)
             norms = [node for node in readers if node.op == "BatchNormalization"]
             if len(readers) == 1 and norms:
@@ -133,10 +144,11 @@ class _Walk:
         weight = graph.constant(conv, 1, "weight")
         bias = graph.optional_constant(conv, 2, "bias")
         strides = list(conv.attributes.get("strides", [1, 1]))
-        if strides != [stride, stride] or int(conv.attributes.get("group", 1)) != 1:
+        groups = graph.number(conv, "group", 1)
+        if strides != [stride, stride] or groups != 1:
             raise graph.fail(
-                f"convolution {conv.name!r} ({conv_key}) has strides {strides} and "
-                f"{conv.attributes.get('group', 1)} groups; an IResNet's has stride {stride} and one group"
+                f"convolution {conv.name[:80]!r} ({conv_key}) has strides {strides[:4]} and "
+                f"{groups:g} groups; an IResNet's has stride {stride} and one group"
             )
         self.state[f"{conv_key}.weight"] = torch.from_numpy(weight.copy())
         readers = graph.users(conv.outputs[0])
@@ -155,7 +167,7 @@ class _Walk:
             graph.constant(node, i, role)
             for i, role in enumerate(("scale", "bias", "mean", "variance"), start=1)
         )
-        epsilon = float(node.attributes.get("epsilon", ONNX_BN_EPSILON))
+        epsilon = graph.number(node, "epsilon", ONNX_BN_EPSILON)
         if shift is not None:
             mean = mean - shift
         # facetrain's BatchNorm adds BN_EPS; the variance carries any difference in the file's epsilon
@@ -182,12 +194,12 @@ class _Walk:
         flatten = graph.next_node(value, ("Flatten", "Reshape"), "bn2")
         fc = graph.next_node(flatten.outputs[0], ("Gemm", "MatMul"), "the flatten")
         if fc.op == "Gemm":
-            weight = graph.constant(fc, 1, "FC weight") * float(fc.attributes.get("alpha", 1.0))
-            if int(fc.attributes.get("transA", 0)):
+            weight = graph.constant(fc, 1, "FC weight") * graph.number(fc, "alpha", 1.0)
+            if graph.number(fc, "transA", 0):
                 raise graph.fail(f"Gemm {fc.name!r} transposes its input; an IResNet's FC does not")
-            weight = weight if int(fc.attributes.get("transB", 0)) else weight.T
+            weight = weight if graph.number(fc, "transB", 0) else weight.T
             bias = graph.optional_constant(fc, 2, "FC bias")
-            bias = None if bias is None else bias * float(fc.attributes.get("beta", 1.0))
+            bias = None if bias is None else bias * graph.number(fc, "beta", 1.0)
             out = fc.outputs[0]
         else:
             weight = graph.constant(fc, 1, "FC weight").T
@@ -196,6 +208,10 @@ class _Walk:
                 add, 1 if graph.source(add.inputs[0]) == graph.source(fc.outputs[0]) else 0, "FC bias"
             )
             out = add.outputs[0]
+        if weight.ndim != 2:
+            raise graph.fail(
+                f"its FC weight has shape {list(weight.shape)[:8]}, not the 2-D one of an IResNet's FC"
+            )
         bias = (
             np.zeros(weight.shape[0], np.float32) if bias is None else np.broadcast_to(bias, weight.shape[:1])
         )

@@ -1,8 +1,9 @@
 """One way to load any facetrain model for inference: a training checkpoint or an exported model.
 
-Nothing here unpickles arbitrary objects: exported weights are safetensors loaded into a backbone
-rebuilt from the card's config, TorchScript archives are loaded with torch.jit, and training
-checkpoints go through the trainer's weights-only loader.
+Nothing here unpickles arbitrary objects or runs a file's code by default: exported weights are
+safetensors loaded into a backbone rebuilt from the card's config, and training checkpoints go through
+the trainer's weights-only loader. A TorchScript archive is a program (its `forward` can read and
+write any file), so it is loaded only when the caller says the file is trusted.
 """
 
 from __future__ import annotations
@@ -48,18 +49,21 @@ class LoadedModel:
         return int(self.card["embedding_size"])
 
 
-def load_model(path: str | Path, device: torch.device | str = "cpu") -> LoadedModel:
+def load_model(
+    path: str | Path, device: torch.device | str = "cpu", trust_torchscript: bool = False
+) -> LoadedModel:
     """Load a training checkpoint (directory, `last`/`best` pointer or run directory), an export
-    directory, its `model.safetensors` (with `model.json` beside it) or a TorchScript file."""
+    directory, its `model.safetensors` (with `model.json` beside it) or, with `trust_torchscript`,
+    a TorchScript file (which runs the program it holds)."""
     path = Path(path)
     if not path.exists():
         raise FacetrainError(
             f"model {path} does not exist; pass an export directory, a model file or a training checkpoint"
         )
     if path.is_dir() and (path / CARD_NAME).is_file():
-        return _load_export_dir(path, device)
+        return _load_export_dir(path, device, trust_torchscript)
     if path.is_file() and path.suffix in FILE_LOADERS:
-        return FILE_LOADERS[path.suffix](path, device)
+        return FILE_LOADERS[path.suffix](path, device, trust_torchscript)
     return _load_checkpoint(path, device)
 
 
@@ -70,20 +74,20 @@ def _load_checkpoint(path: Path, device: torch.device | str) -> LoadedModel:
     return LoadedModel(module.eval(), image_size, card, path, "checkpoint")
 
 
-def _load_export_dir(directory: Path, device: torch.device | str) -> LoadedModel:
+def _load_export_dir(directory: Path, device: torch.device | str, trust_torchscript: bool) -> LoadedModel:
     card = read_card(directory / CARD_NAME)
     files = card.get("files") or {}
     if "safetensors" in files:
         return _load_safetensors(directory / files["safetensors"]["file"], card, device)
     if "torchscript" in files:
-        return _load_torchscript(directory / files["torchscript"]["file"], device)
+        return _load_torchscript(directory / files["torchscript"]["file"], device, trust_torchscript)
     raise FacetrainError(
         f"{directory} has no {SAFETENSORS_NAME} or {TORCHSCRIPT_NAME} to load; "
         "re-export with --formats safetensors"
     )
 
 
-def _load_safetensors_file(path: Path, device: torch.device | str) -> LoadedModel:
+def _load_safetensors_file(path: Path, device: torch.device | str, _trust: bool) -> LoadedModel:
     card_path = path.with_suffix(".json")
     if not card_path.is_file():
         raise FacetrainError(
@@ -103,7 +107,13 @@ def _load_safetensors(
     return LoadedModel(module.to(device).eval(), image_size, card, path, "safetensors")
 
 
-def _load_torchscript(path: Path, device: torch.device | str) -> LoadedModel:
+def _load_torchscript(path: Path, device: torch.device | str, trust_torchscript: bool) -> LoadedModel:
+    if not trust_torchscript:
+        raise FacetrainError(
+            f"{path} is TorchScript, a program that runs when it is loaded; load the safetensors export "
+            f"({SAFETENSORS_NAME} with {CARD_NAME} beside it) instead, or, only for a file you trust, "
+            "pass --trust-torchscript (eval, embed, compare, export)"
+        )
     module, card_text = read_torchscript(path, device)
     card_path = path.parent / CARD_NAME
     if card_text:
@@ -115,7 +125,7 @@ def _load_torchscript(path: Path, device: torch.device | str) -> LoadedModel:
     return LoadedModel(module, card_image_size(card, path), card, path, "torchscript")
 
 
-def _reject_onnx(path: Path, device: torch.device | str) -> LoadedModel:
+def _reject_onnx(path: Path, device: torch.device | str, _trust: bool) -> LoadedModel:
     """facetrain runs its own models in PyTorch; an .onnx is one it exported (the PyTorch weights sit
     beside it) or one from elsewhere, which `facetrain import insightface` turns into a checkpoint."""
     if (path.parent / CARD_NAME).is_file():
@@ -128,9 +138,9 @@ def _reject_onnx(path: Path, device: torch.device | str) -> LoadedModel:
     )
 
 
-FILE_LOADERS: dict[str, Callable[[Path, torch.device | str], LoadedModel]] = {
+FILE_LOADERS: dict[str, Callable[[Path, torch.device | str, bool], LoadedModel]] = {
     ".safetensors": _load_safetensors_file,
     ".pt": _load_torchscript,
-    ".json": lambda path, device: _load_export_dir(path.parent, device),
+    ".json": lambda path, device, trust: _load_export_dir(path.parent, device, trust),
     ".onnx": _reject_onnx,
 }

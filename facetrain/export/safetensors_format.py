@@ -6,6 +6,10 @@ run code hidden in the file.
 
 from __future__ import annotations
 
+import os
+import re
+from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
@@ -27,7 +31,7 @@ def write_safetensors(module: nn.Module, out_dir: Path, card: dict[str, Any]) ->
     """Write the backbone's parameters and buffers; returns the card's entry for the file."""
     path = out_dir / SAFETENSORS_NAME
     metadata = {"architecture": str(card["architecture"]), "embedding_size": str(card["embedding_size"])}
-    with atomic_target(path) as tmp:
+    with atomic_target(path) as tmp, _os_errors():
         save_safetensors_model(module, str(tmp), metadata=metadata, force_contiguous=True)
     return {"file": SAFETENSORS_NAME, "tensors": len(module.state_dict())}
 
@@ -50,6 +54,19 @@ def write_head(weight: torch.Tensor, out_dir: Path, metadata: dict[str, str]) ->
     """Write the full head weight gathered from its shards: classes x embedding, or classes x
     sub-centers x embedding."""
     path = out_dir / HEAD_NAME
-    with atomic_target(path) as tmp:
+    with atomic_target(path) as tmp, _os_errors():
         save_file({"weight": weight.detach().to("cpu").contiguous()}, str(tmp), metadata=metadata)
     return {"file": HEAD_NAME, "num_classes": int(weight.shape[0]), "embedding_size": int(weight.shape[-1])}
+
+
+@contextmanager
+def _os_errors() -> Iterator[None]:
+    """safetensors reports a failed write as a SafetensorError carrying "(os error N)"; raise it as
+    the OSError it is, so a full disk is told like any other."""
+    try:
+        yield
+    except SafetensorError as error:
+        code = re.search(r"\(os error (\d+)\)", str(error))
+        if code is None:
+            raise
+        raise OSError(int(code.group(1)), os.strerror(int(code.group(1)))) from None

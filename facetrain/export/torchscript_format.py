@@ -7,6 +7,7 @@ here because the format is what deployments ask for, and the round-trip check gu
 
 from __future__ import annotations
 
+import io
 import warnings
 from collections.abc import Iterator
 from contextlib import contextmanager
@@ -43,7 +44,9 @@ def write_torchscript(module: nn.Module, out_dir: Path, card: dict[str, Any]) ->
                 if isinstance(module, torch.jit.ScriptModule)
                 else torch.jit.trace(module, example_batch(image_size), check_trace=False)
             )
-            torch.jit.save(traced, str(tmp), _extra_files={CARD_NAME: card_json(card)})
+            archive = io.BytesIO()  # on a full disk, torch.jit.save to a file aborts the process in C++
+            torch.jit.save(traced, archive, _extra_files={CARD_NAME: card_json(card)})
+            tmp.write_bytes(archive.getvalue())
             reloaded = torch.jit.load(str(tmp), map_location="cpu")
         max_diff = check_outputs(module, reloaded, image_size, "TorchScript")
     return {"file": TORCHSCRIPT_NAME, "max_abs_diff": max_diff}

@@ -16,6 +16,7 @@ Without a pipeline (pp = 1) the data-parallel group is the whole world. The grou
 from __future__ import annotations
 
 import os
+import re
 from dataclasses import dataclass
 from datetime import timedelta
 
@@ -26,6 +27,9 @@ from torch.distributed.device_mesh import DeviceMesh, init_device_mesh
 from facetrain.errors import EveryRankError, FacetrainError
 from facetrain.parallel.attempt_store import attempt_store
 from facetrain.parallel.failures import join_failure_error, keep_check_in_store
+
+ENV_INTEGER = re.compile(r"-?[0-9]{1,30}")
+MAX_WORLD_SIZE = 1 << 20  # a million ranks; torch's store takes a 32-bit count
 
 
 @dataclass(frozen=True)
@@ -93,10 +97,37 @@ def _int_env(name: str, default: int) -> int:
     value = os.environ.get(name)
     if value is None:
         return default
-    try:
-        return int(value)
-    except ValueError:
-        raise FacetrainError(f"environment variable {name}={value!r} is not an integer") from None
+    if not ENV_INTEGER.fullmatch(value.strip()):
+        raise FacetrainError(f"environment variable {name}={value[:40]!r} is not an integer")
+    return int(value)
+
+
+def check_group_env(rank: int, world_size: int, local_rank: int, init_method: str | None) -> None:
+    """What torchrun sets for a rank to join its group, checked before joining: missing or out of
+    range, torch's rendezvous failed with a ValueError, a TypeError from its store, or a rank past the
+    world size's C++ frames before its own error."""
+    launch = "start the ranks with torchrun or `facetrain train --nproc N`, or unset WORLD_SIZE to train in one process"
+    if world_size > MAX_WORLD_SIZE:
+        raise FacetrainError(
+            f"environment variable WORLD_SIZE={world_size} is more processes than {MAX_WORLD_SIZE}; {launch}"
+        )
+    for name, value in (("RANK", rank), ("LOCAL_RANK", local_rank)):
+        if not 0 <= value < world_size:
+            raise FacetrainError(
+                f"environment variable {name}={value} is not a rank of WORLD_SIZE={world_size} (0 to "
+                f"{world_size - 1}); {launch}"
+            )
+    if init_method is not None:
+        return
+    for name in ("MASTER_ADDR", "MASTER_PORT"):
+        if not os.environ.get(name, "").strip():
+            raise FacetrainError(
+                f"environment variable WORLD_SIZE={world_size} asks to join a group of {world_size} processes, "
+                f"but {name} is not set; {launch}"
+            )
+    port = _int_env("MASTER_PORT", 0)
+    if not 1 <= port <= 65535:
+        raise FacetrainError(f"environment variable MASTER_PORT={port} is not a port (1 to 65535); {launch}")
 
 
 def visible_gpus() -> int:
@@ -179,6 +210,7 @@ def init_parallel(
     local_rank = _int_env("LOCAL_RANK", rank)
     joining = not joined and world_size > 1
     if joining:  # without LOCAL_WORLD_SIZE, at least this rank's GPU must be its own
+        check_group_env(rank, world_size, local_rank, init_method)
         backend = check_backend(backend, _int_env("LOCAL_WORLD_SIZE", local_rank + 1), visible_gpus())
     device = pick_device(local_rank)  # before joining: NCCL binds its communicator to it
     if joining:

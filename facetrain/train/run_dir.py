@@ -32,7 +32,7 @@ from facetrain.checkpoint import (
 )
 from facetrain.config import Config, to_dict
 from facetrain.errors import EveryRankError, FacetrainError
-from facetrain.files import atomic_write_text
+from facetrain.files import atomic_write_text, output_path_problem
 from facetrain.run_lock import LOCK_NAME, acquire, holds, release
 from facetrain.train.metrics import COLUMNS as METRICS_COLUMNS
 
@@ -64,6 +64,9 @@ def _first_line(path: Path) -> str | None:
 def check_run_dir(run_dir: Path) -> None:
     """Refuse a run directory whose `config.yaml` is someone else's file, and a folder that is
     neither empty nor a facetrain run."""
+    problem = output_path_problem(run_dir, "train.output_dir")
+    if problem is not None:
+        raise EveryRankError(problem)
     path = run_dir / RUN_CONFIG
     if path.is_file():
         try:
