@@ -18,6 +18,7 @@ from facetrain.cli import main
 from facetrain.config import Config
 from facetrain.errors import FacetrainError
 from facetrain.eval.pairs import load_pairs
+from facetrain.eval.set_names import report_file_name
 from facetrain.eval.verify_pairs import verify
 from facetrain.export.card import build_card
 from facetrain.export.exporter import export_loaded
@@ -79,7 +80,7 @@ def test_eval_reports_similarity_and_the_tar_at_the_models_threshold(tmp_path: P
         exported(tmp_path / "model", threshold=0.5), "--pairs", pairs, "--out", tmp_path / "r", "--quiet"
     )
     assert result.exit_code == 0, result.output
-    report = json.loads((tmp_path / "r" / "small_lfw.json").read_text())
+    report = json.loads((tmp_path / "r" / f"{report_file_name(pairs)}.json").read_text())
     assert report["num_matched"] == 10 and report["num_mismatched"] == 0 and report["one_kind"] == "matched"
     assert report["threshold"] == 0.5 and 0 <= report["tar"] <= 1
     similarity = report["similarity"]
@@ -106,7 +107,7 @@ def test_without_a_threshold_it_says_why_and_mismatched_sets_get_far(tmp_path: P
     model = exported(tmp_path / "model", threshold=None)
     result = run(model, "--pairs", pairs, "--out", tmp_path / "r", "--quiet")
     assert result.exit_code == 0, result.output
-    report = json.loads((tmp_path / "r" / "strangers.json").read_text())
+    report = json.loads((tmp_path / "r" / f"{report_file_name(pairs)}.json").read_text())
     assert report["one_kind"] == "mismatched" and report["far"] is None and report["threshold"] is None
     [line] = [line for line in result.output.splitlines() if line.startswith("FAR ")]
     assert line.split(maxsplit=1)[1].startswith(f"not shown: {model} records no threshold")

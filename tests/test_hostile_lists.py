@@ -13,6 +13,7 @@ from facetrain.errors import FacetrainError
 from facetrain.eval.csv_pairs import load_csv_pairs
 from facetrain.eval.ijb_meta import read_ijb_meta
 from facetrain.eval.lfw_pairs import load_lfw_pairs
+from facetrain.eval.set_names import report_file_name
 
 POINTS = "38.3 51.7 73.5 51.5 56.0 71.7 41.5 92.4 70.7 92.2"
 
@@ -136,4 +137,4 @@ def test_a_set_of_one_matched_and_one_mismatched_pair_plots_without_warnings(tmp
     result = CliRunner().invoke(main, [str(arg) for arg in args])
     assert result.exception is None or isinstance(result.exception, SystemExit), result.exception
     assert result.exit_code == 0, result.output
-    assert (tmp_path / "report" / "pairs_roc.png").is_file()
+    assert (tmp_path / "report" / f"{report_file_name(tmp_path / 'pairs.csv')}_roc.png").is_file()
