@@ -18,6 +18,7 @@ import torch
 
 from facetrain.checkpoint.names import BACKBONE
 from facetrain.config.schema import ModelConfig
+from facetrain.eval.set_names import report_file_name
 from facetrain.export.insightface_import import write_imported_checkpoint
 from facetrain.models import build_backbone
 from tests.fault_helpers import error_lines
@@ -121,5 +122,5 @@ def test_the_eval_report_on_enospc_is_one_line(checkpoint, tmp_path, monkeypatch
     line = one_line_error(
         "eval", checkpoint, "--folder", tmp_path / "faces", "-o", out, "--device", "cpu", "-q"
     )
-    assert line == f"error: {out / 'faces.json'}: {FULL}"
+    assert line == f"error: {out / report_file_name(tmp_path / 'faces')}.json: {FULL}"
     assert temporary_files(tmp_path) == []

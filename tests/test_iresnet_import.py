@@ -23,6 +23,7 @@ from facetrain.config.schema import ModelConfig
 from facetrain.errors import FacetrainError
 from facetrain.eval.embedding import embed_images
 from facetrain.eval.pairs import load_pairs
+from facetrain.eval.set_names import report_file_name
 from facetrain.eval.verify_pairs import verify
 from facetrain.export.exporter import export_model
 from facetrain.export.insightface_import import import_insightface, read_backbone_state
@@ -149,7 +150,7 @@ def test_eval_scores_an_insightface_pack_with_the_import(trained, imported, tmp_
         "eval", imported, "--pairs", pack, "--no-flip", "--out", tmp_path / "report", "--quiet"
     )
     assert code == 0, output
-    report = json.loads((tmp_path / "report" / "pack.json").read_text())
+    report = json.loads((tmp_path / "report" / f"{report_file_name(pack)}.json").read_text())
     reference = verify(load_pairs(pack), trained[0], SIZE, flip=False, progress=False)
     expected = reference.as_dict()
     assert report["num_pairs"] == 10 and report["folds_source"] == expected["folds_source"]
