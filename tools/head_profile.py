@@ -18,27 +18,22 @@ from pathlib import Path
 import torch
 from torch.profiler import ProfilerActivity, profile
 
-from facetrain.heads import HeadPlan, ShardedMarginHead
-from facetrain.heads.fused_optim import FusedSGD
+from facetrain.bench.head_cases import BENCH_HEADS, HeadCase
 from facetrain.train.device_defaults import tile_classes
 
 TOP = 15
+# what the profile calls each head: the `bench head` kind it builds, so both measure the same head
+MODES = {"untiled": "sharded", "tiled": "tiled", "tiled_triton": "tiled_triton"}
 
 
-MODES = {"untiled": None, "tiled": "torch", "tiled_triton": "triton"}  # mode: the tiles' kernel
-
-
-def build(mode: str, classes: int, dim: int, device: torch.device) -> ShardedMarginHead:
-    if mode == "untiled":
-        return ShardedMarginHead(classes, dim).to(device)
-    plan = HeadPlan("tiled", tile_classes(None, device.type), fused_optimizer=True, kernel=MODES[mode])
-    head = ShardedMarginHead(classes, dim, plan=plan).to(device)
-    head.fuse_optimizer(FusedSGD([head.weight], lr=0.1, momentum=0.9, weight_decay=5e-4))
-    return head
+def build(mode: str, classes: int, batch: int, dim: int, device: torch.device) -> torch.nn.Module:
+    case = HeadCase(MODES[mode], classes, 1, batch, dim, tile_classes(None, device.type), "bf16")
+    with device:
+        return BENCH_HEADS.build(case.head).build(case)
 
 
 def profile_step(mode: str, classes: int, batch: int, dim: int, device: torch.device) -> dict:
-    head = build(mode, classes, dim, device)
+    head = build(mode, classes, batch, dim, device)
     embeddings = torch.randn(batch, dim, device=device, requires_grad=True)
     labels = torch.randint(0, classes, (batch,), device=device)
 
