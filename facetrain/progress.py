@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import os
 import sys
+import threading
 import time
 
 from tqdm import tqdm
@@ -83,3 +84,9 @@ class ProgressBar(tqdm):
     def close(self):
         self._closing = True
         super().close()
+
+
+# tqdm's default lock pairs a thread lock with a multiprocessing one, which inside a spawned rank is a
+# named semaphore: a rank killed with SIGKILL leaves it behind and its launcher's resource tracker warns of
+# "leaked semaphore objects". facetrain's bars are each drawn by one process, so a thread lock suffices.
+ProgressBar.set_lock(threading.RLock())

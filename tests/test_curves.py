@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import csv
 import json
+import warnings
 from pathlib import Path
 
 import pytest
@@ -157,3 +158,29 @@ def test_plot_command_compares_runs_and_never_overwrites_unasked(tmp_path):
     assert missing.exit_code == 2 and "has no metrics.csv" in missing.output
     help_text = runner.invoke(main, ["plot", "--help"]).output
     assert "Examples:" in help_text and "facetrain plot runs/orl_small" in help_text
+
+
+@pytest.mark.parametrize("loss", [float("inf"), float("nan"), -float("inf"), 1e308])
+def test_a_diverged_or_damaged_metric_is_a_gap_in_its_line_drawn_without_warnings(tmp_path, loss):
+    rows = [(10, 3.0, 0.2), (20, loss, loss), (30, loss, 0.4)]
+    run = fake_run(tmp_path, "diverged", rows, {30: 0.6})
+    with (run / "metrics.csv").open("a") as handle:  # and an lr no axis can hold
+        handle.write(f"40,0,2.0,0.5,{loss},100.0,4.0\n")
+    curves = read_run_curves(run)
+    assert curves.loss[0] == 3.0 and all(value != value for value in curves.loss[1:3])  # nan: a gap
+    assert curves.lr[-1] != curves.lr[-1]
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        out = plot_curves([curves], tmp_path / "diverged.png")
+    assert out.read_bytes()[:8] == PNG_SIGNATURE
+
+
+@pytest.mark.parametrize("result", [{"accuracy": float("inf")}, {"accuracy": 0.9, "accuracy_std": float("nan")},
+                                    {"accuracy": 7}, {"accuracy": -0.1}, {"accuracy": 0.9, "step": float("inf")}])  # fmt: skip
+def test_a_verification_result_that_is_no_fraction_is_one_line(tmp_path, result):
+    run = fake_run(tmp_path, "damaged", [(10, 3.0, 0.2)], {})
+    (run / "eval" / "step_00000010.json").write_text(
+        json.dumps({"step": 10, **result}).replace("1e+400", "1e400")
+    )
+    with pytest.raises(FacetrainError, match=r"step_00000010.json is not a verification result"):
+        read_run_curves(run)

@@ -38,13 +38,25 @@ def external_tensor(name: str, location: str) -> TensorProto:
     return tensor
 
 
-@pytest.mark.parametrize("location", ["secret.txt", "secret/secret.txt", "../secret.txt", "ABSOLUTE"])
-def test_a_constant_nodes_external_data_is_never_read(tmp_path, monkeypatch, location) -> None:
-    """Before, a Constant's data was read from the current folder and imported as a PReLU slope."""
+# every kind of external-data location: inside the folder, nested, `..`, absolute, missing, a symlink
+# (before, onnx's checker raised a ValidationError traceback for the last four)
+LOCATIONS = ["secret.txt", "secret/secret.txt", "../secret.txt", "ABSOLUTE", "missing.bin", "link.txt"]
+
+
+def place_secrets(tmp_path: Path) -> Path:
+    """The folder `work` with the secret at each location of LOCATIONS that exists."""
     work = tmp_path / "work"
     (work / "secret").mkdir(parents=True)
     for secret in (work / "secret.txt", work / "secret" / "secret.txt", tmp_path / "secret.txt"):
         secret.write_bytes(SECRET)
+    (work / "link.txt").symlink_to(work / "secret.txt")
+    return work
+
+
+@pytest.mark.parametrize("location", LOCATIONS)
+def test_a_constant_nodes_external_data_is_never_read(tmp_path, monkeypatch, location) -> None:
+    """Before, a Constant's data was read from the current folder and imported as a PReLU slope."""
+    work = place_secrets(tmp_path)
     location = str(work / "secret.txt") if location == "ABSOLUTE" else location
     constant = helper.make_node("Constant", [], ["slope"], name="evil", value=external_tensor("c", location))
     model = save_model(work / "model.onnx", [constant, helper.make_node("PRelu", ["x", "slope"], ["y"])])
@@ -68,6 +80,21 @@ def test_an_initializers_external_data_is_refused_by_its_name(tmp_path) -> None:
     line = one_line_error("import", "insightface", model, "-o", tmp_path / "out", "--quiet")
     assert f"the initializer '{'w' * 80}...' is stored in a separate file" in line
     assert len(line) < 400 and not (tmp_path / "out").exists()
+
+
+@pytest.mark.parametrize("location", LOCATIONS)
+def test_an_initializers_external_data_is_one_line_wherever_it_points(tmp_path, location) -> None:
+    work = place_secrets(tmp_path)
+    location = str(work / "secret.txt") if location == "ABSOLUTE" else location
+    model = save_model(
+        work / "model.onnx", [helper.make_node("PRelu", ["x", "w"], ["y"])], [external_tensor("w", location)]
+    )
+    line = one_line_error("import", "insightface", model, "-o", work / "out", "--quiet")
+    assert line == (
+        f"error: {model}: the initializer 'w' is stored in a separate file, which facetrain never reads; "
+        "it imports ONNX models that hold their weights inline (as insightface's model zoo files do)"
+    )
+    assert not (work / "out").exists()
 
 
 @pytest.mark.timeout(20)

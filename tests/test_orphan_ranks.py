@@ -41,9 +41,29 @@ def seconds_until_gone(pids: list[int], limit: float) -> float:
     return time.monotonic() - began
 
 
+def session_gone(session: int, limit: float) -> bool:
+    """Whether every process of the session `session` has exited (or is a zombie) within `limit` s."""
+    deadline = time.monotonic() + limit
+    while time.monotonic() < deadline:
+        if not [
+            pid for pid in map(int, filter(str.isdigit, os.listdir("/proc"))) if in_session(pid, session)
+        ]:
+            return True
+        time.sleep(0.1)
+    return False
+
+
+def in_session(pid: int, session: int) -> bool:
+    try:
+        fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    except (FileNotFoundError, ProcessLookupError):
+        return False
+    return fields[0] != "Z" and int(fields[3]) == session  # state, ppid, pgrp, session
+
+
 @pytest.mark.slow
 def test_ranks_of_a_launcher_killed_with_sigkill_checkpoint_and_exit_within_seconds(tmp_path):
-    timeout_s = 30  # also covers rank 0 generating the synthetic set while rank 1 waits for it
+    timeout_s = 90  # also covers rank 0 generating the synthetic set while rank 1 waits for it, under load
     config = tiny_config(
         tmp_path,
         "run",
@@ -63,10 +83,14 @@ def test_ranks_of_a_launcher_killed_with_sigkill_checkpoint_and_exit_within_seco
             launcher.kill()
             launcher.wait()
             lived = seconds_until_gone(ranks, limit=timeout_s)
+            session_ended = session_gone(launcher.pid, limit=30)  # the resource tracker, the last one
         finally:
             if launcher.poll() is None:
                 os.killpg(launcher.pid, signal.SIGKILL)
     assert lived < 15, f"ranks lived {lived:.1f} s after the launcher"
+    assert session_ended, "a process of the killed launcher's session outlived it by 30 s"
+    # the launcher's resource tracker removed torch elastic's semaphores without a warning about them
+    assert "leaked semaphore" not in (tmp_path / "err.txt").read_text()
     checkpoint, _ = find_resume_point(tmp_path / "run")  # they stopped at a step boundary, with a checkpoint
     assert checkpoint.name.startswith("step_") and int(checkpoint.name[5:]) >= 2
     assert "stopped at step" in (tmp_path / "out.txt").read_text()

@@ -8,7 +8,6 @@ handling and label bookkeeping.
 from __future__ import annotations
 
 import logging
-import multiprocessing
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -19,6 +18,7 @@ import torch
 from torch.utils.data import Dataset
 
 from facetrain.data.decode import BadImageError, DataError, decode_image, read_file_bytes
+from facetrain.data.loader_workers import platform_context
 from facetrain.data.sample_key import SampleKey
 from facetrain.errors import FacetrainError
 
@@ -96,7 +96,8 @@ class FaceDataset(Dataset):
         self.table = table
         self.transform = transform
         self.skip_bad_images = skip_bad_images
-        self._bad_count = multiprocessing.get_context().Value("q", 0)
+        # shared with the loader workers, which start the platform's way (see platform_context)
+        self._bad_count = platform_context().Value("q", 0)
 
     @property
     def labels(self) -> np.ndarray:

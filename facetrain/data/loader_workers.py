@@ -34,6 +34,14 @@ STOP_SIGNALS = (signal.SIGTERM, signal.SIGINT, signal.SIGUSR1)
 _DEFAULT_CONTEXT = multiprocessing.get_context(multiprocessing.get_all_start_methods()[0])
 
 
+def platform_context() -> multiprocessing.context.BaseContext:
+    """The platform's default way to start processes (fork on Linux), even inside a spawned rank, where
+    Python's default is spawn. Besides the start-up cost, spawn's locks and queues are named semaphores
+    that a rank killed with SIGKILL leaves for its launcher's resource tracker to clean up, with a warning
+    of "leaked semaphore objects"; fork's are unlinked at once."""
+    return _DEFAULT_CONTEXT
+
+
 class _WorkerProcess(_DEFAULT_CONTEXT.Process):
     """A process that starts with the stop signals blocked (a child inherits its parent's mask)."""
 

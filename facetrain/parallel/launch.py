@@ -34,6 +34,7 @@ import tempfile
 import time
 import uuid
 from collections.abc import Callable
+from multiprocessing import resource_tracker
 from pathlib import Path
 
 from torch.distributed.elastic.multiprocessing import DefaultLogsSpecs
@@ -69,6 +70,24 @@ def record_failure(message: str, kind: str) -> None:
         Path(os.environ["TORCHELASTIC_ERROR_FILE"]).write_text(json.dumps(record))
     except (KeyError, OSError):
         pass  # the launcher then reports the exit code alone
+
+
+def _start_quiet_resource_tracker() -> None:
+    """Start Python's resource tracker for this launcher with its leak warning off.
+
+    torch elastic makes 9 named semaphores here for the ranks' results. A launcher killed with SIGKILL
+    cannot remove them; its tracker, which outlives it, does, and then warned of "leaked semaphore
+    objects" under the user's last line, for a cleanup that went as it should. The tracker takes its
+    warning filters from this process's `-W` options when it starts, so the option is set for that
+    moment only: the ranks, spawned later, keep Python's defaults. (Ranks make no named semaphores:
+    `data.loader_workers.platform_context`, `progress.ProgressBar`'s lock.)
+    """
+    option = "ignore:resource_tracker:UserWarning"
+    sys.warnoptions.append(option)
+    try:
+        resource_tracker.ensure_running()
+    finally:
+        sys.warnoptions.remove(option)
 
 
 def _forward_stop_signals() -> dict:
@@ -119,6 +138,7 @@ def launch_local(
     # the launcher logs every rank's failure at length; facetrain's ranks explain themselves
     for name in ("torch.distributed.elastic", "torch.multiprocessing.spawn"):
         logging.getLogger(name).setLevel(logging.CRITICAL)
+    _start_quiet_resource_tracker()
     previous = _forward_stop_signals()
     try:
         os.environ[LAUNCHED_ENV] = "1"  # spawned ranks inherit it

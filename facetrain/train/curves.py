@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import csv
 import json
+import math
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -25,6 +26,8 @@ from facetrain.files import write_atomic
 CURVES_FILE = "curves.png"
 # The narrowest accuracy axis drawn (a fraction): differences below it are noise on any pair set.
 MIN_ACCURACY_SPAN = 0.05
+# The largest magnitude drawn; past about 1e300 matplotlib's tick locator overflows (a loss never gets near)
+DRAWABLE_LIMIT = 1e100
 
 
 @dataclass
@@ -54,8 +57,12 @@ def read_run_curves(run_dir: Path, label: str | None = None) -> RunCurves:
     with metrics.open(newline="") as handle:
         for line, row in enumerate(csv.DictReader(handle), start=2):
             try:
-                lr = float(row["lr"]) if row.get("lr") else None
-                rows[int(row["step"])] = (float(row["loss"]), float(row["accuracy"]), lr)
+                lr = _drawable(float(row["lr"])) if row.get("lr") else None
+                rows[int(row["step"])] = (
+                    _drawable(float(row["loss"])),
+                    _drawable(float(row["accuracy"])),
+                    lr,
+                )
             except (KeyError, TypeError, ValueError):
                 raise FacetrainError(
                     f"{metrics} line {line}: expected step, loss and accuracy columns with numbers"
@@ -66,12 +73,16 @@ def read_run_curves(run_dir: Path, label: str | None = None) -> RunCurves:
         try:
             result = json.loads(path.read_text())
             std = result.get("accuracy_std")
-            evaluations[int(result["step"])] = (
-                float(result["accuracy"]),
-                None if std is None else float(std),
-            )
-        except (json.JSONDecodeError, KeyError, TypeError, ValueError):
+            accuracy, std = float(result["accuracy"]), None if std is None else float(std)
+            evaluations[int(result["step"])] = (accuracy, std)
+        except (json.JSONDecodeError, KeyError, TypeError, ValueError, OverflowError):
             raise FacetrainError(f"{path} is not a verification result (step, accuracy)") from None
+        # an accuracy is a fraction; anything else (inf, nan, 7) is a damaged or foreign file, and the
+        # axis it would stretch cannot be drawn
+        if not 0.0 <= accuracy <= 1.0 or not (std is None or 0.0 <= std <= 1.0):
+            raise FacetrainError(
+                f"{path} is not a verification result: accuracy {accuracy} ± {std} is not a fraction from 0 to 1"
+            )
         eval_set = result.get("best_by") or eval_set
     steps = sorted(rows)
     eval_steps = sorted(evaluations)
@@ -87,6 +98,12 @@ def read_run_curves(run_dir: Path, label: str | None = None) -> RunCurves:
         eval_std=[evaluations[step][1] for step in eval_steps],
         eval_set=eval_set,
     )
+
+
+def _drawable(value: float) -> float:
+    """The value, or nan (a gap in its line) where no axis can hold it: inf and nan (a diverged step), or
+    a magnitude past DRAWABLE_LIMIT, whose axis ticks matplotlib cannot compute (a damaged file)."""
+    return value if abs(value) <= DRAWABLE_LIMIT else math.nan
 
 
 def curves_figure(runs: list[RunCurves]) -> Figure:
