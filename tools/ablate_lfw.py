@@ -47,6 +47,7 @@ from protocol import (  # noqa: E402
     summarize,
     train_and_verify,
     verify_extra,
+    write_train_list,
 )
 
 VIEW2_PAIRS = SHARED_DATA / "lfw_pairs.txt"
@@ -90,17 +91,7 @@ def write_fold_split(root: Path, pairs_txt: Path, fold: int, min_photos: int, ou
     out.mkdir(parents=True, exist_ok=True)
     train_list = out / f"fold{fold}_train_min{min_photos}.csv"
     people = sorted(p.name for p in root.iterdir() if p.is_dir() and p.name not in fold_people)
-    with train_list.open("w", newline="") as handle:
-        writer = csv.writer(handle)
-        writer.writerow(["path", "label"])
-        label = 0
-        for person in people:
-            photos = sorted(f for f in (root / person).iterdir() if f.is_file())
-            if len(photos) < min_photos:
-                continue
-            for path in photos:
-                writer.writerow([path.resolve(), label])
-            label += 1
+    write_train_list(root, people, min_photos, train_list)
     pairs_csv = out / f"fold{fold}_pairs.csv"
     with pairs_csv.open("w", newline="") as handle:
         writer = csv.writer(handle)

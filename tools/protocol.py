@@ -7,6 +7,7 @@ data; the run, the figures read back from `summary.json` and the mean ± std lin
 from __future__ import annotations
 
 import argparse
+import csv
 import json
 import os
 import statistics
@@ -30,6 +31,23 @@ def row_parser(doc: str, runs_under: str, config: str, seeds: list[int], out: st
     parser.add_argument("--nproc", type=int, default=2)
     parser.add_argument("--out", type=Path, default=REPO / "runs" / out)
     return parser
+
+
+def write_train_list(root: Path, people: list[str], min_photos: int, path: Path) -> Path:
+    """A `data.source: list` CSV of `people`'s photos under `root`, one label per person with at least
+    `min_photos` photos."""
+    with path.open("w", newline="") as handle:
+        writer = csv.writer(handle)
+        writer.writerow(["path", "label"])
+        label = 0
+        for person in people:
+            photos = sorted(f for f in (root / person).iterdir() if f.is_file())
+            if len(photos) < min_photos:
+                continue
+            for photo in photos:
+                writer.writerow([photo.resolve(), label])
+            label += 1
+    return path
 
 
 def facetrain(*args: str) -> subprocess.CompletedProcess:

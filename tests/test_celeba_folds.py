@@ -1,0 +1,75 @@
+"""The CelebA-dev protocol (tools/celeba_folds.py, #42): people-disjoint folds of balanced pairs, the same
+for the same folder and seed. Run as the tool is run, in a subprocess (tools/ is not a package)."""
+
+from __future__ import annotations
+
+import csv
+import subprocess
+import sys
+from collections import Counter, defaultdict
+from pathlib import Path
+
+import pytest
+
+REPO = Path(__file__).resolve().parents[1]
+TOOL = REPO / "tools" / "celeba_folds.py"
+
+
+def make_people(root: Path, counts: list[int]) -> Path:
+    """A folder of people with `counts[i]` (empty) photos each; the tool reads only names."""
+    for index, count in enumerate(counts):
+        person = root / f"{2 * index:05d}"
+        person.mkdir(parents=True)
+        for image in range(count):
+            (person / f"{index * 100 + image:06d}.jpg").write_bytes(b"")
+    return root
+
+
+def protocol(root: Path, out: Path, *args: str) -> list[dict]:
+    result = subprocess.run(
+        [sys.executable, str(TOOL), str(root), "-o", str(out), *args], capture_output=True, text=True
+    )
+    assert result.returncode == 0, result.stderr
+    with out.open(newline="") as handle:
+        return list(csv.DictReader(handle))
+
+
+def test_folds_are_people_disjoint_balanced_and_deterministic(tmp_path):
+    root = make_people(tmp_path / "people", [1 + index % 4 for index in range(60)])
+    rows = protocol(root, tmp_path / "a.csv", "--folds", "5", "--pairs", "6")
+    fold_of: dict[str, set[str]] = defaultdict(set)
+    for row in rows:
+        fold_of[row["person1"]].add(row["fold"])
+        fold_of[row["person2"]].add(row["fold"])
+        assert (row["person1"] == row["person2"]) == (row["same"] == "1")
+        assert (row["person1"], row["image1"]) != (row["person2"], row["image2"])
+    assert all(len(folds) == 1 for folds in fold_of.values())  # nobody in two folds
+    counts = Counter((row["fold"], row["same"]) for row in rows)
+    assert counts == {(str(fold), same): 6 for fold in range(1, 6) for same in "01"}
+    pairs = [tuple(sorted([(r["person1"], r["image1"]), (r["person2"], r["image2"])])) for r in rows]
+    assert len(set(pairs)) == len(pairs)  # no pair twice
+    again = protocol(root, tmp_path / "b.csv", "--folds", "5", "--pairs", "6")
+    assert again == rows
+    other_seed = protocol(root, tmp_path / "c.csv", "--folds", "5", "--pairs", "6", "--seed", "1")
+    assert other_seed != rows
+
+
+def test_a_fold_short_of_matched_pairs_stays_balanced_and_the_tool_never_overwrites(tmp_path):
+    root = make_people(tmp_path / "people", [2] * 4 + [1] * 8)  # 4 matched pairs in all
+    rows = protocol(root, tmp_path / "a.csv", "--folds", "2", "--pairs", "50")
+    for fold in ("1", "2"):
+        same = [row["same"] for row in rows if row["fold"] == fold]
+        assert same.count("1") == same.count("0") > 0
+    refused = subprocess.run(
+        [sys.executable, str(TOOL), str(root), "-o", str(tmp_path / "a.csv")], capture_output=True, text=True
+    )
+    assert refused.returncode == 1 and "exists; pass --overwrite" in refused.stderr
+
+
+def test_celeba_dev_gives_ten_folds_of_300_and_300_pairs(tmp_path, shared_data):
+    celeba = shared_data / "celeba_dev"
+    if not celeba.is_dir():
+        pytest.skip("needs ../shared/data/celeba_dev")
+    rows = protocol(celeba, tmp_path / "celeba.csv")
+    counts = Counter((row["fold"], row["same"]) for row in rows)
+    assert counts == {(str(fold), same): 300 for fold in range(1, 11) for same in "01"}

@@ -1,0 +1,157 @@
+"""One row of docs/accuracy.md's CelebA-dev table: train on the people outside a fold, verify the fold.
+
+The folds are tools/celeba_folds.py's: ../shared/data/celeba_dev's people dealt with a fixed seed into
+10 people-disjoint folds of 300 matched and 300 mismatched pairs. For a fold k the training set is
+every CelebA-dev person outside fold k with at least --min-photos photos, and the fold's 600 pairs are
+verified with 10 stratified folds of their own (as tools/ablate_lfw.py does for LFW's View 2). Each
+(fold, seed) is one run of `facetrain train -c CONFIG --set ...` on 2 CPU ranks; the row prints each
+run and the mean ± sample standard deviation over all of them, and appends one JSON line to
+OUT/rows.jsonl. The other half of CelebA's people is held out for a check outside the project and is
+not in the folder; every fold here is for development.
+
+The photos are an aligned copy (`facetrain align` keeps each person's folder and each photo's name);
+the folds are dealt from the folder itself (--source), so every aligned copy shares them:
+
+    .venv/bin/facetrain align ../shared/data/celeba_dev -o runs/celeba_dev_aligned --fallback center
+    .venv/bin/python tools/ablate_celeba.py recipe --folds 2 3 --seeds 0 1
+
+A pretrained model is scored on the same folds without training by --zero-shot, and a fine-tune is a
+row of its config; --lfw also verifies every run on LFW-dev View 2 folds (tools/ablate_lfw.py's pairs,
+of an LFW copy aligned the same way), to show what a fine-tune on CelebA does to LFW:
+
+    .venv/bin/facetrain import dlib -o runs/dlib_resnet
+    .venv/bin/facetrain align ../shared/data/celeba_dev -o runs/celeba_dev_dlib --template dlib --fallback center
+    .venv/bin/python tools/ablate_celeba.py dlib_zero_shot --celeba runs/celeba_dev_dlib --zero-shot runs/dlib_resnet
+    .venv/bin/python tools/ablate_celeba.py dlib_finetune -c configs/finetune_dlib.yaml \\
+        --celeba runs/celeba_dev_dlib --lfw runs/lfw_dev_dlib --lfw-folds 2 3
+"""
+
+from __future__ import annotations
+
+import csv
+import json
+import sys
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from ablate_lfw import VIEW2_PAIRS, write_fold_split  # noqa: E402
+from celeba_folds import build_protocol  # noqa: E402
+from protocol import (  # noqa: E402
+    REPO,
+    SHARED_DATA,
+    append_row,
+    pick_figures,
+    row_parser,
+    summarize,
+    train_and_verify,
+    verify_extra,
+    write_train_list,
+)
+
+CELEBA_DEV = SHARED_DATA / "celeba_dev"
+FOLDS, PAIRS_PER_FOLD, PROTOCOL_SEED = 10, 300, 0
+
+
+def photo(root: Path, person: str, image: str) -> Path:
+    """`image` of `person` in the copy `root`, whatever extension the copy gave it."""
+    matches = sorted((root / person).glob(f"{Path(image).stem}.*"))
+    if not matches:
+        sys.exit(f"{root / person}: no photo {image}; was {root} made from {CELEBA_DEV.name}?")
+    return matches[0]
+
+
+def write_celeba_split(source: Path, root: Path, fold: int, min_photos: int, out: Path) -> tuple[Path, Path]:
+    """The training list (every person outside `fold`, photos from the copy `root`) and the fold's pairs
+    CSV, written under `out`."""
+    dealt, rows = build_protocol(source, FOLDS, PAIRS_PER_FOLD, PROTOCOL_SEED)
+    out.mkdir(parents=True, exist_ok=True)
+    outside = sorted(set().union(*dealt) - set(dealt[fold - 1]))
+    train_list = write_train_list(root, outside, min_photos, out / f"fold{fold}_train_min{min_photos}.csv")
+    pairs_csv = out / f"fold{fold}_pairs.csv"
+    with pairs_csv.open("w", newline="") as handle:
+        writer = csv.writer(handle)
+        writer.writerow(["path1", "path2", "same"])
+        for number, person1, image1, person2, image2, same in rows:
+            if number == fold:
+                left, right = photo(root, person1, image1), photo(root, person2, image2)
+                writer.writerow([left.resolve(), right.resolve(), same])
+    return train_list, pairs_csv
+
+
+def main() -> None:
+    parser = row_parser(__doc__, "foldK_seedS", "lfw_small.yaml", [0, 1], "ablate_celeba")
+    parser.add_argument("--folds", type=int, nargs="+", default=[2, 3])
+    parser.add_argument("--source", type=Path, default=CELEBA_DEV, help="the folder the folds are dealt from")
+    parser.add_argument(
+        "--celeba", type=Path, default=REPO / "runs" / "celeba_dev_aligned", help="aligned copy"
+    )
+    parser.add_argument(
+        "--min-photos", type=int, default=2, help="train on people with at least this many photos"
+    )
+    parser.add_argument(
+        "--zero-shot", type=Path, metavar="CHECKPOINT", help="verify this checkpoint, no training"
+    )
+    parser.add_argument(
+        "--lfw", type=Path, help="also verify each run on LFW-dev View 2 folds of this aligned copy"
+    )
+    parser.add_argument("--lfw-folds", type=int, nargs="+", default=[2, 3])
+    args = parser.parse_args()
+    if any(not 1 <= fold <= FOLDS for fold in args.folds):
+        sys.exit(f"--folds: the protocol has folds 1-{FOLDS}")
+    if any(not 2 <= fold <= 10 for fold in args.lfw_folds):
+        sys.exit("--lfw-folds: LFW View 2 folds 2-10 are for development (fold 1 is held out)")
+    for folder, flag in ((args.source, "--source"), (args.celeba, "--celeba")):
+        if not folder.is_dir():
+            sys.exit(f"{flag} {folder} does not exist (see this tool's --help for how to make it)")
+    if (args.out / args.name).exists():
+        sys.exit(f"{args.out / args.name} exists; pick another row name or remove it")
+    lfw_pairs = []
+    if args.lfw:
+        for fold in args.lfw_folds:
+            split = args.out / f"splits_{args.lfw.name}"
+            lfw_pairs.append((fold, write_fold_split(args.lfw.resolve(), VIEW2_PAIRS, fold, 2, split)[1]))
+    rows = []
+    for fold in args.folds:
+        split = args.out / f"splits_{args.celeba.name}"
+        train_list, pairs_csv = write_celeba_split(
+            args.source, args.celeba.resolve(), fold, args.min_photos, split
+        )
+        runs = []
+        if args.zero_shot:
+            report = verify_extra(args.zero_shot, f"{args.name}_fold{fold}", pairs=pairs_csv, checkpoint=True)
+            runs.append(
+                ({"fold": fold, "steps": 0, "train_s": None, **pick_figures(report)}, args.zero_shot, True)
+            )
+        for seed in [] if args.zero_shot else args.seeds:
+            overrides = [
+                "data.source=list",
+                f"data.path={train_list}",
+                f"eval.pairs={pairs_csv}",
+                f"train.seed={seed}",
+                *args.set,
+            ]
+            run = args.out / args.name / f"fold{fold}_seed{seed}"
+            runs.append(
+                (
+                    {"fold": fold, "seed": seed, **train_and_verify(args.config, run, overrides, args.nproc)},
+                    run,
+                    False,
+                )
+            )
+        for row, model, is_checkpoint in runs:
+            for lfw_fold, pairs in lfw_pairs:
+                name = f"lfw_fold{lfw_fold}" + (f"_{args.name}_fold{fold}" if is_checkpoint else "")
+                figures = pick_figures(verify_extra(model, name, pairs, checkpoint=is_checkpoint))
+                row.update({f"lfw{lfw_fold}_{key}": value for key, value in figures.items()})
+            rows.append(row)
+            print(json.dumps(row), flush=True)
+    over = f"folds {args.folds}" + ("" if args.zero_shot else f" x seeds {args.seeds}")
+    metrics = ["accuracy", "auc", "tar_far_1e-2"]
+    lfw_metrics = [f"lfw{fold}_{m}" for fold, _ in lfw_pairs for m in metrics]
+    figures = summarize(args.name, rows, metrics + lfw_metrics, over)
+    record = {"name": args.name, "config": str(args.config), "set": args.set, "figures": figures}
+    append_row(args.out / "rows.jsonl", {**record, "runs": rows})
+
+
+if __name__ == "__main__":
+    main()
