@@ -83,6 +83,40 @@ def test_embed_csv_has_a_path_column_and_one_column_per_dimension(
     np.testing.assert_allclose(np.linalg.norm(table.iloc[:, 1:].to_numpy(), axis=1), 1.0, atol=1e-5)
 
 
+def raw_norms(model_dir: Path, names: list[str]) -> np.ndarray:
+    """The norms of the model's embeddings of `names` before normalisation, computed here directly."""
+    from facetrain.data.decode import decode_image
+    from facetrain.data.transforms import build_eval_transform
+
+    model = load_model(model_dir)
+    transform = build_eval_transform(model.image_size)
+    images = torch.stack([transform(decode_image(name)) for name in names])
+    with torch.no_grad():
+        return model.module.eval()(images).float().norm(dim=1).numpy()
+
+
+def test_embed_norms_writes_each_images_raw_norm(model_dir: Path, image_dir: Path, tmp_path: Path) -> None:
+    out = tmp_path / "vectors.npy"
+    code, output = run("embed", model_dir, image_dir, "-o", out, "--norms", "--batch-size", "2")
+    assert code == 0, output
+    names = (tmp_path / "vectors.paths.txt").read_text().splitlines()
+    norms = np.load(tmp_path / "vectors.norms.npy")
+    assert norms.shape == (len(names),) and str(tmp_path / "vectors.norms.npy") in output
+    # the image's own norm (no mirror added, whatever --flip), not the unit vectors' 1
+    np.testing.assert_allclose(norms, raw_norms(model_dir, names), rtol=1e-5)
+    assert not np.allclose(norms, 1.0)
+    table_out = tmp_path / "vectors.csv"
+    code, output = run("embed", model_dir, image_dir, "-o", table_out, "--norms", "--no-flip")
+    assert code == 0, output
+    table = pd.read_csv(table_out)
+    assert list(table.columns[:3]) == ["path", "norm", "e0"]
+    np.testing.assert_allclose(table["norm"].to_numpy(), norms, rtol=1e-5)
+    np.testing.assert_allclose(np.linalg.norm(table.iloc[:, 2:].to_numpy(), axis=1), 1.0, atol=1e-5)
+    plain = tmp_path / "plain.npy"
+    assert run("embed", model_dir, image_dir, "-o", plain)[0] == 0
+    assert not (tmp_path / "plain.norms.npy").exists()
+
+
 def test_embed_parquet_without_pyarrow_suggests_npy_or_csv(
     model_dir: Path, image_dir: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:

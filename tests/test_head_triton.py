@@ -237,28 +237,31 @@ def compile_for_hopper(operand: str, storage: str) -> None:
     options = {name: value for name, value in kernels.BLOCKS.items() if name.startswith("num_")}
     pointers = {"x_ptr": f"*{operand}", "w_ptr": f"*{storage}", "index_ptr": "*i64", "target_ptr": "*i64"}
     sizes = dict.fromkeys(["B", "T", "D", "tile_start"], "i32") | {"scale": "fp32"}
+    modulation = ["threshold_ptr", "linear_ptr", "quadratic_ptr"]  # a margin's modulated negatives
     outputs = {
-        kernels._softmax_stats_kernel: ["part_max_ptr", "part_sum_ptr", "target_raw_ptr"],
-        kernels._logit_grad_kernel: ["global_max_ptr", "corrected_ptr", "out_ptr"],
-    }
+        kernels._softmax_stats_kernel: ["part_max_ptr", "part_sum_ptr", "target_raw_ptr", *modulation,
+                                        "part_plain_ptr"],
+        kernels._logit_grad_kernel: ["global_max_ptr", "corrected_ptr", "out_ptr", *modulation],
+    }  # fmt: skip
     strides = {kernels._softmax_stats_kernel: ["c_blocks"], kernels._logit_grad_kernel: ["stride_out"]}
     for kernel, names in outputs.items():
-        signature = pointers | {"inv_norm_ptr": "*fp32"} | dict.fromkeys(names, "*fp32")
-        signature |= {"out_ptr": f"*{operand}"} if "out_ptr" in names else {}
-        signature |= sizes | dict.fromkeys(["stride_x", "stride_w", *strides[kernel]], "i32")
-        constants = {"HAS_INDEX": True, **blocks, "PRECISION": "ieee"}
-        signature |= dict.fromkeys(constants, "constexpr")
-        places = {(list(signature).index(name),): value for name, value in constants.items()}
-        source = ASTSource(kernel, signature, constexprs=places)
-        compiled = triton.compile(source, target=GPUTarget("cuda", 90, 32), options=options)
-        print(kernel.__name__, compiled.metadata.shared, "wgmma" in compiled.asm["ptx"])
+        for modulate in (False, True):
+            signature = pointers | {"inv_norm_ptr": "*fp32"} | dict.fromkeys(names, "*fp32")
+            signature |= {"out_ptr": f"*{operand}"} if "out_ptr" in names else {}
+            signature |= sizes | dict.fromkeys(["stride_x", "stride_w", *strides[kernel]], "i32")
+            constants = {"HAS_INDEX": True, **blocks, "PRECISION": "ieee", "MODULATE": modulate}
+            signature |= dict.fromkeys(constants, "constexpr")
+            places = {(list(signature).index(name),): value for name, value in constants.items()}
+            source = ASTSource(kernel, signature, constexprs=places)
+            compiled = triton.compile(source, target=GPUTarget("cuda", 90, 32), options=options)
+            print(kernel.__name__, compiled.metadata.shared, "wgmma" in compiled.asm["ptx"])
 
 
 @pytest.mark.parametrize("storage", ["fp32", "bf16"])
 def test_kernels_compile_for_hopper_with_tensor_cores(storage):
     """What the interpreter cannot show: the bf16 kernels compile for an H100/H200 (no GPU needed), fit its
-    shared memory (227 KiB a block) and run their dots on wgmma. Compiled once per machine (Triton's
-    cache), about 7 s for each storage dtype."""
+    shared memory (227 KiB a block) and run their dots on wgmma, with and without a margin's modulated
+    negatives. Compiled once per machine (Triton's cache), about 14 s for each storage dtype."""
     environment = {name: value for name, value in os.environ.items() if name != "TRITON_INTERPRET"}
     call = f"from tests.test_head_triton import compile_for_hopper; compile_for_hopper('bf16', '{storage}')"
     result = subprocess.run(
@@ -269,4 +272,4 @@ def test_kernels_compile_for_hopper_with_tensor_cores(storage):
     for line in result.stdout.splitlines():
         name, shared, wgmma = line.split()
         assert int(shared) <= 227 * 1024 and wgmma == "True", line
-    assert len(result.stdout.splitlines()) == 2
+    assert len(result.stdout.splitlines()) == 4

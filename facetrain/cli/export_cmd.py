@@ -167,6 +167,11 @@ def export(
 )
 @click.option("--device", default=None, help="cpu, cuda or cuda:N (default: cuda when available, else cpu).")
 @click.option("--overwrite", is_flag=True, help="Replace the output file if it exists.")
+@click.option(
+    "--norms",
+    is_flag=True,
+    help="Also write each image's raw embedding norm, a quality score for MagFace/AdaFace models.",
+)
 @align_option
 @detector_option
 @trust_torchscript_option
@@ -179,6 +184,7 @@ def embed(
     flip: bool | None,
     device: str | None,
     overwrite: bool,
+    norms: bool,
     align: bool,
     detector: str,
     trust_torchscript: bool,
@@ -189,7 +195,9 @@ def embed(
     order of PATHS, folders expanded in sorted order. Tables (.parquet, .csv) have a `path` column
     then e0, e1, ...; -o X.npy gets the paths in X.paths.txt beside it. With --align, raw photos are
     aligned to the model's input first (as `facetrain align` does); photos without a face are left
-    out and named on stderr.
+    out and named on stderr. --norms adds each image's embedding norm before normalisation (of the
+    image itself, without its mirror): a `norm` column in tables, X.norms.npy beside X.npy. Under a
+    magnitude-aware margin (head.margin magface or adaface) a low norm marks a poor image.
 
     \b
     Examples:
@@ -197,6 +205,7 @@ def embed(
       facetrain embed runs/demo/checkpoints/best a.jpg b.jpg -o faces.csv
       facetrain embed runs/demo/export raw_photos/ -o faces.npy --align
       facetrain embed exported photos/ -o faces.parquet --batch-size 128
+      facetrain embed runs/magface/export photos/ -o faces.csv --norms
     """
     from facetrain.export.compare import default_flip
     from facetrain.export.embed_paths import embed_paths
@@ -204,14 +213,14 @@ def embed(
     from facetrain.export.inputs import collect_images
     from facetrain.export.loading import load_model
 
-    write = embeddings_writer(out, overwrite)
+    write = embeddings_writer(out, overwrite, with_norms=norms)
     images = collect_images(paths)
     model = load_model(model_path, _resolve_device(device), trust_torchscript)
     flip = default_flip(model.card) if flip is None else flip
     result = embed_paths(model, images, batch_size, flip, _aligner(align, detector, model.image_size))
     for line in result.warnings():
         click.echo(line, err=True)
-    written = write([str(path) for path in result.paths], result.vectors)
+    written = write([str(path) for path in result.paths], result.vectors, result.norms)
     click.echo(
         f"wrote {len(result.paths)} embeddings of size {result.vectors.shape[1]} to "
         f"{', '.join(map(str, written))}{result.left_out()}"

@@ -34,6 +34,9 @@ class Embeddings:
     vectors: np.ndarray
     xnorm: float
     unreadable: dict[int, str] = field(default_factory=dict)
+    # each row's raw embedding norm (of the image itself, not flip-summed): a quality score where the
+    # head's margin made it one (MagFace, AdaFace)
+    norms: np.ndarray = field(default_factory=lambda: np.zeros(0, np.float32))
 
 
 class _ImageDataset(Dataset):
@@ -135,7 +138,8 @@ def compute_embeddings(
         module.train(was_training)
     if not vectors:
         return Embeddings(np.zeros((0, 0), np.float32), float("nan"), unreadable)
-    return Embeddings(torch.cat(vectors).numpy(), float(torch.cat(norms).mean()), unreadable)
+    row_norms = torch.cat(norms)
+    return Embeddings(torch.cat(vectors).numpy(), float(row_norms.mean()), unreadable, row_norms.numpy())
 
 
 def embed_images(

@@ -25,12 +25,14 @@ if TYPE_CHECKING:
 
 @dataclass(frozen=True)
 class EmbeddedPaths:
-    """`vectors[k]` is the embedding of `paths[k]`; `unreadable` says why each file left out was."""
+    """`vectors[k]` is the embedding of `paths[k]`, `norms[k]` its raw norm; `unreadable` says why each
+    file left out was."""
 
     paths: list[Path]
     vectors: np.ndarray
     unreadable: list[str]
     faceless: list[Path]
+    norms: np.ndarray
 
     def warnings(self) -> list[str]:
         lines = left_out_warnings(self.unreadable)
@@ -71,7 +73,7 @@ def embed_paths(
         paths = [path for position, path in enumerate(paths) if position not in result.unreadable]
     if not paths:
         raise FacetrainError(_nothing_left(unreadable, f"none of the {len(images)} images could be read"))
-    return EmbeddedPaths(paths, result.vectors, unreadable, faceless)
+    return EmbeddedPaths(paths, result.vectors, unreadable, faceless, result.norms)
 
 
 def _nothing_left(unreadable: list[str], reason: str) -> str:

@@ -6,13 +6,22 @@ from __future__ import annotations
 import torch
 import torch.nn.functional as F
 
-from facetrain.heads.base import HeadOutput, MarginHead
+from facetrain.heads.base import HeadOutput, MarginHead, regulariser_mean
+from facetrain.heads.margins import Margin, StepMargin, prepare_step
 
 
-def margin_logits(cos: torch.Tensor, labels: torch.Tensor, margin, scale: float) -> torch.Tensor:
-    """scale * cos with each row's target cosine replaced by margin(cos), by plain autograd ops."""
-    target = cos.gather(1, labels[:, None])
-    return cos.scatter(1, labels[:, None], margin(target)) * scale
+def margin_logits(
+    cos: torch.Tensor, labels: torch.Tensor, margin: Margin | StepMargin, scale: float, norm=None
+) -> torch.Tensor:
+    """scale * cos with each row's target cosine replaced by the margin's target logit and, where the
+    margin says, the negatives modulated, by plain autograd ops. A bare `Margin` is a classic one
+    (a function of the cosine alone)."""
+    step = margin if isinstance(margin, StepMargin) else StepMargin(margin, None, {}, None)
+    target = cos.gather(1, labels[:, None]).squeeze(1)
+    penalised = step.margin.target(target, norm, step.rows, step.state)
+    if step.negatives is not None:
+        cos = step.negatives.apply(cos)[0]
+    return cos.scatter(1, labels[:, None], penalised[:, None]) * scale
 
 
 class DenseMarginHead(MarginHead):
@@ -39,6 +48,15 @@ class DenseMarginHead(MarginHead):
         cos = F.linear(F.normalize(embeddings), F.normalize(self.weight))
         cos = cos.view(cos.shape[0], self.num_classes, self.sub_centers).max(dim=2).values
         cos = cos.to(torch.promote_types(cos.dtype, torch.float32))  # statistics never below fp32
-        logits = margin_logits(cos, labels, self.margin, self.scale)
+        norm = torch.linalg.vector_norm(embeddings.to(cos.dtype), dim=1)
+        valid = torch.ones_like(labels, dtype=torch.bool)
+        plain_target = cos.gather(1, labels[:, None]).squeeze(1)
+        target_cos = plain_target if self.margin.needs_target_cos else None
+        step = prepare_step(self.margin, self.margin_buffers(), norm, valid, target_cos, self.training)
+        logits = margin_logits(cos, labels, step, self.scale, norm)
+        loss = F.cross_entropy(logits, labels)
+        regulariser = regulariser_mean(self.margin, norm, valid)
+        if regulariser is not None:
+            loss = loss + regulariser
         accuracy = (cos.argmax(dim=1) == labels).float().mean().detach()
-        return HeadOutput(F.cross_entropy(logits, labels), accuracy)
+        return HeadOutput(loss, accuracy)

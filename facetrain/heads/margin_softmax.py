@@ -1,17 +1,21 @@
 """The arithmetic both margin-softmax kernels share (`sharded_softmax.py` untiled, `tiled_softmax.py`):
-the unit embeddings, the margin on the target logits, the cross-rank statistics and loss, and the
-backward's correction at the targets. The kernels differ only in how they walk the class rows.
+the unit embeddings, the margin's step (`margins.prepare_step`) and its target logits, the cross-rank
+statistics and loss, and the backward's correction at the targets and through the norms. The kernels
+differ only in how they walk the class rows.
 
 Only batch-sized statistics cross ranks: an all-reduce MAX of each row's max (done by the kernels, which
-need it at different moments), then one all-reduce SUM of [sum of exponentials, target logit, hit].
+need it at different moments), then one all-reduce SUM of [sum of exponentials, target logit, hit]; a
+margin that needs the target cosines (CurricularFace) adds one all-reduce SUM of B values first.
 Statistics are fp32 (fp64 only when the caller works in fp64, as the exactness tests do).
 """
 
 from __future__ import annotations
 
+from typing import NamedTuple
+
 import torch
 
-from facetrain.heads.margins import Margin
+from facetrain.heads.margins import Margin, StepMargin, prepare_step
 from facetrain.parallel import comm
 
 EPS = 1e-12
@@ -31,24 +35,54 @@ def unit_rows(embeddings: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     return x / norm, norm
 
 
-def through_normalization(grad_unit: torch.Tensor, unit: torch.Tensor, norm: torch.Tensor) -> torch.Tensor:
+def through_normalization(
+    grad_unit: torch.Tensor, unit: torch.Tensor, norm: torch.Tensor, grad_norm: torch.Tensor | None = None
+) -> torch.Tensor:
     """The gradient of x from that of x / |x| (`unit`, with `norm` = |x| per row): the component along
-    the unit vector is removed and the rest divided by the norm."""
+    the unit vector is removed and the rest divided by the norm; a margin's gradient with respect to
+    the norm itself (`grad_norm`, B) adds along the unit vector."""
     radial = torch.einsum("bd,bd->b", grad_unit, unit)
+    if grad_norm is not None:
+        radial = radial - grad_norm * norm.squeeze(1)
     return (grad_unit - unit * radial[:, None]) / norm
 
 
+class MarginInput(NamedTuple):
+    """What the kernels get of the head's margin: the margin, its running state (the head's buffers,
+    advanced in place), and whether this step advances it (a training step)."""
+
+    margin: Margin
+    buffers: dict[str, torch.Tensor]
+    update: bool
+
+
+def step_margin(
+    margin: MarginInput, x_norm: torch.Tensor, valid: torch.Tensor, target_cos_here, group
+) -> StepMargin:
+    """The margin for this step (`margins.prepare_step`). `target_cos_here` is a callable giving this
+    rank's target cosines and where it owns them; it is called only for a margin that needs every
+    row's, which then cost one all-reduce of B values."""
+    target_cos = None
+    if margin.margin.needs_target_cos:
+        cos, owned = target_cos_here()
+        target_cos = comm.all_reduce_(torch.where(owned, cos, 0.0), "sum", group)
+    return prepare_step(margin.margin, margin.buffers, x_norm.squeeze(1), valid, target_cos, margin.update)
+
+
 def penalise_targets(
-    margin: Margin, target_raw: torch.Tensor, has_target: torch.Tensor, scale: float
-) -> tuple[torch.Tensor, torch.Tensor]:
+    step: StepMargin, target_raw: torch.Tensor, has_target: torch.Tensor, scale: float, x_norm: torch.Tensor
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """Each row's target logit (`target_raw` = scale x cos) with the margin, where this rank owns the
-    target (the plain logit elsewhere), and the margin's slope d margin / d cos. The slope is taken
-    with autograd on the B-vector of cosines, so every margin's gradient is exact."""
+    target (the plain logit elsewhere), and the margin's slopes d margin / d cos and d margin / d |x|.
+    The slopes are taken with autograd on B-vectors, so every margin's gradient is exact."""
     with torch.enable_grad():
         cos_leaf = (target_raw / scale).detach().requires_grad_()
-        penalised = margin(cos_leaf)
-        (slope,) = torch.autograd.grad(penalised.sum(), cos_leaf)
-    return torch.where(has_target, penalised.detach() * scale, target_raw), slope
+        norm_leaf = x_norm.squeeze(1).detach().requires_grad_()
+        penalised = step.margin.target(cos_leaf, norm_leaf, step.rows, step.state)
+        slope, norm_slope = torch.autograd.grad(penalised.sum(), (cos_leaf, norm_leaf), allow_unused=True)
+    if norm_slope is None:
+        norm_slope = torch.zeros_like(norm_leaf)
+    return torch.where(has_target, penalised.detach() * scale, target_raw), slope, norm_slope
 
 
 def softmax_loss(
@@ -59,19 +93,22 @@ def softmax_loss(
     global_max: torch.Tensor,
     valid: torch.Tensor,
     group,
+    plain_max: torch.Tensor | None = None,
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """The loss from this rank's share, in one all-reduce: `sum_exp` of exp(logit - global max) over its
     classes (penalised targets included), the penalised `target_logit` and plain `target_raw` where it
     owns the target. Returns the loss (the mean over valid rows), the statistics the backward needs
-    (`target_gradient`) and the global top-1 hit count (no gradient)."""
+    (`target_gradient`) and the global top-1 hit count (no gradient). Where the margin modulated the
+    negatives, `plain_max` is the global row max of the plain logits, which decides the hits."""
     zero = sum_exp.new_zeros(())
+    hit_max = global_max if plain_max is None else plain_max
     stats = torch.stack(
         [
             sum_exp,
             torch.where(has_target, target_logit, zero),
             # top-1 without another pass: margins only lower the target logit, so the plain one
             # reaches the row max exactly when no other class beats it
-            torch.where(has_target, (target_raw >= global_max).to(sum_exp.dtype), zero),
+            torch.where(has_target, (target_raw >= hit_max).to(sum_exp.dtype), zero),
         ]
     )
     comm.all_reduce_(stats, "sum", group)
@@ -89,12 +126,18 @@ def target_gradient(
     grad_loss: torch.Tensor,
     at_target: torch.Tensor,
     margin_slope: torch.Tensor,
+    norm_slope: torch.Tensor,
     has_target: torch.Tensor,
-) -> tuple[torch.Tensor, torch.Tensor]:
+    scale: float,
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """d loss / d logit = (softmax - onehot) x grad / B. The row factor grad / (B x sum_exp) is returned
     for the kernels to apply to their B x D GEMM operands instead of the B x c logits, so the targets
     are corrected in unscaled units: softmax - 1 = (exp - sum_exp) / sum_exp, times the margin's slope.
-    `at_target` is exp(target logit - global max); rows without a target here keep it."""
+    `at_target` is exp(target logit - global max); rows without a target here keep it. Also returns
+    d loss / d |x| through the margin's target (zero where another rank owns the target: the ranks'
+    shares add up in the embeddings' gradient)."""
     sum_exp, denominator = row_stats.unbind(0)
     row_factor = grad_loss.to(denominator.dtype) / denominator
-    return row_factor, torch.where(has_target, (at_target - sum_exp) * margin_slope, at_target)
+    grad_target = (at_target - sum_exp) * row_factor  # d loss / d target logit
+    grad_norm = torch.where(has_target, grad_target * scale * norm_slope, 0.0)
+    return row_factor, torch.where(has_target, (at_target - sum_exp) * margin_slope, at_target), grad_norm

@@ -11,8 +11,9 @@ import torch
 from torch import nn
 
 from facetrain.errors import EveryRankError, FacetrainError
-from facetrain.heads.base import HeadOutput, MarginHead
+from facetrain.heads.base import HeadOutput, MarginHead, regulariser_mean
 from facetrain.heads.fused_optim import FusedOptimizer
+from facetrain.heads.margin_softmax import MarginInput
 from facetrain.heads.partition import class_range
 from facetrain.heads.plan import UNTILED, HeadPlan
 from facetrain.heads.sharded_softmax import ShardedMarginSoftmax
@@ -173,18 +174,29 @@ class ShardedMarginHead(MarginHead):
             raise ValueError(
                 "the head's plan fuses its optimizer: call head.fuse_optimizer(FusedSGD(...)) first"
             )
+        margin = MarginInput(self.margin, self.margin_buffers(), self.training)
         if not self.plan.tiled:
             weight = self.weight if kept is None else self.per_class(self.weight)[kept]
             loss, hits = ShardedMarginSoftmax.apply(
-                global_embeddings, weight.view(-1, self.embedding_size), target_column, valid, self.margin,
+                global_embeddings, weight.view(-1, self.embedding_size), target_column, valid, margin,
                 self.scale, self.group, self.sub_centers,
             )  # fmt: skip
         else:
             loss, hits = TiledMarginSoftmax.apply(
-                global_embeddings, self.weight, kept, target_column, valid, self.margin, self.scale,
+                global_embeddings, self.weight, kept, target_column, valid, margin, self.scale,
                 self.group, self.plan.tile_classes, self.fused_optimizer, self.tile_ops,
             )  # fmt: skip
+        regulariser = self._regulariser(global_embeddings, valid)
+        if regulariser is not None:
+            loss = loss + regulariser.to(loss.dtype)
         return HeadOutput(loss, hits / valid.sum())
+
+    def _regulariser(self, global_embeddings: torch.Tensor, valid: torch.Tensor) -> torch.Tensor | None:
+        """The margin's regulariser of the norms (MagFace), the same value on every rank. Its gradient
+        is taken on rank 0 alone: the gathered embeddings' gradients are summed over the ranks."""
+        x = global_embeddings if self.rank == 0 else global_embeddings.detach()
+        wide = torch.float64 if x.dtype == torch.float64 else torch.float32
+        return regulariser_mean(self.margin, torch.linalg.vector_norm(x.to(wide), dim=1), valid)
 
     def _check_inputs(self, embeddings: torch.Tensor, labels: torch.Tensor) -> list[int]:
         """Every rank's row count, after every rank has checked every rank's inputs (all fail together)."""

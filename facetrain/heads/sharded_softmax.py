@@ -18,7 +18,6 @@ import torch
 
 import facetrain.heads.margin_softmax as ms
 from facetrain.heads.logit_gemm import LogitGemm
-from facetrain.heads.margins import Margin
 from facetrain.heads.scratch import Scratch
 from facetrain.parallel import comm
 
@@ -56,7 +55,15 @@ class ShardedMarginSoftmax(torch.autograd.Function):
 
     @staticmethod
     def forward(
-        ctx, embeddings, weight, target_column, valid, margin: Margin, scale: float, group, sub_centers=1
+        ctx,
+        embeddings,
+        weight,
+        target_column,
+        valid,
+        margin: ms.MarginInput,
+        scale: float,
+        group,
+        sub_centers=1,
     ):
         gemm_dtype = ms.compute_dtype(embeddings.device, embeddings.dtype)
         with torch.autocast(embeddings.device.type, enabled=False):
@@ -83,19 +90,34 @@ class ShardedMarginSoftmax(torch.autograd.Function):
             has_target = target_column >= 0
             columns = target_column.clamp_min(0)[:, None]
             target_raw = logits.gather(1, columns).squeeze(1)
-            target_logit, margin_slope = ms.penalise_targets(margin, target_raw, has_target, scale)
+            step = ms.step_margin(margin, x_norm, valid, lambda: (target_raw / scale, has_target), group)
+            target_logit, margin_slope, norm_slope = ms.penalise_targets(
+                step, target_raw, has_target, scale, x_norm
+            )
+            negative_slope, plain_max = None, None
+            if step.negatives is not None:  # modulated in place; their slopes kept for the backward
+                plain_max = logits.max(dim=1).values
+                modulated, negative_slope = step.negatives.scaled(scale).apply(logits)
+                logits.copy_(modulated)
+                del modulated
+                # rows whose target is elsewhere point at column 0: keep its modulated logit
+                target_logit = torch.where(has_target, target_logit, logits.gather(1, columns).squeeze(1))
             logits.scatter_(1, columns, target_logit[:, None])
 
             row_max = logits.max(dim=1).values  # every shard has >= 1 class: the head refuses C < N
-            comm.all_reduce_(row_max, "max", group)
+            if plain_max is None:
+                comm.all_reduce_(row_max, "max", group)
+            else:  # one all-reduce for both maxima
+                row_max, plain_max = comm.all_reduce_(torch.stack([row_max, plain_max]), "max", group)
             exps = logits.sub_(row_max[:, None]).exp_()
             loss, row_stats, hit_count = ms.softmax_loss(
-                exps.sum(dim=1), target_logit, target_raw, has_target, row_max, valid, group
+                exps.sum(dim=1), target_logit, target_raw, has_target, row_max, valid, group, plain_max
             )
 
         ctx.save_for_backward(
-            exps, row_stats, x_unit, x_norm, w, w_inv_norm, has_target, columns, margin_slope, nearest_centre
-        )
+            exps, row_stats, x_unit, x_norm, w, w_inv_norm, has_target, columns, margin_slope, norm_slope,
+            negative_slope, nearest_centre,
+        )  # fmt: skip
         ctx.scale, ctx.compute_dtype, ctx.folded = scale, gemm_dtype, folded
         ctx.embedding_dtype, ctx.weight_dtype = embeddings.dtype, weight.dtype
         ctx.mark_non_differentiable(hit_count)
@@ -104,16 +126,20 @@ class ShardedMarginSoftmax(torch.autograd.Function):
     @staticmethod
     @torch.autograd.function.once_differentiable
     def backward(ctx, grad_loss, _grad_hits):
-        exps, row_stats, x_unit, x_norm, w, w_inv_norm, has_target, columns, margin_slope, nearest_centre = (
-            ctx.saved_tensors
-        )
+        (
+            exps, row_stats, x_unit, x_norm, w, w_inv_norm, has_target, columns, margin_slope, norm_slope,
+            negative_slope, nearest_centre,
+        ) = ctx.saved_tensors  # fmt: skip
         scale, gemm_dtype = ctx.scale, ctx.compute_dtype
         batch = exps.shape[0]
         with torch.autocast(exps.device.type, enabled=False):
             at_target = exps.gather(1, columns).squeeze(1)
-            row_factor, corrected = ms.target_gradient(
-                row_stats, grad_loss, at_target, margin_slope, has_target
+            row_factor, corrected, grad_norm = ms.target_gradient(
+                row_stats, grad_loss, at_target, margin_slope, norm_slope, has_target, scale
             )
+            if negative_slope is not None:
+                exps.mul_(negative_slope)  # then rows whose target is elsewhere keep column 0's product
+                corrected = torch.where(has_target, corrected, exps.gather(1, columns).squeeze(1))
             exps.scatter_(1, columns, corrected[:, None])
             if nearest_centre is not None:  # each class's gradient goes to its nearest centre's row
                 classes, centres = nearest_centre.shape[1], w.shape[0] // nearest_centre.shape[1]
@@ -134,5 +160,5 @@ class ShardedMarginSoftmax(torch.autograd.Function):
             if ctx.folded:
                 grad_w.mul_(column_factor[:, None])
 
-            grad_x = ms.through_normalization(grad_x_unit, x_unit, x_norm)
+            grad_x = ms.through_normalization(grad_x_unit, x_unit, x_norm, grad_norm)
         return grad_x.to(ctx.embedding_dtype), grad_w.to(ctx.weight_dtype), None, None, None, None, None, None

@@ -22,7 +22,6 @@ import facetrain.heads.margin_softmax as ms
 from facetrain.heads.class_rows import class_tiles
 from facetrain.heads.fused_optim import FusedOptimizer
 from facetrain.heads.logit_gemm import LogitGemm
-from facetrain.heads.margins import Margin
 from facetrain.heads.scratch import Scratch
 from facetrain.heads.tile_kernel import EAGER_TILE_OPS, TileOps
 from facetrain.parallel import comm
@@ -42,6 +41,16 @@ def _tile_dots(scratch, gemm, x_op, weight, rows, inv_norm):
     return gemm.mm(x_op, w_op.t(), out=scratch.get("logits", x_op.shape[0], len(rows), inv_norm.dtype))
 
 
+def _target_cos(x_unit, weight, index, target_column):
+    """Each row's plain target cosine where this rank owns the target (any value elsewhere), from the
+    B target rows alone: a margin that modulates the negatives needs every row's before the tiles."""
+    rows = target_column.clamp_min(0)
+    if index is not None:
+        rows = index[rows]
+    w = weight[rows].to(x_unit.dtype)
+    return torch.einsum("bd,bd->b", x_unit, w) / torch.linalg.vector_norm(w, dim=1).clamp_min(ms.EPS)
+
+
 def _target_in_tile(target_column, rows):
     """Which rows have their target in this tile, and its column within the tile (0 where not)."""
     in_tile = (target_column >= rows.start) & (target_column < rows.stop)
@@ -55,7 +64,9 @@ def _logit_grad(ctx, scratch, gemm, x_logit_op, w, w_op, rows, column_factor, gl
     logits_out = scratch.get("logits", x_logit_op.shape[0], len(rows), w.dtype)
     dots = gemm.mm(x_logit_op, w_logit_op.t(), out=logits_out)
     in_tile, column = _target_in_tile(target_column, rows)
-    logit_grad = ctx.tile_ops.logit_grad(dots, column_factor, global_max, in_tile, column, corrected_target)
+    logit_grad = ctx.tile_ops.logit_grad(
+        dots, column_factor, global_max, in_tile, column, corrected_target, ctx.negatives
+    )
     return scratch.cast("grad_raw", logit_grad, ctx.compute_dtype)
 
 
@@ -77,7 +88,7 @@ class TiledMarginSoftmax(torch.autograd.Function):
         index: torch.Tensor | None,
         target_column: torch.Tensor,
         valid: torch.Tensor,
-        margin: Margin,
+        margin: ms.MarginInput,
         scale: float,
         group,
         tile_classes: int,
@@ -85,51 +96,67 @@ class TiledMarginSoftmax(torch.autograd.Function):
         tile_ops: TileOps = EAGER_TILE_OPS,
     ):
         gemm_dtype = ms.compute_dtype(embeddings.device, embeddings.dtype)
-        if tile_ops.fused_gemm and gemm_dtype not in tile_ops.dtypes:
-            tile_ops = EAGER_TILE_OPS  # fp64 (the exactness tests' dtype) runs the torch tiles
         width = weight.shape[0] if index is None else index.shape[0]
         tiles = class_tiles(width, tile_classes, index)
         with torch.autocast(embeddings.device.type, enabled=False):
             x_unit, x_norm = ms.unit_rows(embeddings)
+            has_target = target_column >= 0
+            step = ms.step_margin(
+                margin, x_norm, valid, lambda: (_target_cos(x_unit, weight, index, target_column), has_target),
+                group,
+            )  # fmt: skip
+            negatives = None if step.negatives is None else step.negatives.scaled(scale)
+            if tile_ops.fused_gemm and gemm_dtype not in tile_ops.dtypes:
+                tile_ops = EAGER_TILE_OPS  # fp64 (the exactness tests' dtype) runs the torch tiles
             gemm = LogitGemm(x_unit.device, gemm_dtype, x_unit.dtype)
             x_op = x_unit.to(gemm_dtype if tile_ops.fused_gemm else gemm.operand_dtype)
-            has_target = target_column >= 0
 
             # Online softmax over the tiles. A row's own target column is left out (set to -inf) and
             # merged after the loop, once its margin is known: the margin is evaluated once per step.
             running_max = x_unit.new_full((x_unit.shape[0],), float("-inf"))
             running_sum = torch.zeros_like(running_max)
             target_raw = torch.zeros_like(running_max)
+            plain_max = None if negatives is None else running_max.clone()
             inv_norms = x_unit.new_empty(width)
             scratch = Scratch(x_unit.device)
             for rows in tiles:
                 tile_norms = inv_norms[rows.start : rows.stop]
                 if tile_ops.fused_gemm:
-                    running_max, running_sum, target_raw = tile_ops.online_softmax_rows(
+                    running_max, running_sum, target_raw, plain_max = tile_ops.online_softmax_rows(
                         x_op, weight, rows, tile_norms, scale, target_column, running_max, running_sum,
-                        target_raw,
+                        target_raw, negatives, plain_max,
                     )  # fmt: skip
                     continue
                 dots = _tile_dots(scratch, gemm, x_op, weight, rows, tile_norms)
                 in_tile, column = _target_in_tile(target_column, rows)
-                running_max, running_sum, target_raw = tile_ops.online_softmax(
-                    dots, tile_norms * scale, in_tile, column, running_max, running_sum, target_raw
-                )
+                running_max, running_sum, target_raw, plain_max = tile_ops.online_softmax(
+                    dots, tile_norms * scale, in_tile, column, running_max, running_sum, target_raw,
+                    negatives, plain_max,
+                )  # fmt: skip
 
-            target_logit, margin_slope = ms.penalise_targets(margin, target_raw, has_target, scale)
+            target_logit, margin_slope, norm_slope = ms.penalise_targets(
+                step, target_raw, has_target, scale, x_norm
+            )
             row_max = torch.where(has_target, torch.maximum(running_max, target_logit), running_max)
             sum_exp = running_sum * (running_max - row_max).exp()
             sum_exp = sum_exp + torch.where(has_target, (target_logit - row_max).exp(), 0.0)
-            global_max = comm.all_reduce_(row_max.clone(), "max", group)
+            if plain_max is None:
+                global_max = comm.all_reduce_(row_max.clone(), "max", group)
+            else:  # one all-reduce for both maxima (the plain one with the targets, for the hits)
+                maxima = torch.stack(
+                    [row_max, torch.where(has_target, torch.maximum(plain_max, target_raw), plain_max)]
+                )
+                global_max, plain_max = comm.all_reduce_(maxima, "max", group)
             loss, row_stats, hit_count = ms.softmax_loss(
                 sum_exp * (row_max - global_max).exp(), target_logit, target_raw, has_target, global_max,
-                valid, group,
+                valid, group, plain_max,
             )  # fmt: skip
 
         ctx.save_for_backward(
             x_unit, x_norm, weight, index, inv_norms, target_column, target_logit,
-            margin_slope, row_stats, global_max,
+            margin_slope, norm_slope, row_stats, global_max,
         )  # fmt: skip
+        ctx.negatives = negatives
         ctx.scale, ctx.tile_classes, ctx.optimizer, ctx.tile_ops = scale, tile_classes, optimizer, tile_ops
         ctx.compute_dtype, ctx.embedding_dtype = gemm_dtype, embeddings.dtype
         ctx.mark_non_differentiable(hit_count)
@@ -140,7 +167,7 @@ class TiledMarginSoftmax(torch.autograd.Function):
     def backward(ctx, grad_loss, _grad_hits):
         (
             x_unit, x_norm, weight, index, inv_norms, target_column, target_logit,
-            margin_slope, row_stats, global_max,
+            margin_slope, norm_slope, row_stats, global_max,
         ) = ctx.saved_tensors  # fmt: skip
         scale, optimizer = ctx.scale, ctx.optimizer
         wants_x, wants_weight = ctx.needs_input_grad[0], ctx.needs_input_grad[1]
@@ -152,8 +179,8 @@ class TiledMarginSoftmax(torch.autograd.Function):
             x_logit_op = x_unit.to(ctx.compute_dtype if fused_gemm else gemm.operand_dtype)
             at_target = (target_logit - global_max).exp()
             has_target = target_column >= 0
-            row_factor, corrected_target = ms.target_gradient(
-                row_stats, grad_loss, at_target, margin_slope, has_target
+            row_factor, corrected_target, grad_norm = ms.target_gradient(
+                row_stats, grad_loss, at_target, margin_slope, norm_slope, has_target, scale
             )
             scaled_x = (x_unit * row_factor[:, None]).to(ctx.compute_dtype)
             grad_x_unit = torch.zeros_like(x_unit) if wants_x else None
@@ -171,7 +198,7 @@ class TiledMarginSoftmax(torch.autograd.Function):
                 if fused_gemm:
                     grad_raw = ctx.tile_ops.logit_grad_rows(
                         x_logit_op, weight, rows, inv_norm, scale, global_max, target_column, corrected_target,
-                        scratch.get("grad_raw", batch, len(rows), ctx.compute_dtype),
+                        scratch.get("grad_raw", batch, len(rows), ctx.compute_dtype), ctx.negatives,
                     )  # fmt: skip
                 else:
                     grad_raw = _logit_grad(ctx, scratch, gemm, x_logit_op, w, w_op, rows, inv_norm * scale,
@@ -195,5 +222,7 @@ class TiledMarginSoftmax(torch.autograd.Function):
             grad_x = None
             if wants_x:
                 grad_x_unit.mul_(row_factor[:, None])
-                grad_x = ms.through_normalization(grad_x_unit, x_unit, x_norm).to(ctx.embedding_dtype)
+                grad_x = ms.through_normalization(grad_x_unit, x_unit, x_norm, grad_norm).to(
+                    ctx.embedding_dtype
+                )
         return grad_x, grad_weight, None, None, None, None, None, None, None, None, None

@@ -13,13 +13,14 @@ run as one pass (`triton_update.py`), other optimizers and storage in torch as o
 accumulator per block (D = 512: 128 KiB for 64 rows, past the registers) or one recompute per slice of
 D, so the gradient tile goes through memory once, in bf16 under bf16.
 
-The margin never enters the kernels: it is applied outside the tiles to the B-vector of target logits
-(`margin_softmax.penalise_targets`, `target_gradient`). The forward leaves the target column out and
-returns its raw logit; the backward writes the caller's `corrected_target` into that column. So every
-margin, present or future (AdaFace, MagFace, ElasticFace: per-row functions of the target cosine),
-works through that hook unchanged. A margin that also modulates the negatives (CurricularFace) would
-add one per-row transform of the non-target logits where the kernels form `logits` (marked
-NEGATIVE LOGIT HOOK below) and its derivative in the backward; not built yet.
+The target's margin never enters the kernels: it is applied outside the tiles to the B-vector of
+target logits (`margin_softmax.penalise_targets`, `target_gradient`). The forward leaves the target
+column out and returns its raw logit; the backward writes the caller's `corrected_target` into that
+column. So every margin that is a per-row function of the target cosine and the norm (ArcFace, AdaFace,
+MagFace, ElasticFace) works through that hook unchanged. A margin that also modulates the negatives
+(CurricularFace) passes its `margins.NegativeModulation` of the scaled logits as three B-vectors
+(`MODULATE`): the forward applies it where it forms the logits and keeps the plain logits' block
+maximum for the hits, the backward multiplies by its slope.
 
 Operands follow the torch path's GEMM dtype (`margin_softmax.compute_dtype`): bf16 under bf16
 autocast, fp32 otherwise, exact (`input_precision="ieee"`) unless torch's own fp32 GEMMs may use TF32
@@ -94,10 +95,22 @@ def _program_block(B, BLOCK_B: tl.constexpr, BLOCK_C: tl.constexpr):
 
 
 @triton.jit
+def _modulated(logits, b_offs, b_mask, threshold_ptr, linear_ptr, quadratic_ptr):
+    """`NegativeModulation.apply` on a block of scaled logits: the values and their slopes."""
+    threshold = tl.load(threshold_ptr + b_offs, mask=b_mask, other=float("inf"))[:, None]
+    linear = tl.load(linear_ptr + b_offs, mask=b_mask, other=1.0)[:, None]
+    quadratic = tl.load(quadratic_ptr + b_offs, mask=b_mask, other=0.0)[:, None]
+    hard = logits > threshold
+    value = tl.where(hard, logits * (linear + quadratic * logits), logits)
+    return value, tl.where(hard, linear + 2.0 * quadratic * logits, 1.0)
+
+
+@triton.jit
 def _softmax_stats_kernel(x_ptr, w_ptr, index_ptr, target_ptr, inv_norm_ptr, part_max_ptr, part_sum_ptr,
-                          target_raw_ptr, B, T, D, tile_start, scale, stride_x, stride_w, c_blocks,
+                          target_raw_ptr, threshold_ptr, linear_ptr, quadratic_ptr, part_plain_ptr,
+                          B, T, D, tile_start, scale, stride_x, stride_w, c_blocks,
                           HAS_INDEX: tl.constexpr, BLOCK_B: tl.constexpr, BLOCK_C: tl.constexpr,
-                          BLOCK_D: tl.constexpr, PRECISION: tl.constexpr):  # fmt: skip
+                          BLOCK_D: tl.constexpr, PRECISION: tl.constexpr, MODULATE: tl.constexpr):  # fmt: skip
     pid_b, pid_c, b_offs, c_offs = _program_block(B, BLOCK_B, BLOCK_C)
     b_mask, c_mask = b_offs < B, c_offs < T
     dots, squares = _tile_logits(x_ptr, w_ptr, index_ptr, b_offs, c_offs, B, T, D, tile_start, stride_x,
@@ -105,7 +118,7 @@ def _softmax_stats_kernel(x_ptr, w_ptr, index_ptr, target_ptr, inv_norm_ptr, par
     inv_norm = 1.0 / tl.maximum(tl.sqrt(squares), 1e-12)
     if pid_b == 0:
         tl.store(inv_norm_ptr + c_offs, inv_norm, mask=c_mask)
-    logits = dots * (inv_norm * scale)[None, :]  # NEGATIVE LOGIT HOOK
+    logits = dots * (inv_norm * scale)[None, :]
     target = tl.load(target_ptr + b_offs, mask=b_mask, other=-1) - tile_start
     is_target = c_offs[None, :] == target[:, None]
     # the target's raw logit: its margin is applied outside, once per step
@@ -113,27 +126,37 @@ def _softmax_stats_kernel(x_ptr, w_ptr, index_ptr, target_ptr, inv_norm_ptr, par
     tl.store(
         target_raw_ptr + b_offs, tl.sum(tl.where(is_target, logits, 0.0), axis=1), mask=b_mask & in_block
     )
-    logits = tl.where(is_target | ~c_mask[None, :], float("-inf"), logits)
+    left_out = is_target | ~c_mask[None, :]
+    out = b_offs * c_blocks + pid_c
+    if MODULATE:  # the plain maximum for the hits, then the modulated logits (finite ones: no nan)
+        tl.store(part_plain_ptr + out, tl.max(tl.where(left_out, float("-inf"), logits), axis=1), mask=b_mask)
+        logits = _modulated(logits, b_offs, b_mask, threshold_ptr, linear_ptr, quadratic_ptr)[0]
+    logits = tl.where(left_out, float("-inf"), logits)
     block_max = tl.max(logits, axis=1)
     shift = tl.where(block_max == float("-inf"), 0.0, block_max)
     block_sum = tl.sum(tl.exp(logits - shift[:, None]), axis=1)
-    out = b_offs * c_blocks + pid_c
     tl.store(part_max_ptr + out, block_max, mask=b_mask)
     tl.store(part_sum_ptr + out, block_sum, mask=b_mask)
 
 
 @triton.jit
 def _logit_grad_kernel(x_ptr, w_ptr, index_ptr, target_ptr, inv_norm_ptr, global_max_ptr, corrected_ptr,
-                       out_ptr, B, T, D, tile_start, scale, stride_x, stride_w, stride_out,
-                       HAS_INDEX: tl.constexpr, BLOCK_B: tl.constexpr, BLOCK_C: tl.constexpr,
-                       BLOCK_D: tl.constexpr, PRECISION: tl.constexpr):  # fmt: skip
+                       out_ptr, threshold_ptr, linear_ptr, quadratic_ptr, B, T, D, tile_start, scale, stride_x,
+                       stride_w, stride_out, HAS_INDEX: tl.constexpr, BLOCK_B: tl.constexpr,
+                       BLOCK_C: tl.constexpr, BLOCK_D: tl.constexpr, PRECISION: tl.constexpr,
+                       MODULATE: tl.constexpr):  # fmt: skip
     _, _, b_offs, c_offs = _program_block(B, BLOCK_B, BLOCK_C)
     b_mask, c_mask = b_offs < B, c_offs < T
     dots, _ = _tile_logits(x_ptr, w_ptr, index_ptr, b_offs, c_offs, B, T, D, tile_start, stride_x, stride_w,
                            HAS_INDEX, BLOCK_B, BLOCK_C, BLOCK_D, PRECISION)  # fmt: skip
     column_factor = tl.load(inv_norm_ptr + c_offs, mask=c_mask, other=0.0) * scale
     global_max = tl.load(global_max_ptr + b_offs, mask=b_mask, other=0.0)
-    exps = tl.exp(dots * column_factor[None, :] - global_max[:, None])  # NEGATIVE LOGIT HOOK
+    if MODULATE:
+        value, slope = _modulated(dots * column_factor[None, :], b_offs, b_mask, threshold_ptr, linear_ptr,
+                                  quadratic_ptr)  # fmt: skip
+        exps = tl.exp(value - global_max[:, None]) * slope
+    else:
+        exps = tl.exp(dots * column_factor[None, :] - global_max[:, None])
     target = tl.load(target_ptr + b_offs, mask=b_mask, other=-1) - tile_start
     corrected = tl.load(corrected_ptr + b_offs, mask=b_mask, other=0.0)
     grad = tl.where(c_offs[None, :] == target[:, None], corrected[:, None], exps) * column_factor[None, :]
@@ -166,36 +189,46 @@ def fp32_dot_precision() -> str:
     return "ieee" if torch.get_float32_matmul_precision() == "highest" else "tf32"
 
 
+def _modulation_args(negatives, like: torch.Tensor) -> tuple:
+    """The modulation's three B-vectors, or placeholders the kernel never reads (MODULATE off)."""
+    return tuple(v.contiguous() for v in negatives) if negatives is not None else (like, like, like)
+
+
 def online_softmax_rows(x_op, weight, rows, inv_norm, scale, target_column, running_max, running_sum,
-                        target_raw):  # fmt: skip
+                        target_raw, negatives=None, plain_max=None):  # fmt: skip
     """One tile's share of the online softmax from the stored rows (`tile_kernel.online_softmax_tile`'s
     result without its B x T logits): writes the tile's inverse norms into `inv_norm` and its targets'
-    raw logits into `target_raw`; returns the new running max and sum."""
+    raw logits into `target_raw`; returns the new running max and sum, the raw target logits and, with
+    `negatives`, the running max of the plain logits."""
     grid, pointers, sizes, has_index = _launch_args(x_op, weight, rows)
     c_blocks = triton.cdiv(len(rows), BLOCKS["BLOCK_C"])
     part_max = running_max.new_empty(x_op.shape[0], c_blocks)
     part_sum = torch.empty_like(part_max)
+    part_plain = torch.empty_like(part_max) if negatives is not None else part_max
     _softmax_stats_kernel[grid](
-        *pointers, target_column, inv_norm, part_max, part_sum, target_raw, *sizes, scale,
-        x_op.stride(0), weight.stride(0), c_blocks, HAS_INDEX=has_index, PRECISION=fp32_dot_precision(),
-        **BLOCKS,
+        *pointers, target_column, inv_norm, part_max, part_sum, target_raw,
+        *_modulation_args(negatives, running_max), part_plain, *sizes, scale, x_op.stride(0), weight.stride(0),
+        c_blocks, HAS_INDEX=has_index, PRECISION=fp32_dot_precision(), MODULATE=negatives is not None, **BLOCKS,
     )  # fmt: skip
     tile_max = part_max.amax(dim=1)
     new_max = torch.maximum(running_max, tile_max)
     # a row that has seen only its own (left out) target so far stays at -inf: shift by 0
     shift = torch.where(new_max == float("-inf"), 0.0, new_max)
     tile_sum = (part_sum * (part_max - shift[:, None]).exp()).sum(dim=1)
-    return new_max, running_sum * (running_max - shift).exp() + tile_sum, target_raw
+    if negatives is not None:
+        plain_max = torch.maximum(plain_max, part_plain.amax(dim=1))
+    return new_max, running_sum * (running_max - shift).exp() + tile_sum, target_raw, plain_max
 
 
-def logit_grad_rows(x_op, weight, rows, inv_norm, scale, global_max, target_column, corrected_target, out):
+def logit_grad_rows(x_op, weight, rows, inv_norm, scale, global_max, target_column, corrected_target, out,
+                    negatives=None):  # fmt: skip
     """The tile's gradient with respect to its raw dot products (`tile_kernel.logit_grad_tile`'s), from
     the logits recomputed on-chip, into `out` (B x t in the GEMM dtype)."""
     grid, pointers, sizes, has_index = _launch_args(x_op, weight, rows)
     _logit_grad_kernel[grid](
-        *pointers, target_column, inv_norm, global_max, corrected_target, out, *sizes, scale,
-        x_op.stride(0), weight.stride(0), out.stride(0), HAS_INDEX=has_index, PRECISION=fp32_dot_precision(),
-        **BLOCKS,
+        *pointers, target_column, inv_norm, global_max, corrected_target, out,
+        *_modulation_args(negatives, global_max), *sizes, scale, x_op.stride(0), weight.stride(0), out.stride(0),
+        HAS_INDEX=has_index, PRECISION=fp32_dot_precision(), MODULATE=negatives is not None, **BLOCKS,
     )  # fmt: skip
     return out
 

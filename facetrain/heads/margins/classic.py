@@ -1,38 +1,15 @@
-"""Angular margins, by name. Each maps the target class's cosine to the logit that replaces it.
-
-A margin is a plain differentiable function of the cosine: the sharded head takes its exact derivative
-with autograd on the batch-sized vector of target cosines, and the dense reference differentiates the
-same function, so the two agree to rounding.
-"""
+"""The classic angular margins, by name: each maps the target class's cosine to the logit that
+replaces it, and needs nothing else from the head (`base.Margin.__call__`)."""
 
 from __future__ import annotations
 
-import dataclasses
 import math
 from dataclasses import dataclass
 
 import torch
 
 from facetrain.errors import FacetrainError
-from facetrain.registry import Registry
-
-# acos has an infinite slope at +-1; keep target cosines a hair inside so gradients stay finite.
-_COS_LIMIT = 1.0 - 1e-6
-
-
-@dataclass(frozen=True)
-class Margin:
-    """Maps cos(theta) of the target class to the penalised target logit (before scaling)."""
-
-    def __call__(self, cos: torch.Tensor) -> torch.Tensor:
-        raise NotImplementedError
-
-
-MARGINS: Registry[Margin] = Registry("margin")
-
-
-def _angle(cos: torch.Tensor) -> torch.Tensor:
-    return torch.acos(cos.clamp(-_COS_LIMIT, _COS_LIMIT))
+from facetrain.heads.margins.base import MARGINS, Margin, NegativeModulation, Rows, angle
 
 
 @MARGINS.register("arcface")
@@ -43,7 +20,7 @@ class ArcFace(Margin):
     m: float = 0.5
 
     def __call__(self, cos: torch.Tensor) -> torch.Tensor:
-        theta = _angle(cos)
+        theta = angle(cos)
         penalised = torch.cos(theta + self.m)
         fallback = cos - self.m * math.sin(self.m)
         return torch.where(theta + self.m <= math.pi, penalised, fallback)
@@ -76,7 +53,7 @@ class SphereFace(Margin):
             raise FacetrainError(f"sphereface margin m must be >= 1, got {self.m} (head.margin_params.m)")
 
     def __call__(self, cos: torch.Tensor) -> torch.Tensor:
-        m_theta = self.m * _angle(cos)
+        m_theta = self.m * angle(cos)
         k = torch.floor(m_theta / math.pi).detach()
         sign = 1.0 - 2.0 * torch.remainder(k, 2.0)
         return sign * torch.cos(m_theta) - 2.0 * k
@@ -92,7 +69,7 @@ class Combined(Margin):
     m3: float = 0.2
 
     def __call__(self, cos: torch.Tensor) -> torch.Tensor:
-        return torch.cos(self.m1 * _angle(cos) + self.m2) - self.m3
+        return torch.cos(self.m1 * angle(cos) + self.m2) - self.m3
 
 
 @MARGINS.register("softmax")
@@ -110,14 +87,40 @@ class WarmingMargin(Margin):
 
     The penalised logit is blended rather than the parameters scaled, so the same ramp fits every
     margin, including SphereFace and the combined margin whose parameters have no "none" value (m1 = 1
-    is no margin there, not 0). For CosFace the blend is exactly cos(theta) - factor m.
+    is no margin there, not 0). For CosFace the blend is exactly cos(theta) - factor m. The modulated
+    negatives are blended alike (z + factor (z (t + z) - z) is again in `NegativeModulation`'s family),
+    and a regulariser is weighted by the factor; the running state keeps advancing as the full one's.
     """
 
     full: Margin
     factor: float
 
+    @property
+    def needs_target_cos(self) -> bool:
+        return self.full.needs_target_cos
+
     def __call__(self, cos: torch.Tensor) -> torch.Tensor:
         return cos + self.factor * (self.full(cos) - cos)
+
+    def initial_state(self) -> dict[str, float]:
+        return self.full.initial_state()
+
+    def updated(self, rows: Rows, state: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
+        return self.full.updated(rows, state)
+
+    def target(self, cos, norm, rows, state):
+        return cos + self.factor * (self.full.target(cos, norm, rows, state) - cos)
+
+    def negatives(self, rows: Rows, state: dict[str, torch.Tensor]) -> NegativeModulation | None:
+        full = self.full.negatives(rows, state)
+        if full is None:
+            return None
+        linear = 1.0 - self.factor + self.factor * full.linear
+        return NegativeModulation(full.threshold, linear, self.factor * full.quadratic)
+
+    def regulariser(self, norm: torch.Tensor) -> torch.Tensor | None:
+        full = self.full.regulariser(norm)
+        return None if full is None else self.factor * full
 
 
 def margin_at_step(full: Margin, step: int, warmup_steps: int) -> Margin:
@@ -130,16 +133,3 @@ def margin_at_step(full: Margin, step: int, warmup_steps: int) -> Margin:
     if step >= warmup_steps:
         return full
     return WarmingMargin(full, step / warmup_steps)
-
-
-def build_margin(name: str, **params: float) -> Margin:
-    """The margin `name` with `params` (head.margin_params); unknown parameters are one-line errors."""
-    margin_class = MARGINS.get(name)
-    known = [field.name for field in dataclasses.fields(margin_class)]
-    unknown = sorted(set(params) - set(known))
-    if unknown:
-        raise FacetrainError(
-            f"margin {name!r} takes {', '.join(known) or 'no parameters'}, not {', '.join(unknown)} "
-            "(head.margin_params)"
-        )
-    return margin_class(**{key: float(value) for key, value in params.items()})
