@@ -16,7 +16,7 @@ from facetrain.bench.common import peak_memory, timed_repeats
 from facetrain.bench.head_cases import BENCH_HEADS, BenchHead, HeadCase
 from facetrain.bench.head_memory import bench_device
 from facetrain.bench.traffic import count_traffic
-from facetrain.parallel import comm
+from facetrain.heads import collectives
 
 
 def _time_shard_gemms(
@@ -33,7 +33,7 @@ def _time_shard_gemms(
         torch.mm(logit_grad, weight)
         torch.mm(logit_grad.t(), embeddings)
 
-    return timed_repeats(gemms, steps, warmup, before_each=comm.barrier, device=device)
+    return timed_repeats(gemms, steps, warmup, before_each=collectives.barrier, device=device)
 
 
 def _timed_steps(
@@ -55,7 +55,7 @@ def _timed_steps(
     def prepare() -> None:
         embeddings.grad = None
         head.zero_grad(set_to_none=True)
-        comm.barrier()
+        collectives.barrier()
 
     def step() -> None:
         calls[0] += 1

@@ -21,9 +21,8 @@ from facetrain.bench.pipeline_settings import DEFAULTS, PipelineBenchSettings  #
 from facetrain.bench.workers import WorkerPool
 from facetrain.config.schema import ModelConfig, OptimConfig, ParallelConfig
 from facetrain.errors import FacetrainError
-from facetrain.heads import ShardedMarginHead
+from facetrain.heads import ShardedMarginHead, collectives
 from facetrain.models import build_backbone
-from facetrain.parallel import comm
 from facetrain.parallel.dims import ParallelDims, init_parallel
 from facetrain.parallel.parallelize import parallelize_backbone
 from facetrain.parallel.pipeline_split import (
@@ -121,7 +120,7 @@ def pipeline_step_times(
     )
     local, model, pipeline = parallelize_backbone(make_backbone(settings), dims, cfg, settings.input_shape)
     head = make_head(settings, dims.dp_group).to(dims.device) if dims.is_last_stage else None
-    return _timed_train_steps(settings, model, head, local, pipeline, before_each=comm.barrier)
+    return _timed_train_steps(settings, model, head, local, pipeline, before_each=collectives.barrier)
 
 
 def pipeline_worker(

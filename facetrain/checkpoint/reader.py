@@ -11,18 +11,18 @@ from torch import nn
 from facetrain.checkpoint.app_state import AppState
 from facetrain.checkpoint.layout import read_config, read_meta, resolve_checkpoint
 from facetrain.checkpoint.names import BACKBONE, EMA, HEAD_WEIGHT
+from facetrain.checkpoint.ranks import RankRoles
 from facetrain.checkpoint.storage import load_entries, rows_of, stored, stored_entries
 from facetrain.checkpoint.writer import TrainState
 from facetrain.config import Config
 from facetrain.errors import FacetrainError
 from facetrain.heads import ShardedMarginHead
-from facetrain.parallel.dims import ParallelDims
 from facetrain.progress import ProgressBar as tqdm  # its lines also go to the run log
 
 
 def load_checkpoint(
     path: str | Path,
-    dims: ParallelDims,
+    dims: RankRoles,
     backbone: nn.Module,
     head: ShardedMarginHead | None,
     optimizer: torch.optim.Optimizer,

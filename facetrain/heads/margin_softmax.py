@@ -11,8 +11,8 @@ from __future__ import annotations
 
 import torch
 
+from facetrain.heads import collectives
 from facetrain.heads.margins import Margin
-from facetrain.parallel import comm
 
 EPS = 1e-12
 
@@ -74,7 +74,7 @@ def softmax_loss(
             torch.where(has_target, (target_raw >= global_max).to(sum_exp.dtype), zero),
         ]
     )
-    comm.all_reduce_(stats, "sum", group)
+    collectives.all_reduce_(stats, "sum", group)
     sum_exp, target_logit, hits = stats
     row_loss = sum_exp.log() + global_max - target_logit
     # padding rows of a short batch are not in the mean: their denominator is inf, their factor 0

@@ -17,10 +17,10 @@ from __future__ import annotations
 import torch
 
 import facetrain.heads.margin_softmax as ms
+from facetrain.heads import collectives
 from facetrain.heads.logit_gemm import LogitGemm
 from facetrain.heads.margins import Margin
 from facetrain.heads.scratch import Scratch
-from facetrain.parallel import comm
 
 
 def _wide_mm(
@@ -87,7 +87,7 @@ class ShardedMarginSoftmax(torch.autograd.Function):
             logits.scatter_(1, columns, target_logit[:, None])
 
             row_max = logits.max(dim=1).values  # every shard has >= 1 class: the head refuses C < N
-            comm.all_reduce_(row_max, "max", group)
+            collectives.all_reduce_(row_max, "max", group)
             exps = logits.sub_(row_max[:, None]).exp_()
             loss, row_stats, hit_count = ms.softmax_loss(
                 exps.sum(dim=1), target_logit, target_raw, has_target, row_max, valid, group

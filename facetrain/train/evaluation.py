@@ -26,7 +26,7 @@ from facetrain.config import Config
 from facetrain.data.decode import BadImageError
 from facetrain.errors import FacetrainError
 from facetrain.eval.set_names import report_name, set_names
-from facetrain.parallel import comm
+from facetrain.heads import collectives
 from facetrain.parallel.dims import ParallelDims
 from facetrain.progress import ProgressBar
 
@@ -52,7 +52,7 @@ class TrainingVerifier:
             return pair_sets
 
         # rank 0 checks the pairs and images now, so a bad path fails before training starts
-        self.pair_sets = comm.primary_first(load, also_others=False, group=dims.control_group)
+        self.pair_sets = collectives.primary_first(load, also_others=False, group=dims.control_group)
         self.failure: str | None = None  # rank 0's one-line reason once a verification failed
         self.history: dict[str, dict[int, dict]] | None = None  # rank 0: per set, step -> its figures
 
@@ -63,7 +63,7 @@ class TrainingVerifier:
         """
         group = self.dims.control_group
         # [accuracy, failed]
-        outcome = torch.zeros(2, dtype=torch.float64, device=comm.collective_device(group))
+        outcome = torch.zeros(2, dtype=torch.float64, device=collectives.collective_device(group))
         results: dict = {}
         if self.dims.is_primary:
             was_training = backbone.training  # a weight average stays in eval mode
@@ -80,7 +80,7 @@ class TrainingVerifier:
                 outcome[1] = 1
             finally:
                 backbone.train(was_training)
-        comm.broadcast_(outcome, 0, group)
+        collectives.broadcast_(outcome, 0, group)
         if outcome[1]:
             self.failure = self.failure or f"verification at step {step} failed on rank 0"
             return None
