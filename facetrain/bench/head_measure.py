@@ -14,8 +14,8 @@ import torch
 import facetrain.bench.head_peers  # noqa: F401  (registers the peers in the worker)
 from facetrain.bench.common import peak_memory, timed_repeats
 from facetrain.bench.head_cases import BENCH_HEADS, BenchHead, HeadCase
-from facetrain.bench.head_memory import bench_device
 from facetrain.bench.traffic import count_traffic
+from facetrain.devices import rank_device
 from facetrain.heads import collectives
 
 
@@ -95,7 +95,7 @@ def measure_case(
     to fill the memory (the capacity benchmark's largest runs).
     """
     kind = BENCH_HEADS.build(case.head)
-    device = bench_device(device_kind, rank)
+    device = rank_device(device_kind, rank)
     torch.manual_seed(seed + rank)
     # a tiny run first, outside the window: thread pools and library workspaces start lazily
     _timed_steps(kind, replace(case, num_classes=case.world_size), 1, 0, with_optimizer, device)

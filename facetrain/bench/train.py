@@ -26,11 +26,11 @@ from facetrain.bench.common import (
     mean_of_max_over_ranks,
     parse_name_list,
     peak_memory,
-    resolve_device,
     timed_repeats,
 )
 from facetrain.bench.workers import WorkerPool
 from facetrain.config import ModelConfig, OptimConfig, ParallelConfig
+from facetrain.devices import resolve_device
 from facetrain.files import write_atomic
 from facetrain.heads import DenseMarginHead, HeadOutput, HeadPlan, ShardedMarginHead, collectives
 from facetrain.heads.kernel_choice import resolve_kernel
