@@ -365,7 +365,7 @@ def test_init_refuses_more_local_ranks_than_gpus_before_touching_a_gpu(monkeypat
 
 def test_the_launcher_shows_a_ranks_own_collective_failure_as_the_cause(tmp_path, monkeypatch):
     """A CollectiveError is its rank's cause; the bystander's PeerLost is printed only without one."""
-    from facetrain.cli import report_user_error
+    from facetrain.cli.user_errors import report_user_error
 
     monkeypatch.setenv(launch.LAUNCHED_ENV, "1")
     for rank, error in ((0, PeerLost("rank 1 failed, and this rank stopped with it: ...")),

@@ -17,6 +17,7 @@ from facetrain.checkpoint.writer import TrainState
 from facetrain.config import Config
 from facetrain.errors import FacetrainError
 from facetrain.heads import ShardedMarginHead
+from facetrain.models import build_backbone
 from facetrain.progress import ProgressBar as tqdm  # its lines also go to the run log
 
 
@@ -155,8 +156,6 @@ def load_ema_weights(path: str | Path, ema: nn.Module) -> bool:
 
 def load_backbone(path: str | Path, device: str | torch.device = "cpu") -> tuple[nn.Module, Config, dict]:
     """The trained backbone of any checkpoint (any number of ranks), in eval mode, without a group."""
-    from facetrain.models import build_backbone
-
     checkpoint = resolve_checkpoint(path)
     config = read_config(checkpoint)
     backbone = build_backbone(config.model, tuple(config.data.image_size))

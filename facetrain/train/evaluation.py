@@ -25,7 +25,9 @@ from torch import nn
 from facetrain.config import Config
 from facetrain.data.decode import BadImageError
 from facetrain.errors import FacetrainError
+from facetrain.eval.one_kind import require_both_kinds
 from facetrain.eval.set_names import report_name, set_names
+from facetrain.eval.verify_pairs import load_pairs, verify
 from facetrain.heads import collectives
 from facetrain.parallel.dims import ParallelDims
 from facetrain.progress import ProgressBar
@@ -43,9 +45,6 @@ class TrainingVerifier:
         self.best_by = cfg.eval.best_by or self.names[0]
 
         def load():
-            from facetrain.eval.one_kind import require_both_kinds
-            from facetrain.eval.verify_pairs import load_pairs
-
             pair_sets = [load_pairs(path, cfg.eval.images) for path in files]
             for pairs in pair_sets:
                 require_both_kinds(pairs, "drop it from eval.pairs or use a pack with both kinds")
@@ -87,8 +86,6 @@ class TrainingVerifier:
         return results or {"accuracy": float(outcome[0]), "step": step}
 
     def _verify(self, backbone: nn.Module, step: int) -> dict:
-        from facetrain.eval.verify_pairs import verify
-
         sets = {}
         for name, pairs in zip(self.names, self.pair_sets):
             outcome = verify(
