@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import torch
 
-from facetrain.heads import collectives
+import facetrain.heads.collectives as collectives
 from facetrain.heads.margins import Margin
 
 EPS = 1e-12

@@ -10,8 +10,8 @@ from __future__ import annotations
 import torch
 from torch import nn
 
+import facetrain.heads.collectives as collectives
 from facetrain.errors import EveryRankError, FacetrainError
-from facetrain.heads import collectives
 from facetrain.heads.base import HeadOutput, MarginHead
 from facetrain.heads.fused_optim import FusedOptimizer
 from facetrain.heads.partition import class_range

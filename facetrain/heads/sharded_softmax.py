@@ -16,8 +16,8 @@ from __future__ import annotations
 
 import torch
 
+import facetrain.heads.collectives as collectives
 import facetrain.heads.margin_softmax as ms
-from facetrain.heads import collectives
 from facetrain.heads.logit_gemm import LogitGemm
 from facetrain.heads.margins import Margin
 from facetrain.heads.scratch import Scratch

@@ -18,8 +18,8 @@ from __future__ import annotations
 
 import torch
 
+import facetrain.heads.collectives as collectives
 import facetrain.heads.margin_softmax as ms
-from facetrain.heads import collectives
 from facetrain.heads.class_rows import class_tiles
 from facetrain.heads.fused_optim import FusedOptimizer
 from facetrain.heads.logit_gemm import LogitGemm
