@@ -1,7 +1,9 @@
-"""The `facetrain` command line.
+"""The `facetrain` command line (layer 4, imported by nothing but `python -m facetrain`).
 
-Subcommands live in their own modules and are imported only when invoked, so `facetrain --help`
-stays fast and a broken optional dependency of one command never breaks the others.
+Subcommands live in their own modules and are imported only when invoked (`lazy_group`), so
+`facetrain --help` stays fast and a broken optional dependency of one command never breaks the others;
+the only lazy imports of facetrain's own modules are here. User errors print as one line
+(`user_errors`).
 """
 
 from __future__ import annotations
