@@ -35,6 +35,7 @@ bench: $(STAMP)
 lint: $(STAMP)
 	$(BIN)/ruff check facetrain tests tools examples
 	$(BIN)/ruff format --check facetrain tests tools examples
+	$(BIN)/python tools/import_contract.py
 
 clean:
 	rm -rf $(VENV) runs data/synth

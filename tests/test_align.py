@@ -26,9 +26,9 @@ from facetrain.cli import main
 from facetrain.config import Config
 from facetrain.data.decode import decode_image
 from facetrain.eval.embedding import embed_images
-from facetrain.export.card import build_card
 from facetrain.export.exporter import export_loaded
-from facetrain.export.loading import LoadedModel, load_model
+from facetrain.interop.card import build_card
+from facetrain.interop.loading import LoadedModel, load_model
 from facetrain.models import build_backbone
 
 needs_dlib = pytest.mark.skipif(

@@ -26,13 +26,13 @@ from facetrain.bench.common import (
     PeakRss,
     clock_for,
     peak_memory,
-    resolve_device,
     timed_repeats,
 )
-from facetrain.bench.pipeline_cases import PipelineBenchSettings
+from facetrain.bench.pipeline_cases import PipelineBenchSettings, check_settings
 from facetrain.bench.workers import WorkerPool, collective_backend
 from facetrain.cli import main
 from facetrain.cli.bench_train import train_command
+from facetrain.devices import resolve_device
 from facetrain.errors import FacetrainError
 from tests.train_helpers import REPO
 
@@ -138,9 +138,9 @@ def test_a_cpu_pool_hides_the_gpus_from_its_ranks():
 
 
 def test_a_pipeline_on_cuda_needs_a_gpu_per_stage():
-    PipelineBenchSettings(device="cuda", stages=2).validate(gpu_count=2)
+    check_settings(PipelineBenchSettings(device="cuda", stages=2), gpu_count=2)
     with pytest.raises(FacetrainError, match="needs a GPU per stage, 1 visible"):
-        PipelineBenchSettings(device="cuda", stages=2).validate(gpu_count=1)
+        check_settings(PipelineBenchSettings(device="cuda", stages=2), gpu_count=1)
 
 
 @pytest.mark.parametrize("command", ["head", "data", "train", "eval", "pipeline"])

@@ -21,10 +21,10 @@ from facetrain.config.schema import ModelConfig
 from facetrain.data.decode import decode_image
 from facetrain.data.transforms import EvalTransform
 from facetrain.errors import FacetrainError
-from facetrain.export.dlib_format import read_dlib_network
-from facetrain.export.dlib_import import import_dlib
 from facetrain.export.exporter import export_model
-from facetrain.export.loading import load_model
+from facetrain.interop.dlib_format import read_dlib_network
+from facetrain.interop.dlib_import import import_dlib
+from facetrain.interop.loading import load_model
 from facetrain.models import build_backbone
 from facetrain.models.dlib_resnet import MIN_INPUT_SIDE, dlib_layer_sequence, padded_sum
 from facetrain.train.resume import load_initial_backbone
@@ -38,7 +38,7 @@ REAL_CHIPS = 50
 def dlib_model() -> tuple[object, Path]:
     """dlib's recognizer and the network file it reads."""
     dlib = pytest.importorskip("dlib", reason="dlib (dlib-bin) is not installed")
-    from facetrain.export.dlib_import import default_dlib_model
+    from facetrain.interop.dlib_import import default_dlib_model
 
     try:
         path = default_dlib_model()

@@ -15,9 +15,9 @@ from facetrain.eval.pairs import load_pairs
 from facetrain.eval.retrieval import evaluate_market1501
 from facetrain.eval.set_names import report_file_name
 from facetrain.eval.verify_pairs import verify
-from facetrain.export.card import build_card, with_verification_report
 from facetrain.export.exporter import export_loaded, export_model
-from facetrain.export.loading import LoadedModel, load_model
+from facetrain.interop.card import build_card, with_verification_report
+from facetrain.interop.loading import LoadedModel, load_model
 from facetrain.models import build_backbone
 from tests.test_eval_support import write_lfw_style_set, write_market
 

@@ -15,6 +15,7 @@ import torch
 from click.testing import CliRunner
 from sklearn.metrics import roc_curve
 
+from facetrain.align.five_points import FivePointCrop
 from facetrain.align.template import reference_points
 from facetrain.align.transform import similarity_transform
 from facetrain.cli import main
@@ -24,9 +25,9 @@ from facetrain.eval.ijb_faces import AlignedFaces
 from facetrain.eval.ijb_meta import read_ijb_meta
 from facetrain.eval.ijb_roc import IJB_FALSE_ACCEPT_RATES, ijb_roc
 from facetrain.eval.template_pooling import template_features, template_pair_scores
-from facetrain.export.card import build_card
 from facetrain.export.exporter import export_loaded
-from facetrain.export.loading import LoadedModel, load_model
+from facetrain.interop.card import build_card
+from facetrain.interop.loading import LoadedModel, load_model
 from facetrain.models import build_backbone
 from tests.ijb_set import write_ijb_set
 
@@ -102,9 +103,9 @@ def test_tar_at_far_is_eval_ijbc_rule_on_scikit_learn_roc(seed: int):
 
 def test_aligned_faces_give_the_rendered_faces_back(ijb):
     meta = read_ijb_meta(ijb.root, "IJBC")
-    crops = AlignedFaces(meta.image_paths, meta.landmarks, SIZE)
+    crops = AlignedFaces(meta.image_paths, meta.landmarks, FivePointCrop(SIZE))
     assert len(crops) == len(ijb.faces) and crops[0].shape == (112, 112, 3)
-    shifted = AlignedFaces(meta.image_paths, meta.landmarks + np.float32([3, 0]), SIZE)
+    shifted = AlignedFaces(meta.image_paths, meta.landmarks + np.float32([3, 0]), FivePointCrop(SIZE))
     inner = (slice(8, 104), slice(8, 104))  # the loose crop's replicated border changed the corners
     for index, face in enumerate(ijb.faces):
         error = np.abs(crops[index][inner].astype(float) - face[inner]).mean()

@@ -20,9 +20,9 @@ from facetrain.errors import FacetrainError
 from facetrain.eval.pairs import load_pairs
 from facetrain.eval.set_names import report_file_name
 from facetrain.eval.verify_pairs import verify
-from facetrain.export.card import build_card
 from facetrain.export.exporter import export_loaded
-from facetrain.export.loading import LoadedModel
+from facetrain.interop.card import build_card
+from facetrain.interop.loading import LoadedModel
 from facetrain.models import build_backbone
 from tests.test_eval_support import colour_face
 

@@ -15,7 +15,7 @@ from click.testing import CliRunner
 from facetrain.cli import main
 from facetrain.eval.embedding import embed_images
 from facetrain.export.exporter import export_loaded
-from facetrain.export.loading import load_model
+from facetrain.interop.loading import load_model
 from tests.test_export_formats import fresh_model
 
 

@@ -13,10 +13,10 @@ from torch import nn
 
 from facetrain.config import Config
 from facetrain.errors import FacetrainError
-from facetrain.export.card import build_card
 from facetrain.export.exporter import export_loaded
-from facetrain.export.loading import LoadedModel, load_model
-from facetrain.export.onnx_format import write_onnx
+from facetrain.interop.card import build_card
+from facetrain.interop.loading import LoadedModel, load_model
+from facetrain.interop.onnx_format import write_onnx
 from facetrain.models import build_backbone
 
 IMAGE_SIZE = (32, 32)

@@ -15,7 +15,7 @@ from facetrain.errors import FacetrainError
 from facetrain.eval.csv_pairs import load_csv_pairs
 from facetrain.eval.insightface_bin import load_insightface_bin
 from facetrain.eval.lfw_pairs import load_lfw_pairs
-from facetrain.export.insightface_import import read_backbone_state
+from facetrain.interop.insightface_import import read_backbone_state
 from tools.fuzz_cases import TARGETS
 from tools.fuzz_inputs import fuzz
 

@@ -19,7 +19,7 @@ import torch
 from facetrain.checkpoint.names import BACKBONE
 from facetrain.config.schema import ModelConfig
 from facetrain.eval.set_names import report_file_name
-from facetrain.export.insightface_import import write_imported_checkpoint
+from facetrain.interop.insightface_import import write_imported_checkpoint
 from facetrain.models import build_backbone
 from tests.fault_helpers import error_lines
 from tests.hostile_helpers import one_line_error
@@ -82,7 +82,7 @@ def test_export_safetensors_on_enospc_is_one_line(checkpoint, tmp_path, monkeypa
     def full(*args, **kwargs):
         raise SafetensorError("Error while serializing: I/O error: No space left on device (os error 28)")
 
-    monkeypatch.setattr("facetrain.export.safetensors_format.save_safetensors_model", full)
+    monkeypatch.setattr("facetrain.interop.safetensors_format.save_safetensors_model", full)
     out = tmp_path / "export"
     line = one_line_error("export", checkpoint, "-o", out, "--formats", "safetensors", "--quiet")
     assert line == f"error: {out / 'model.safetensors'}: {FULL}"
@@ -98,7 +98,7 @@ def test_import_on_enospc_names_the_output_and_leaves_no_temporary_folder(tmp_pa
         (folder / "__0_0.distcp").write_bytes(b"partial")
         raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC))
 
-    monkeypatch.setattr("facetrain.export.insightface_import.save_entries", full)
+    monkeypatch.setattr("facetrain.interop.insightface_import.save_entries", full)
     out = tmp_path / "imported"
     assert one_line_error("import", "insightface", source, "-o", out, "--quiet") == f"error: {out}: {FULL}"
     assert sorted(path.name for path in tmp_path.iterdir()) == ["backbone.pth"]

@@ -12,7 +12,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from facetrain.export.dlib_format import MAX_FILE_BYTES
+from facetrain.interop.dlib_format import MAX_FILE_BYTES
 from tests.hostile_helpers import one_line_error
 
 

@@ -12,7 +12,7 @@ import pytest
 import torch
 from torch import nn
 
-from facetrain.export.card import CARD_NAME, card_json
+from facetrain.interop.card import CARD_NAME, card_json
 from tests.hostile_helpers import one_line_error
 from tests.test_export_formats import fresh_model
 

@@ -8,7 +8,7 @@ from pathlib import Path
 import pytest
 
 from facetrain.errors import FacetrainError
-from facetrain.export.onnx_graph import OnnxGraph
+from facetrain.interop.onnx_graph import OnnxGraph
 from tests.hostile_helpers import one_line_error
 
 onnx = pytest.importorskip("onnx")

@@ -16,8 +16,8 @@ from facetrain.checkpoint import load_backbone, load_full_head, read_entries, re
 from facetrain.checkpoint.names import HEAD_STATE, HEAD_WEIGHT, OPTIM_STATE
 from facetrain.config.schema import ModelConfig
 from facetrain.errors import FacetrainError
-from facetrain.export.insightface_run import import_insightface_run
 from facetrain.heads.partition import all_class_ranges
+from facetrain.interop.insightface_run import import_insightface_run
 from facetrain.models import build_backbone
 from tests.train_helpers import run_cli, tiny_config
 

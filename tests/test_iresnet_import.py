@@ -26,8 +26,8 @@ from facetrain.eval.pairs import load_pairs
 from facetrain.eval.set_names import report_file_name
 from facetrain.eval.verify_pairs import verify
 from facetrain.export.exporter import export_model
-from facetrain.export.insightface_import import import_insightface, read_backbone_state
-from facetrain.export.loading import load_model
+from facetrain.interop.insightface_import import import_insightface, read_backbone_state
+from facetrain.interop.loading import load_model
 from facetrain.models import build_backbone
 
 ARCH = "iresnet18"

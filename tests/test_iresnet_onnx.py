@@ -8,10 +8,10 @@ import numpy as np
 import pytest
 import torch
 
-from facetrain.export.card import build_card
 from facetrain.export.exporter import export_loaded
-from facetrain.export.insightface_import import imported_config
-from facetrain.export.loading import LoadedModel
+from facetrain.interop.card import build_card
+from facetrain.interop.insightface_import import imported_config
+from facetrain.interop.loading import LoadedModel
 from facetrain.models import build_backbone
 from tests.test_iresnet import calibrated
 

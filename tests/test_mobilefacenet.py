@@ -12,8 +12,8 @@ import torch.nn.functional as F
 
 from facetrain.config.schema import ModelConfig
 from facetrain.errors import FacetrainError
-from facetrain.export.insightface_import import import_insightface
-from facetrain.export.loading import load_model
+from facetrain.interop.insightface_import import import_insightface
+from facetrain.interop.loading import load_model
 from facetrain.models import build_backbone
 from tests.test_iresnet import calibrated
 

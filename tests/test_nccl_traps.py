@@ -22,7 +22,8 @@ import torch.distributed as dist
 
 from facetrain.config import load_config
 from facetrain.errors import CollectiveError, EveryRankError, FacetrainError, PeerLost
-from facetrain.parallel import comm, dims, launch
+from facetrain.heads import collectives
+from facetrain.parallel import dims, launch
 from facetrain.parallel.failures import collective_failure_error, collective_name, is_own_failure, key_line
 from tests.distributed import run_distributed
 from tests.train_helpers import tiny_config
@@ -82,8 +83,8 @@ def host_waits_worker(rank: int, world_size: int) -> dict:
     dist.broadcast = _recording(calls, "broadcast", real_broadcast, 2)
     dist.all_reduce = _recording(calls, "all_reduce", real_all_reduce, 99)
     try:
-        order = comm.primary_first(lambda: rank, group=control)
-        scanned = comm.on_every_rank(lambda: f"index of rank {rank}", group=control)
+        order = collectives.primary_first(lambda: rank, group=control)
+        scanned = collectives.on_every_rank(lambda: f"index of rank {rank}", group=control)
     finally:
         dist.broadcast, dist.all_reduce = real_broadcast, real_all_reduce
 
@@ -104,7 +105,7 @@ def host_waits_worker(rank: int, world_size: int) -> dict:
     real_get_backend = dist.get_backend
     dist.get_backend = lambda group=None: "nccl"
     try:
-        comm.primary_first(lambda: None, group=None)
+        collectives.primary_first(lambda: None, group=None)
         refused = None
     except ValueError as error:
         refused = str(error)
@@ -114,9 +115,9 @@ def host_waits_worker(rank: int, world_size: int) -> dict:
         "groups": [(name, group is control) for name, group in calls],
         "order": order,
         "scanned": scanned,
-        "rank_0_fails_first": outcome(lambda: comm.primary_first(fail_on(0), group=control)),
-        "rank_1_fails_alone": outcome(lambda: comm.on_every_rank(fail_on(1), group=control)),
-        "both_fail": outcome(lambda: comm.on_every_rank(fail_on(0, 1), group=control)),
+        "rank_0_fails_first": outcome(lambda: collectives.primary_first(fail_on(0), group=control)),
+        "rank_1_fails_alone": outcome(lambda: collectives.on_every_rank(fail_on(1), group=control)),
+        "both_fail": outcome(lambda: collectives.on_every_rank(fail_on(0, 1), group=control)),
         "device_group_refused": refused,
     }
 
@@ -144,18 +145,18 @@ def trainer_control_group_worker(rank: int, world_size: int, config_path: str) -
 
     control = dist.new_group(backend="gloo")
     calls: list = []
-    real = {name: getattr(comm, name) for name in ("primary_first", "on_every_rank", "broadcast_")}
+    real = {name: getattr(collectives, name) for name in ("primary_first", "on_every_rank", "broadcast_")}
     real_init = trainer.init_parallel
     trainer.init_parallel = lambda *a, **k: dataclasses.replace(real_init(*a, **k), control_group=control)
-    comm.primary_first = _recording(calls, "primary_first", real["primary_first"], 99)
-    comm.on_every_rank = _recording(calls, "on_every_rank", real["on_every_rank"], 99)
-    comm.broadcast_ = _recording(calls, "broadcast_", real["broadcast_"], 2)
+    collectives.primary_first = _recording(calls, "primary_first", real["primary_first"], 99)
+    collectives.on_every_rank = _recording(calls, "on_every_rank", real["on_every_rank"], 99)
+    collectives.broadcast_ = _recording(calls, "broadcast_", real["broadcast_"], 2)
     try:
         summary = trainer.train(load_config(config_path))
     finally:
         trainer.init_parallel = real_init
         for name, fn in real.items():
-            setattr(comm, name, fn)
+            setattr(collectives, name, fn)
     waits = [(name, group is control) for name, group in calls]
     return {"steps": summary["steps"], "evaluated": bool(summary["evaluation"]), "waits": waits}
 
@@ -256,7 +257,7 @@ def failure_report_worker(rank: int, world_size: int) -> dict:
     if rank == 0:
         lost = collective_failure_error(RuntimeError(GLOO_CLOSED), 0, 2, step=3, wait_s=1.0)
         reports["silent_peer"] = (type(lost).__name__, str(lost))
-    comm.barrier()
+    collectives.barrier()
     if rank == 1:
         real = dist.all_reduce
 
@@ -265,7 +266,7 @@ def failure_report_worker(rank: int, world_size: int) -> dict:
 
         dist.all_reduce = interface_down
         try:
-            comm.all_reduce_(torch.ones(2))
+            collectives.all_reduce_(torch.ones(2))
         except dist.DistBackendError as error:
             failed = error
         finally:
@@ -364,7 +365,7 @@ def test_init_refuses_more_local_ranks_than_gpus_before_touching_a_gpu(monkeypat
 
 def test_the_launcher_shows_a_ranks_own_collective_failure_as_the_cause(tmp_path, monkeypatch):
     """A CollectiveError is its rank's cause; the bystander's PeerLost is printed only without one."""
-    from facetrain.cli import report_user_error
+    from facetrain.cli.user_errors import report_user_error
 
     monkeypatch.setenv(launch.LAUNCHED_ENV, "1")
     for rank, error in ((0, PeerLost("rank 1 failed, and this rank stopped with it: ...")),

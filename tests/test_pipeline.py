@@ -14,8 +14,8 @@ from torch import nn
 from facetrain.config import Config, validate
 from facetrain.config.schema import ModelConfig, ParallelConfig, TrainConfig
 from facetrain.errors import FacetrainError
+from facetrain.heads import collectives
 from facetrain.models import build_backbone
-from facetrain.parallel import comm
 from facetrain.parallel.dims import ParallelDims, init_parallel
 from facetrain.parallel.pipeline_split import (
     balanced_boundaries,
@@ -286,7 +286,7 @@ def sharded_head_worker(rank: int, world_size: int, cfg: ParallelConfig) -> dict
             total += part.item() / cfg.microbatches
             hits += part_accuracy.item() / cfg.microbatches
         for p in reference.parameters():
-            comm.all_reduce_(p.grad, "sum", dims.dp_group).div_(dims.dp)
+            collectives.all_reduce_(p.grad, "sum", dims.dp_group).div_(dims.dp)
         result["expected_loss"] = total
         result["expected_accuracy"] = hits
         result["expected_grads"] = {name: p.grad for name, p in reference.named_parameters()}

@@ -261,15 +261,15 @@ def write_file(path: Path, data: bytes) -> Path:
 def read_case(target: str, path: Path, out: Path) -> None:
     """Give the input to the reader a user's command would: every importer and parser under test."""
     if target == "onnx":
-        from facetrain.export.insightface_onnx import read_iresnet_onnx
+        from facetrain.interop.insightface_onnx import read_iresnet_onnx
 
         read_iresnet_onnx(path)
     elif target == "dlib":
-        from facetrain.export.dlib_format import read_dlib_network
+        from facetrain.interop.dlib_format import read_dlib_network
 
         read_dlib_network(path)
     elif target == "pth":
-        from facetrain.export.insightface_import import infer_architecture, read_backbone_state
+        from facetrain.interop.insightface_import import infer_architecture, read_backbone_state
 
         infer_architecture(read_backbone_state(path), path)
     elif target == "image":
@@ -337,8 +337,8 @@ def check_message(error: Exception) -> None:
 READER_MODULES = (
     "facetrain.checkpoint", "facetrain.config", "facetrain.data.decode", "facetrain.data.listfile",
     "facetrain.data.recordio", "facetrain.eval.csv_pairs", "facetrain.eval.ijb_meta", "facetrain.eval.insightface_bin",
-    "facetrain.eval.lfw_pairs", "facetrain.export.dlib_format", "facetrain.export.insightface_import",
-    "facetrain.export.insightface_onnx", "onnx",
+    "facetrain.eval.lfw_pairs", "facetrain.interop.dlib_format", "facetrain.interop.insightface_import",
+    "facetrain.interop.insightface_onnx", "onnx",
 )  # fmt: skip
 
 

@@ -18,27 +18,12 @@ from typing import Any
 
 import torch
 
-from facetrain.choices import DEVICE_CHOICES
 from facetrain.errors import FacetrainError
 from facetrain.files import write_atomic
 
 PROC_STATUS = Path("/proc/self/status")
 PROC_STATM = Path("/proc/self/statm")
 PROC_CLEAR_REFS = Path("/proc/self/clear_refs")
-
-
-def resolve_device(name: str, cuda_available: Callable[[], bool] = torch.cuda.is_available) -> str:
-    """`--device auto|cpu|cuda` -> "cpu" or "cuda"; asking for CUDA where torch sees none is a user error."""
-    if name == "auto":
-        return "cuda" if cuda_available() else "cpu"
-    if name == "cuda" and not cuda_available():
-        raise FacetrainError(
-            "--device cuda: torch sees no CUDA device (torch.cuda.is_available() is False); "
-            "use --device cpu or auto"
-        )
-    if name not in DEVICE_CHOICES:
-        raise FacetrainError(f"--device must be one of {', '.join(DEVICE_CHOICES)}, got {name!r}")
-    return name
 
 
 class CudaApi:

@@ -23,7 +23,7 @@ import cv2
 import numpy as np
 import torch
 
-from facetrain.bench.common import gpu_info, machine_info, parse_int_list, resolve_device
+from facetrain.bench.common import gpu_info, machine_info, parse_int_list
 from facetrain.bench.data_loader import loader_images_per_second
 from facetrain.config.schema import AugmentConfig
 from facetrain.data.dataset import FaceDataset, SampleTable
@@ -32,6 +32,7 @@ from facetrain.data.folder import scan_image_folder
 from facetrain.data.recordio import scan_recordio, write_recordio
 from facetrain.data.synthetic_faces import draw_identity_traits, render_face
 from facetrain.data.transforms import build_train_transform
+from facetrain.devices import resolve_device
 from facetrain.files import refuse_to_overwrite, write_atomic
 from facetrain.progress import ProgressBar
 

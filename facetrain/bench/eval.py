@@ -18,8 +18,9 @@ import click
 import numpy as np
 import torch
 
-from facetrain.bench.common import gpu_info, machine_info, resolve_device, timed_repeats
+from facetrain.bench.common import gpu_info, machine_info, timed_repeats
 from facetrain.config.schema import ModelConfig
+from facetrain.devices import resolve_device
 from facetrain.eval.embedding import compute_embeddings
 from facetrain.eval.metrics import verification_metrics
 from facetrain.files import refuse_to_overwrite, write_atomic

@@ -22,7 +22,6 @@ from facetrain.bench.common import (
     mean_of_max_over_ranks,
     parse_int_list,
     parse_name_list,
-    resolve_device,
 )
 from facetrain.bench.head_capacity import CapacitySettings, run_capacity_benchmark
 from facetrain.bench.head_capacity_report import OUTPUT_NAMES as CAPACITY_OUTPUT_NAMES
@@ -33,6 +32,7 @@ from facetrain.bench.head_peers import PEER_HEADS, PEERS
 from facetrain.bench.head_report import OUTPUT_NAMES, evaluate_targets, write_outputs
 from facetrain.bench.peer_sources import check_peers_dir, install_wheels
 from facetrain.bench.workers import WorkerError, WorkerPool
+from facetrain.devices import resolve_device
 from facetrain.errors import FacetrainError
 from facetrain.files import refuse_to_overwrite
 from facetrain.progress import ProgressBar

@@ -15,11 +15,10 @@ from torch import nn
 
 from facetrain.bench.naive_head import NaiveModelParallelHead
 from facetrain.errors import FacetrainError
-from facetrain.heads import DenseMarginHead, HeadPlan, ShardedMarginHead, class_range
+from facetrain.heads import DenseMarginHead, HeadPlan, ShardedMarginHead, class_range, collectives
 from facetrain.heads.fused_optim import FusedSGD
 from facetrain.heads.kernel_choice import resolve_kernel
 from facetrain.heads.memory import estimate_head_memory
-from facetrain.parallel import comm
 from facetrain.registry import Registry
 from facetrain.train.step import AUTOCAST_DTYPES
 
@@ -229,7 +228,7 @@ class DenseBench(BenchHead):
 
     def after_backward(self, head: nn.Module, case: HeadCase) -> None:
         if case.world_size > 1:
-            comm.all_reduce_(head.weight.grad, "sum").div_(case.world_size)
+            collectives.all_reduce_(head.weight.grad, "sum").div_(case.world_size)
 
     def weight_rows_per_rank(self, case: HeadCase) -> list[int]:
         return [case.num_classes] * case.world_size

@@ -14,9 +14,9 @@ import torch
 import facetrain.bench.head_peers  # noqa: F401  (registers the peers in the worker)
 from facetrain.bench.common import peak_memory, timed_repeats
 from facetrain.bench.head_cases import BENCH_HEADS, BenchHead, HeadCase
-from facetrain.bench.head_memory import bench_device
 from facetrain.bench.traffic import count_traffic
-from facetrain.parallel import comm
+from facetrain.devices import rank_device
+from facetrain.heads import collectives
 
 
 def _time_shard_gemms(
@@ -33,7 +33,7 @@ def _time_shard_gemms(
         torch.mm(logit_grad, weight)
         torch.mm(logit_grad.t(), embeddings)
 
-    return timed_repeats(gemms, steps, warmup, before_each=comm.barrier, device=device)
+    return timed_repeats(gemms, steps, warmup, before_each=collectives.barrier, device=device)
 
 
 def _timed_steps(
@@ -55,7 +55,7 @@ def _timed_steps(
     def prepare() -> None:
         embeddings.grad = None
         head.zero_grad(set_to_none=True)
-        comm.barrier()
+        collectives.barrier()
 
     def step() -> None:
         calls[0] += 1
@@ -95,7 +95,7 @@ def measure_case(
     to fill the memory (the capacity benchmark's largest runs).
     """
     kind = BENCH_HEADS.build(case.head)
-    device = bench_device(device_kind, rank)
+    device = rank_device(device_kind, rank)
     torch.manual_seed(seed + rank)
     # a tiny run first, outside the window: thread pools and library workspaces start lazily
     _timed_steps(kind, replace(case, num_classes=case.world_size), 1, 0, with_optimizer, device)

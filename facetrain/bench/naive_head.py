@@ -12,9 +12,8 @@ import torch
 import torch.distributed as dist
 import torch.nn.functional as F
 
-from facetrain.heads import HeadOutput, MarginHead, class_range
+from facetrain.heads import HeadOutput, MarginHead, class_range, collectives
 from facetrain.heads.dense import margin_logits
-from facetrain.parallel import comm
 
 
 class NaiveModelParallelHead(MarginHead):
@@ -27,34 +26,36 @@ class NaiveModelParallelHead(MarginHead):
         group=None,
         **margin_params: float,
     ):
-        self_range = class_range(num_classes, comm.world_size(group), comm.rank(group))
+        self_range = class_range(num_classes, collectives.world_size(group), collectives.rank(group))
         super().__init__(num_classes, embedding_size, self_range.count, margin, scale, **margin_params)
         self.group = group
         self.class_start, self.class_count = self_range
 
     def forward(self, embeddings: torch.Tensor, labels: torch.Tensor) -> HeadOutput:
         counts = _row_counts(embeddings.shape[0], embeddings.device, self.group)
-        global_embeddings = comm.all_gather_rows(embeddings, counts, self.group)
-        global_labels = comm.all_gather_rows(labels.to(torch.int64), counts, self.group)
+        global_embeddings = collectives.all_gather_rows(embeddings, counts, self.group)
+        global_labels = collectives.all_gather_rows(labels.to(torch.int64), counts, self.group)
         cos_shard = F.linear(F.normalize(global_embeddings), F.normalize(self.weight))
         cos_shard = cos_shard.to(torch.promote_types(cos_shard.dtype, torch.float32))
         cos = gather_columns_to_root(cos_shard, self.group)
         figures = torch.zeros(2, device=embeddings.device)
-        if comm.rank(self.group) == 0:
+        if collectives.rank(self.group) == 0:
             loss = F.cross_entropy(margin_logits(cos, global_labels, self.margin, self.scale), global_labels)
             figures[0] = loss.detach()
             figures[1] = (cos.argmax(dim=1) == global_labels).float().mean()
         else:
             loss = cos.sum()  # empty, but its backward joins the scatter of the logit gradients
-        comm.broadcast_(figures, 0, self.group)
+        collectives.broadcast_(figures, 0, self.group)
         return HeadOutput(loss + (figures[0] - loss.detach()), figures[1])
 
 
 def _row_counts(rows: int, device: torch.device, group) -> list[int]:
     """The number of rows each rank contributes, so that unequal local batches still line up."""
-    if not comm.is_active(group):
+    if not collectives.is_active(group):
         return [rows]
-    return comm.all_gather_equal(torch.tensor([rows], dtype=torch.int64, device=device), group).tolist()
+    return collectives.all_gather_equal(
+        torch.tensor([rows], dtype=torch.int64, device=device), group
+    ).tolist()
 
 
 def gather_columns_to_root(tensor: torch.Tensor, group=None) -> torch.Tensor:
@@ -63,7 +64,7 @@ def gather_columns_to_root(tensor: torch.Tensor, group=None) -> torch.Tensor:
     Rank 0 gets the full result; other ranks get an empty tensor that still carries the graph, so
     their backward joins the scatter that returns each rank its slice of the gradient.
     """
-    if not comm.is_active(group):
+    if not collectives.is_active(group):
         return tensor
     return _GatherColumnsToRoot.apply(tensor, group)
 
@@ -71,10 +72,12 @@ def gather_columns_to_root(tensor: torch.Tensor, group=None) -> torch.Tensor:
 class _GatherColumnsToRoot(torch.autograd.Function):
     @staticmethod
     def forward(ctx, tensor: torch.Tensor, group):
-        n, me = comm.world_size(group), comm.rank(group)
+        n, me = collectives.world_size(group), collectives.rank(group)
         widths = [
             int(w)
-            for w in comm.all_gather_equal(torch.tensor([tensor.shape[1]], device=tensor.device), group)
+            for w in collectives.all_gather_equal(
+                torch.tensor([tensor.shape[1]], device=tensor.device), group
+            )
         ]
         ctx.group, ctx.widths = group, widths
         width = max(widths)
@@ -91,7 +94,7 @@ class _GatherColumnsToRoot(torch.autograd.Function):
     @staticmethod
     def backward(ctx, grad: torch.Tensor):
         group, widths = ctx.group, ctx.widths
-        me, width = comm.rank(group), max(widths)
+        me, width = collectives.rank(group), max(widths)
         root = dist.get_global_rank(group, 0) if group is not None else 0
         mine = grad.new_empty((grad.shape[0], width))
         if me == 0:

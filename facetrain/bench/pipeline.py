@@ -14,9 +14,10 @@ from pathlib import Path
 
 import click
 
-from facetrain.bench.common import parse_int_list, resolve_device
-from facetrain.bench.pipeline_cases import PipelineBenchSettings, run_pipeline_benchmark
+from facetrain.bench.common import parse_int_list
+from facetrain.bench.pipeline_cases import PipelineBenchSettings, check_settings, run_pipeline_benchmark
 from facetrain.bench.pipeline_report import OUTPUT_NAMES, write_outputs
+from facetrain.devices import resolve_device
 from facetrain.files import refuse_to_overwrite
 
 
@@ -55,7 +56,7 @@ def run(
         warmup=warmup,
         device=resolve_device(device),
     )
-    settings.validate()
+    check_settings(settings)
     if not overwrite:
         refuse_to_overwrite(out / name for name in OUTPUT_NAMES.values())
     began = time.perf_counter()

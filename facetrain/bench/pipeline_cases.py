@@ -20,10 +20,10 @@ from facetrain.bench.common import gpu_info, machine_info, mean_of_max_over_rank
 from facetrain.bench.pipeline_settings import DEFAULTS, PipelineBenchSettings  # noqa: F401 (re-exported)
 from facetrain.bench.workers import WorkerPool
 from facetrain.config.schema import ModelConfig, OptimConfig, ParallelConfig
+from facetrain.devices import rank_device
 from facetrain.errors import FacetrainError
-from facetrain.heads import ShardedMarginHead
-from facetrain.models import build_backbone
-from facetrain.parallel import comm
+from facetrain.heads import ShardedMarginHead, collectives
+from facetrain.models import BACKBONES, build_backbone
 from facetrain.parallel.dims import ParallelDims, init_parallel
 from facetrain.parallel.parallelize import parallelize_backbone
 from facetrain.parallel.pipeline_split import (
@@ -40,19 +40,37 @@ SPEEDUP_TARGET = 1.5
 OPTIM = OptimConfig(lr=0.01, momentum=0.9, grad_clip=None)
 
 
+def check_settings(settings: PipelineBenchSettings, gpu_count: int | None = None) -> None:
+    """One line for settings the benchmark cannot run: an unknown backbone, too few GPUs, micro-batch
+    sizes that do not divide the batch."""
+    BACKBONES.get(settings.backbone)
+    check_stage_devices(
+        settings.device, settings.stages, torch.cuda.device_count() if gpu_count is None else gpu_count
+    )
+    batch_size, microbatches = settings.batch_size, settings.microbatches
+    for size in (*settings.split_sizes, batch_size // max(microbatches, 1)):
+        if size < 1 or batch_size % size:
+            raise FacetrainError(
+                f"micro-batch size {size} does not divide --batch-size {batch_size}; "
+                "choose --split-sizes and --microbatches that divide it"
+            )
+    if microbatches < 2 or batch_size % microbatches:
+        raise FacetrainError(f"--microbatches {microbatches} must be >= 2 and divide --batch-size")
+    if (
+        settings.schedule == "1f1b"
+        and min(c for c in settings.microbatch_counts() if c > 1) < settings.stages
+    ):
+        raise FacetrainError(
+            f"--schedule 1f1b needs at least --stages {settings.stages} micro-batches per step"
+        )
+
+
 def check_stage_devices(device: str, stages: int, gpu_count: int) -> None:
     if device == "cuda" and stages > gpu_count:
         raise FacetrainError(
             f"--device cuda --stages {stages} needs a GPU per stage, {gpu_count} visible: gloo cannot send "
             "CUDA tensors point to point and NCCL refuses two ranks on one GPU; use --device cpu or fewer --stages"
         )
-
-
-def bench_device(settings: PipelineBenchSettings) -> torch.device:
-    """This process's device: the CPU, or the GPU `init_parallel` chose for it (GPU 0 for the single device)."""
-    if settings.device == "cuda":
-        return torch.device("cuda", torch.cuda.current_device())
-    return torch.device("cpu")
 
 
 def training_data(settings: PipelineBenchSettings) -> tuple[torch.Tensor, torch.Tensor]:
@@ -73,10 +91,9 @@ def make_head(settings: PipelineBenchSettings, group=None) -> ShardedMarginHead:
 
 
 def _timed_train_steps(
-    settings: PipelineBenchSettings, model, head, local, pipeline=None, before_each=None
+    settings: PipelineBenchSettings, device: torch.device, model, head, local, pipeline=None, before_each=None
 ) -> list[float]:
-    """Seconds of each timed `train_step` (the trainer's own step: forward, backward, SGD)."""
-    device = bench_device(settings)
+    """Seconds of each timed `train_step` (the trainer's own step: forward, backward, SGD) on `device`."""
     optimizer = build_optimizer(OPTIM, local, head)
     scaler = torch.amp.GradScaler(device.type, enabled=False)
     images, labels = training_data(settings)
@@ -104,10 +121,10 @@ def plan_split_points(settings: PipelineBenchSettings) -> list[str]:
 def single_device_step_s(settings: PipelineBenchSettings, threads: int) -> float:
     """Mean seconds of one training step of the whole backbone and head in this process."""
     torch.set_num_threads(threads)
-    device = bench_device(settings)
+    device = rank_device(settings.device, 0)
     backbone = make_backbone(settings).to(device)
     head = make_head(settings).to(device)
-    return statistics.mean(_timed_train_steps(settings, backbone, head, backbone))
+    return statistics.mean(_timed_train_steps(settings, device, backbone, head, backbone))
 
 
 def pipeline_step_times(
@@ -121,7 +138,9 @@ def pipeline_step_times(
     )
     local, model, pipeline = parallelize_backbone(make_backbone(settings), dims, cfg, settings.input_shape)
     head = make_head(settings, dims.dp_group).to(dims.device) if dims.is_last_stage else None
-    return _timed_train_steps(settings, model, head, local, pipeline, before_each=comm.barrier)
+    return _timed_train_steps(
+        settings, dims.device, model, head, local, pipeline, before_each=collectives.barrier
+    )
 
 
 def pipeline_worker(
@@ -147,7 +166,7 @@ def summarize(step_s: list[float], batch_size: int) -> dict:
 
 
 def run_pipeline_benchmark(settings: PipelineBenchSettings, progress: bool = True) -> dict:
-    settings.validate()
+    check_settings(settings)
     load_before = list(os.getloadavg())
     split_points = plan_split_points(settings)
     single = {1: [], settings.stages: []}

@@ -1,11 +1,9 @@
 """`facetrain bench pipeline`'s settings and their defaults, importable without torch (the CLI's options
-and `--help` are built from them)."""
+and `--help` are built from them); `pipeline_cases.check_settings` checks them."""
 
 from __future__ import annotations
 
 from dataclasses import dataclass
-
-from facetrain.errors import FacetrainError
 
 
 @dataclass(frozen=True)
@@ -34,29 +32,6 @@ class PipelineBenchSettings:
         """Model parallel (1), the pipelined bar, and every swept split size, as micro-batch counts."""
         counts = {1, self.microbatches} | {self.batch_size // size for size in self.split_sizes}
         return sorted(counts)
-
-    def validate(self, gpu_count: int | None = None) -> None:
-        import torch
-
-        from facetrain.bench.pipeline_cases import check_stage_devices
-        from facetrain.models import BACKBONES
-
-        BACKBONES.get(self.backbone)
-        check_stage_devices(
-            self.device, self.stages, torch.cuda.device_count() if gpu_count is None else gpu_count
-        )
-        for size in (*self.split_sizes, self.batch_size // max(self.microbatches, 1)):
-            if size < 1 or self.batch_size % size:
-                raise FacetrainError(
-                    f"micro-batch size {size} does not divide --batch-size {self.batch_size}; "
-                    "choose --split-sizes and --microbatches that divide it"
-                )
-        if self.microbatches < 2 or self.batch_size % self.microbatches:
-            raise FacetrainError(f"--microbatches {self.microbatches} must be >= 2 and divide --batch-size")
-        if self.schedule == "1f1b" and min(c for c in self.microbatch_counts() if c > 1) < self.stages:
-            raise FacetrainError(
-                f"--schedule 1f1b needs at least --stages {self.stages} micro-batches per step"
-            )
 
 
 DEFAULTS = PipelineBenchSettings()

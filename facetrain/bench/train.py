@@ -26,16 +26,15 @@ from facetrain.bench.common import (
     mean_of_max_over_ranks,
     parse_name_list,
     peak_memory,
-    resolve_device,
     timed_repeats,
 )
 from facetrain.bench.workers import WorkerPool
 from facetrain.config import ModelConfig, OptimConfig, ParallelConfig
+from facetrain.devices import resolve_device
 from facetrain.files import write_atomic
-from facetrain.heads import DenseMarginHead, HeadOutput, HeadPlan, ShardedMarginHead
+from facetrain.heads import DenseMarginHead, HeadOutput, HeadPlan, ShardedMarginHead, collectives
 from facetrain.heads.kernel_choice import resolve_kernel
 from facetrain.models import build_backbone
-from facetrain.parallel import comm
 from facetrain.parallel.data_parallel import wrap_data_parallel
 from facetrain.parallel.dims import ParallelDims, init_parallel
 from facetrain.parallel.parallelize import parallelize_backbone
@@ -133,7 +132,7 @@ def _train_worker(rank: int, world_size: int, kind: str, settings: dict) -> dict
             lambda: train_step(batches, StepParts(model, head, optimizer, scaler, step_settings)),
             settings["steps"],
             settings["warmup"],
-            before_each=comm.barrier,
+            before_each=collectives.barrier,
             device=device,
         )
     return {"times": times, "peak_bytes": peak.growth_bytes, "memory_method": peak.method}

@@ -1,11 +1,13 @@
-"""Training checkpoints: written by every rank, read back on any number of ranks, or without any.
+"""Training checkpoints (layer 2): written by every rank, read back on any number of ranks, or without any.
 
     runs/NAME/checkpoints/
       step_00005000/    a torch.distributed.checkpoint (DCP) directory + meta.json, config.yaml, classes.json
       last, best        small files naming a checkpoint directory
 
 Read `app_state` (what a checkpoint holds) first, then `writer`, `reader`, `layout` (finding one and
-its small files), `storage` (DCP with a safe index reader), `names` (the keys) and `legacy`.
+its small files), `storage` (DCP with a safe index reader), `names` (the keys) and `legacy`. The ranks
+are known through `ranks.RankRoles` (what `parallel.ParallelDims` answers), so checkpoint/ does not
+import parallel/; `facetrain.interop.load_model` loads a checkpoint's backbone for inference.
 """
 
 from facetrain.checkpoint.layout import (

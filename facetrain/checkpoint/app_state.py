@@ -28,9 +28,9 @@ from torch.distributed.checkpoint.state_dict import (
 from torch.distributed.checkpoint.stateful import Stateful
 
 from facetrain.checkpoint.names import OPTIM_STATE, PREFIX
+from facetrain.checkpoint.ranks import RankRoles
 from facetrain.checkpoint.storage import rows_of
 from facetrain.heads import ShardedMarginHead
-from facetrain.parallel.dims import ParallelDims
 
 HEAD = "head.weight"
 
@@ -38,7 +38,7 @@ HEAD = "head.weight"
 class AppState(Stateful):
     """A rank's share of a checkpoint: what it saves, or (after `to_load`) what it loads."""
 
-    def __init__(self, dims: ParallelDims, backbone: nn.Module, head: ShardedMarginHead | None,
+    def __init__(self, dims: RankRoles, backbone: nn.Module, head: ShardedMarginHead | None,
                  optimizer: torch.optim.Optimizer, scaler: torch.amp.GradScaler | None = None,
                  ema: nn.Module | None = None):  # fmt: skip
         self.dims, self.head, self.scaler, self.ema = dims, head, scaler, ema

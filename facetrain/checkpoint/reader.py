@@ -11,18 +11,19 @@ from torch import nn
 from facetrain.checkpoint.app_state import AppState
 from facetrain.checkpoint.layout import read_config, read_meta, resolve_checkpoint
 from facetrain.checkpoint.names import BACKBONE, EMA, HEAD_WEIGHT
+from facetrain.checkpoint.ranks import RankRoles
 from facetrain.checkpoint.storage import load_entries, rows_of, stored, stored_entries
 from facetrain.checkpoint.writer import TrainState
 from facetrain.config import Config
 from facetrain.errors import FacetrainError
 from facetrain.heads import ShardedMarginHead
-from facetrain.parallel.dims import ParallelDims
+from facetrain.models import build_backbone
 from facetrain.progress import ProgressBar as tqdm  # its lines also go to the run log
 
 
 def load_checkpoint(
     path: str | Path,
-    dims: ParallelDims,
+    dims: RankRoles,
     backbone: nn.Module,
     head: ShardedMarginHead | None,
     optimizer: torch.optim.Optimizer,
@@ -155,8 +156,6 @@ def load_ema_weights(path: str | Path, ema: nn.Module) -> bool:
 
 def load_backbone(path: str | Path, device: str | torch.device = "cpu") -> tuple[nn.Module, Config, dict]:
     """The trained backbone of any checkpoint (any number of ranks), in eval mode, without a group."""
-    from facetrain.models import build_backbone
-
     checkpoint = resolve_checkpoint(path)
     config = read_config(checkpoint)
     backbone = build_backbone(config.model, tuple(config.data.image_size))

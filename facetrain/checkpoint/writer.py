@@ -16,13 +16,12 @@ from torch import nn
 
 from facetrain.checkpoint.app_state import AppState
 from facetrain.checkpoint.layout import complete_checkpoints
+from facetrain.checkpoint.ranks import RankRoles
 from facetrain.checkpoint.storage import save_entries
 from facetrain.config import Config, save_config
 from facetrain.errors import EveryRankError, FacetrainError
 from facetrain.files import atomic_write_text, fsync_directory
-from facetrain.heads import ShardedMarginHead
-from facetrain.parallel import comm
-from facetrain.parallel.dims import ParallelDims
+from facetrain.heads import ShardedMarginHead, collectives
 
 
 @dataclass
@@ -40,7 +39,7 @@ def save_checkpoint(
     run_dir: Path,
     state: TrainState,
     config: Config,
-    dims: ParallelDims,
+    dims: RankRoles,
     backbone: nn.Module,
     head: ShardedMarginHead | None,
     optimizer: torch.optim.Optimizer,
@@ -91,7 +90,7 @@ def save_checkpoint(
     return final
 
 
-def _on_primary(write, dims: ParallelDims, root: Path, final: Path, cleanup: Path | None = None) -> None:
+def _on_primary(write, dims: RankRoles, root: Path, final: Path, cleanup: Path | None = None) -> None:
     """Run `write` on rank 0 while the others wait; a full disk or an unwritable folder becomes one line
     saying the rest is intact."""
 
@@ -103,7 +102,7 @@ def _on_primary(write, dims: ParallelDims, root: Path, final: Path, cleanup: Pat
                 shutil.rmtree(cleanup, ignore_errors=True)
             raise FacetrainError(_write_failure(error, root, final)) from None
 
-    comm.primary_first(guarded, also_others=False, group=dims.control_group)
+    collectives.primary_first(guarded, also_others=False, group=dims.control_group)
 
 
 def _write_failure(error: OSError, root: Path, final: Path) -> str:

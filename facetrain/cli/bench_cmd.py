@@ -2,7 +2,7 @@
 
 import click
 
-from facetrain.cli import LazyGroup
+from facetrain.cli.lazy_group import LazyGroup
 
 BENCHMARKS = {
     "head": "facetrain.cli.bench_head:head_command",

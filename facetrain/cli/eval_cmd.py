@@ -12,10 +12,9 @@ import click
 
 from facetrain.choices import DEFAULT_FOLD_SEED, DEFAULT_FOLDS
 from facetrain.cli.conventions import checked_output, quiet_option, trust_torchscript_option
-from facetrain.errors import FacetrainError
 
 if TYPE_CHECKING:
-    from facetrain.export.loading import LoadedModel
+    from facetrain.interop.loading import LoadedModel
 
 
 @click.command()
@@ -157,10 +156,9 @@ def eval_command(
       facetrain eval runs/ms1m/export --ijb IJB_release/IJBC --ijb-target IJBC --workers 8
       facetrain eval runs/reid_small --reid data/cuhk03/val@1 data/cuhk03/val@2 --rerank
     """
-    import torch
-
-    from facetrain.export.loading import load_model
+    from facetrain.devices import resolve_device
     from facetrain.files import refuse_to_overwrite
+    from facetrain.interop.loading import load_model
     from facetrain.train.run_dir import writing_into_run
 
     if [pairs_path, folder_root, market_root, reid_sets, ijb_root].count(None) != 4:
@@ -176,9 +174,7 @@ def eval_command(
         raise click.UsageError("--images and --skip-missing apply to --pairs only")
     if folder_root is None and (seed is not None or num_folds is not None):
         raise click.UsageError("--seed and --folds apply to --folder only")
-    device = device or ("cuda" if torch.cuda.is_available() else "cpu")
-    if device.startswith("cuda") and not torch.cuda.is_available():
-        raise FacetrainError(f"--device {device}: no CUDA device is available here; use --device cpu")
+    device = resolve_device(device)
     out_dir = out_dir or (model if model.is_dir() else model.parent) / "eval"
     options = {
         "batch_size": batch_size,
@@ -265,16 +261,18 @@ def _evaluate(
         write_retrieval_report,
         write_verification_report,
     )
-    from facetrain.export.card import card_interpolation
+    from facetrain.interop.card import card_interpolation
 
     if ijb_root is not None:
+        from facetrain.align.five_points import FivePointCrop
         from facetrain.eval.ijb import evaluate_ijb
         from facetrain.eval.ijb_meta import read_ijb_meta
         from facetrain.eval.ijb_report import ijb_table, write_ijb_report
 
         read_ijb_meta(ijb_root, ijb_target)  # a broken protocol file fails before the model loads
         loaded = load()
-        result = evaluate_ijb(loaded.module, ijb_root, ijb_target, loaded.image_size, **options)
+        crop = FivePointCrop(loaded.image_size)
+        result = evaluate_ijb(loaded.module, ijb_root, ijb_target, loaded.image_size, crop, **options)
         click.echo(ijb_table(result))
         return write_ijb_report(result, out_dir, extra)
     if market_root is None:
@@ -331,7 +329,7 @@ def _evaluate_one_kind(
         score_one_kind,
         write_one_kind_report,
     )
-    from facetrain.export.card import card_interpolation
+    from facetrain.interop.card import card_interpolation
 
     click.echo(f"note: {one_kind_problem(pairs)}; reporting the similarity statistics instead", err=True)
     loaded = load()

@@ -9,7 +9,7 @@ from typing import TYPE_CHECKING
 import click
 
 if TYPE_CHECKING:
-    from facetrain.export.loading import LoadedModel
+    from facetrain.interop.loading import LoadedModel
 
 
 def reid_report_paths(out_dir: Path, gallery: str) -> list[Path]:

@@ -13,7 +13,6 @@ from facetrain.cli.conventions import (
     quiet_option,
     trust_torchscript_option,
 )
-from facetrain.errors import FacetrainError
 
 # MODEL, first on every command that uses a model: a training checkpoint (a checkpoint directory, a
 # last/best pointer or a run directory), an export directory or an exported model file
@@ -27,16 +26,6 @@ def _human_size(num_bytes: int) -> str:
             return f"{size:.0f} {unit}" if unit == "B" else f"{size:.1f} {unit}"
         size /= 1024
     raise AssertionError("unreachable")
-
-
-def _resolve_device(device: str | None) -> str:
-    import torch
-
-    if device is None:
-        return "cuda" if torch.cuda.is_available() else "cpu"
-    if device.startswith("cuda") and not torch.cuda.is_available():
-        raise FacetrainError(f"--device {device}: no CUDA device is available here; use --device cpu")
-    return device
 
 
 def _aligner(align: bool, detector: str, image_size: tuple[int, int]):
@@ -207,15 +196,16 @@ def embed(
       facetrain embed exported photos/ -o faces.parquet --batch-size 128
       facetrain embed runs/magface/export photos/ -o faces.csv --norms
     """
+    from facetrain.devices import resolve_device
     from facetrain.export.compare import default_flip
     from facetrain.export.embed_paths import embed_paths
     from facetrain.export.embedding_files import embeddings_writer
     from facetrain.export.inputs import collect_images
-    from facetrain.export.loading import load_model
+    from facetrain.interop.loading import load_model
 
     write = embeddings_writer(out, overwrite, with_norms=norms)
     images = collect_images(paths)
-    model = load_model(model_path, _resolve_device(device), trust_torchscript)
+    model = load_model(model_path, resolve_device(device), trust_torchscript)
     flip = default_flip(model.card) if flip is None else flip
     result = embed_paths(model, images, batch_size, flip, _aligner(align, detector, model.image_size))
     for line in result.warnings():
@@ -265,10 +255,11 @@ def compare(
       facetrain compare runs/demo/export photo1.jpg photo2.jpg --align
       facetrain compare runs/demo/checkpoints/best a.jpg b.jpg --threshold 0.3
     """
+    from facetrain.devices import resolve_device
     from facetrain.export.compare import compare_images
-    from facetrain.export.loading import load_model
+    from facetrain.interop.loading import load_model
 
-    model = load_model(model_path, _resolve_device(device), trust_torchscript)
+    model = load_model(model_path, resolve_device(device), trust_torchscript)
     result = compare_images(
         model, first, second, threshold, flip, _aligner(align, detector, model.image_size)
     )

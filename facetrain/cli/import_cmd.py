@@ -81,7 +81,7 @@ def insightface(source: Path, architecture: str | None, out_dir: Path, overwrite
       facetrain compare models/w600k_r50 a.jpg b.jpg --threshold 0.3
       facetrain import insightface glint360k_r50.pth --arch iresnet50 -o models/glint_r50 --overwrite
     """
-    from facetrain.export.insightface_run import import_insightface_run, is_insightface_run
+    from facetrain.interop.insightface_run import import_insightface_run, is_insightface_run
 
     if is_insightface_run(source):
         run = import_insightface_run(source, architecture, out_dir, overwrite=overwrite)
@@ -91,7 +91,7 @@ def insightface(source: Path, architecture: str | None, out_dir: Path, overwrite
             f"`facetrain train ... --resume {run.checkpoint}`"
         )
         return
-    from facetrain.export.insightface_import import import_insightface
+    from facetrain.interop.insightface_import import import_insightface
 
     result = import_insightface(source, architecture, out_dir, overwrite=overwrite)
     click.echo(
@@ -122,7 +122,7 @@ def dlib(dat: Path | None, out_dir: Path, overwrite: bool) -> None:
       facetrain compare models/dlib a.jpg b.jpg
       facetrain import dlib ~/dlib_face_recognition_resnet_model_v1.dat -o models/dlib --overwrite
     """
-    from facetrain.export.dlib_import import import_dlib
+    from facetrain.interop.dlib_import import import_dlib
 
     result = import_dlib(dat, out_dir, overwrite=overwrite)
     click.echo(

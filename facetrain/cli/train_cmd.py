@@ -146,7 +146,7 @@ def train_rank(config, resume: str | None, resume_command: str) -> None:
     """One rank of a `--nproc` run: its share of the cores, training, and user errors as one line."""
     import torch
 
-    from facetrain.cli import report_user_error
+    from facetrain.cli.user_errors import report_user_error
     from facetrain.errors import FacetrainError
     from facetrain.parallel.launch import local_threads
     from facetrain.train.trainer import train as run_training

@@ -1,4 +1,5 @@
-"""How users learn whether a model is any good: verification on pairs and re-id retrieval.
+"""How users learn whether a model is any good (layer 1): verification on pairs, re-id retrieval and
+IJB-B/C template verification (whose face alignment the caller passes in).
 
 Entry points: `facetrain.eval.verify_pairs` (`load_pairs`, `verify`, `embed_images`),
 `facetrain.eval.retrieval` (`evaluate_market1501`, `retrieval_metrics`) and `facetrain.eval.report`

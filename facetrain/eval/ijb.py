@@ -1,9 +1,10 @@
 """IJB-B / IJB-C 1:1 template verification, following insightface's eval_ijbc.py protocol.
 
-    result = evaluate_ijb(model, "IJB_release/IJBC", "IJBC", image_size=(112, 112))
+    result = evaluate_ijb(model, "IJB_release/IJBC", "IJBC", (112, 112), FivePointCrop((112, 112)))
     print(result.tar_at_far[1e-4])
 
-Each loose crop is aligned with its five landmarks onto the ArcFace template (`ijb_faces`) and
+Each loose crop is aligned by its five landmarks with the caller's `crop` (`facetrain eval --ijb` passes
+`facetrain.align.five_points.FivePointCrop`, the ArcFace template as eval_ijbc.py aligns) and
 embedded with its mirror, the two raw embeddings summed (eval_ijbc.py's flip test "F2"); the sum keeps
 its norm, which the protocol counts as face quality ("N1"), and is multiplied by the detector's score
 ("D1"). Faces are pooled by media, then by template (`template_pooling`), template pairs are scored
@@ -22,7 +23,7 @@ import torch
 from torch import nn
 
 from facetrain.eval.embedding import compute_embeddings
-from facetrain.eval.ijb_faces import AlignedFaces
+from facetrain.eval.ijb_faces import AlignedFaces, FaceCrop
 from facetrain.eval.ijb_meta import read_ijb_meta
 from facetrain.eval.ijb_roc import IjbRoc, ijb_roc
 from facetrain.eval.template_pooling import template_features, template_pair_scores
@@ -73,15 +74,17 @@ def evaluate_ijb(
     root: str | Path,
     target: str,
     image_size: tuple[int, int],
+    crop: FaceCrop,
     batch_size: int = 128,
     flip: bool = True,
     device: torch.device | str | None = None,
     progress: bool = True,
     num_workers: int = 0,
 ) -> IjbResult:
-    """Read the protocol, embed every face, pool templates and score the template pairs."""
+    """Read the protocol, embed every face (`crop` aligns each to `image_size`), pool templates and score
+    the template pairs."""
     meta = read_ijb_meta(root, target)
-    faces = AlignedFaces(meta.image_paths, meta.landmarks, image_size)
+    faces = AlignedFaces(meta.image_paths, meta.landmarks, crop)
     embedded = compute_embeddings(
         module, faces, image_size, batch_size, flip, device, progress, num_workers,
         label=f"{target} faces", normalized=False,

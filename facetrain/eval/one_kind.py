@@ -10,6 +10,7 @@ not after minutes of embedding.
 
 from __future__ import annotations
 
+import json
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -23,6 +24,7 @@ from facetrain.errors import FacetrainError
 from facetrain.eval.embedding import compute_embeddings
 from facetrain.eval.pair_set import PairSet
 from facetrain.eval.set_names import report_name
+from facetrain.files import atomic_write_text
 
 PERCENTILES = (5, 50, 95)
 
@@ -174,10 +176,8 @@ def write_one_kind_report(
     result: OneKindResult, out_dir: str | Path, extra: dict[str, Any] | None = None, name: str | None = None
 ) -> list[Path]:
     """`<name>.json` in `out_dir` (`name` defaults to the set's own); `extra` joins the JSON."""
-    from facetrain.eval.report import write_json
-
     out_dir = Path(out_dir)
     out_dir.mkdir(parents=True, exist_ok=True)
     path = out_dir / f"{name or result.name}.json"
-    write_json(path, {**(extra or {}), **result.as_dict()})
+    atomic_write_text(path, json.dumps({**(extra or {}), **result.as_dict()}, indent=2) + "\n")
     return [path]

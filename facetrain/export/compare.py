@@ -8,9 +8,10 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
+from facetrain.data.decode import decode_image
 from facetrain.errors import FacetrainError
 from facetrain.eval.embedding import embed_images
-from facetrain.export.loading import LoadedModel
+from facetrain.interop.loading import LoadedModel
 
 if TYPE_CHECKING:
     from facetrain.align.aligner import FaceAligner
@@ -76,8 +77,6 @@ def compare_images(
 def unaligned_hint(paths: list[Path], image_size: tuple[int, int]) -> str | None:
     """A note when an image is not the model's input size (height x width), so likely not a crop that
     `facetrain align` made: the model was trained on aligned faces and scores raw photos poorly."""
-    from facetrain.data.decode import decode_image
-
     for path in paths:
         height, width = decode_image(path).shape[:2]
         if (height, width) != tuple(image_size):

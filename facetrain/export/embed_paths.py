@@ -10,17 +10,15 @@ from __future__ import annotations
 from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING
 
 import numpy as np
 
+from facetrain.align.aligner import FaceAligner
+from facetrain.align.batch import align_images
 from facetrain.data.decode import left_out_warnings
 from facetrain.errors import FacetrainError
 from facetrain.eval.embedding import compute_embeddings
-from facetrain.export.loading import LoadedModel
-
-if TYPE_CHECKING:
-    from facetrain.align.aligner import FaceAligner
+from facetrain.interop.loading import LoadedModel
 
 
 @dataclass(frozen=True)
@@ -58,8 +56,6 @@ def embed_paths(
     """Embed the image files `images`, aligning each photo first when there is an `aligner`."""
     paths, inputs, faceless, unreadable = list(images), list(images), [], []
     if aligner is not None:
-        from facetrain.align.batch import align_images
-
         paths, inputs, faceless, unreadable = align_images(aligner, images)
         if not paths:
             raise FacetrainError(

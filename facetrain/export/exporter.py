@@ -11,11 +11,11 @@ import torch
 
 from facetrain.checkpoint import load_full_head, resolve_checkpoint
 from facetrain.errors import FacetrainError
-from facetrain.export.card import CARD_NAME, with_verification_report, write_card
 from facetrain.export.formats import DEFAULT_FORMATS, export_format
-from facetrain.export.loading import LoadedModel, load_model
-from facetrain.export.safetensors_format import HEAD_NAME, write_head
 from facetrain.files import atomic_target, make_output_folder, refuse_to_overwrite
+from facetrain.interop.card import CARD_NAME, with_verification_report, write_card
+from facetrain.interop.loading import LoadedModel, load_model
+from facetrain.interop.safetensors_format import HEAD_NAME, write_head
 from facetrain.progress import ProgressBar
 
 CLASSES_NAME = "classes.json"

@@ -9,9 +9,9 @@ from typing import Any
 
 from torch import nn
 
-from facetrain.export.onnx_format import ONNX_NAME, write_onnx
-from facetrain.export.safetensors_format import SAFETENSORS_NAME, write_safetensors
-from facetrain.export.torchscript_format import TORCHSCRIPT_NAME, write_torchscript
+from facetrain.interop.onnx_format import ONNX_NAME, write_onnx
+from facetrain.interop.safetensors_format import SAFETENSORS_NAME, write_safetensors
+from facetrain.interop.torchscript_format import TORCHSCRIPT_NAME, write_torchscript
 from facetrain.registry import Registry
 
 FormatWriter = Callable[[nn.Module, Path, dict[str, Any]], dict[str, Any]]

@@ -1,4 +1,9 @@
-"""Margin-softmax heads: the class-sharded head and the dense reference it must equal."""
+"""Margin-softmax heads (layer 1): the class-sharded head and the dense reference it must equal.
+
+A library of its own: `import facetrain.heads` needs torch and facetrain's layer-0 modules (errors,
+registry) only. The collectives it shards over (`collectives`, with their autograd functions) live here,
+and the rest of facetrain imports them from here.
+"""
 
 from facetrain.heads.base import HeadOutput, MarginHead
 from facetrain.heads.dense import DenseMarginHead

@@ -15,8 +15,8 @@ from typing import NamedTuple
 
 import torch
 
+import facetrain.heads.collectives as collectives
 from facetrain.heads.margins import Margin, StepMargin, prepare_step
-from facetrain.parallel import comm
 
 EPS = 1e-12
 
@@ -65,7 +65,7 @@ def step_margin(
     target_cos = None
     if margin.margin.needs_target_cos:
         cos, owned = target_cos_here()
-        target_cos = comm.all_reduce_(torch.where(owned, cos, 0.0), "sum", group)
+        target_cos = collectives.all_reduce_(torch.where(owned, cos, 0.0), "sum", group)
     return prepare_step(margin.margin, margin.buffers, x_norm.squeeze(1), valid, target_cos, margin.update)
 
 
@@ -111,7 +111,7 @@ def softmax_loss(
             torch.where(has_target, (target_raw >= hit_max).to(sum_exp.dtype), zero),
         ]
     )
-    comm.all_reduce_(stats, "sum", group)
+    collectives.all_reduce_(stats, "sum", group)
     sum_exp, target_logit, hits = stats
     row_loss = sum_exp.log() + global_max - target_logit
     # padding rows of a short batch are not in the mean: their denominator is inf, their factor 0

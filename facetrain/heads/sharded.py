@@ -10,6 +10,7 @@ from __future__ import annotations
 import torch
 from torch import nn
 
+import facetrain.heads.collectives as collectives
 from facetrain.errors import EveryRankError, FacetrainError
 from facetrain.heads.base import HeadOutput, MarginHead, regulariser_mean
 from facetrain.heads.fused_optim import FusedOptimizer
@@ -19,7 +20,6 @@ from facetrain.heads.plan import UNTILED, HeadPlan
 from facetrain.heads.sharded_softmax import ShardedMarginSoftmax
 from facetrain.heads.tile_kernel import tile_ops
 from facetrain.heads.tiled_softmax import TiledMarginSoftmax
-from facetrain.parallel import comm
 
 # How the caller combines the backbone's gradients over the head's ranks (see the class docstring).
 GRADIENT_REDUCTIONS = ("mean", "sum")
@@ -78,7 +78,7 @@ class ShardedMarginHead(MarginHead):
             raise ValueError(
                 f"gradient_reduction must be one of {', '.join(GRADIENT_REDUCTIONS)}, got {gradient_reduction!r}"
             )
-        world_size, rank = comm.world_size(group), comm.rank(group)
+        world_size, rank = collectives.world_size(group), collectives.rank(group)
         if num_classes < world_size:
             raise EveryRankError(
                 f"{num_classes} classes cannot be sharded over {world_size} ranks; use at most "
@@ -160,8 +160,8 @@ class ShardedMarginHead(MarginHead):
         labels = labels.to(device=embeddings.device, dtype=torch.int64)
         # Each rank's rows padded to the capacity: padding rows have label -1 and no weight in the loss,
         # so no step needs the other ranks' row counts (no host synchronisation).
-        global_labels = comm.all_gather_padded(labels, self._capacity, self.group, pad_value=-1)
-        global_embeddings = comm.all_gather_padded(
+        global_labels = collectives.all_gather_padded(labels, self._capacity, self.group, pad_value=-1)
+        global_embeddings = collectives.all_gather_padded(
             embeddings, self._capacity, self.group, gradient_averaged=self.gradient_reduction == "mean"
         )
         valid = global_labels >= 0
@@ -205,9 +205,9 @@ class ShardedMarginHead(MarginHead):
         else:
             rows, width = embeddings.shape
         low, high = (int(labels.min()), int(labels.max())) if labels.numel() else (0, 0)
-        device = comm.collective_device(self.group)
+        device = collectives.collective_device(self.group)
         mine = torch.tensor([[rows, width, low, high]], dtype=torch.int64, device=device)
-        everyone = comm.all_gather_equal(mine, self.group).tolist()
+        everyone = collectives.all_gather_equal(mine, self.group).tolist()
         for rank, (rank_rows, rank_width, rank_low, rank_high) in enumerate(everyone):
             if rank_rows < 0:
                 raise EveryRankError(

@@ -16,10 +16,10 @@ from __future__ import annotations
 
 import torch
 
+import facetrain.heads.collectives as collectives
 import facetrain.heads.margin_softmax as ms
 from facetrain.heads.logit_gemm import LogitGemm
 from facetrain.heads.scratch import Scratch
-from facetrain.parallel import comm
 
 
 def _wide_mm(
@@ -106,9 +106,9 @@ class ShardedMarginSoftmax(torch.autograd.Function):
 
             row_max = logits.max(dim=1).values  # every shard has >= 1 class: the head refuses C < N
             if plain_max is None:
-                comm.all_reduce_(row_max, "max", group)
+                collectives.all_reduce_(row_max, "max", group)
             else:  # one all-reduce for both maxima
-                row_max, plain_max = comm.all_reduce_(torch.stack([row_max, plain_max]), "max", group)
+                row_max, plain_max = collectives.all_reduce_(torch.stack([row_max, plain_max]), "max", group)
             exps = logits.sub_(row_max[:, None]).exp_()
             loss, row_stats, hit_count = ms.softmax_loss(
                 exps.sum(dim=1), target_logit, target_raw, has_target, row_max, valid, group, plain_max

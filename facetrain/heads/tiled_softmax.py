@@ -18,13 +18,13 @@ from __future__ import annotations
 
 import torch
 
+import facetrain.heads.collectives as collectives
 import facetrain.heads.margin_softmax as ms
 from facetrain.heads.class_rows import class_tiles
 from facetrain.heads.fused_optim import FusedOptimizer
 from facetrain.heads.logit_gemm import LogitGemm
 from facetrain.heads.scratch import Scratch
 from facetrain.heads.tile_kernel import EAGER_TILE_OPS, TileOps
-from facetrain.parallel import comm
 
 
 def _tile_dots(scratch, gemm, x_op, weight, rows, inv_norm):
@@ -141,12 +141,12 @@ class TiledMarginSoftmax(torch.autograd.Function):
             sum_exp = running_sum * (running_max - row_max).exp()
             sum_exp = sum_exp + torch.where(has_target, (target_logit - row_max).exp(), 0.0)
             if plain_max is None:
-                global_max = comm.all_reduce_(row_max.clone(), "max", group)
+                global_max = collectives.all_reduce_(row_max.clone(), "max", group)
             else:  # one all-reduce for both maxima (the plain one with the targets, for the hits)
                 maxima = torch.stack(
                     [row_max, torch.where(has_target, torch.maximum(plain_max, target_raw), plain_max)]
                 )
-                global_max, plain_max = comm.all_reduce_(maxima, "max", group)
+                global_max, plain_max = collectives.all_reduce_(maxima, "max", group)
             loss, row_stats, hit_count = ms.softmax_loss(
                 sum_exp * (row_max - global_max).exp(), target_logit, target_raw, has_target, global_max,
                 valid, group, plain_max,

@@ -1,7 +1,11 @@
-"""Everything that knows about several processes: the parallel layout, collectives, DDP, pipelines,
-launching and checkpoint I/O.
+"""Everything that knows about several processes (layer 2): the parallel layout (`dims`: ParallelDims,
+the mesh, each rank's device), DDP and pipeline stages (`parallelize`, `data_parallel`, `pipeline`,
+`pipeline_split`), launching ranks (`launch`, `launcher_watch`, `attempt_store`) and naming the rank at
+fault when a collective fails (`failures`).
 
-Model and data code never import torch.distributed; they receive ranks as plain integers.
+The collectives themselves live in `facetrain.heads.collectives`, beside the sharded head that needs
+them, which keeps the head a library of its own. Model and data code never import torch.distributed;
+they receive ranks as plain integers.
 """
 
 from facetrain.parallel.dims import ParallelDims, destroy_parallel, init_parallel

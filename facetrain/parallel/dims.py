@@ -24,6 +24,7 @@ import torch
 import torch.distributed as dist
 from torch.distributed.device_mesh import DeviceMesh, init_device_mesh
 
+from facetrain.devices import rank_device
 from facetrain.errors import EveryRankError, FacetrainError
 from facetrain.parallel.attempt_store import attempt_store
 from facetrain.parallel.failures import join_failure_error, keep_check_in_store
@@ -156,13 +157,8 @@ def check_backend(backend: str, local_ranks: int, gpus: int) -> str:
 
 
 def pick_device(local_rank: int) -> torch.device:
-    """One GPU per local rank when there are GPUs (gloo ranks may share one), else the CPU; it becomes the
-    current CUDA device, which NCCL's communicator and `collective_device` use."""
-    if torch.cuda.is_available():
-        device = torch.device("cuda", local_rank % torch.cuda.device_count())
-        torch.cuda.set_device(device)
-        return device
-    return torch.device("cpu")
+    """One GPU per local rank when there are GPUs (gloo ranks may share one), else the CPU."""
+    return rank_device("cuda" if torch.cuda.is_available() else "cpu", local_rank)
 
 
 def _join_process_group(

@@ -23,12 +23,12 @@ from __future__ import annotations
 
 import re
 import time
-from contextlib import contextmanager
 from datetime import timedelta
 
 import torch.distributed as dist
 
 from facetrain.errors import CollectiveError, FacetrainError, PeerLost
+from facetrain.heads.collectives import named_collective
 
 # what a backend says when the other side of a collective is gone or silent
 _PEER_GONE_MARKERS = (
@@ -43,7 +43,6 @@ _PEER_GONE_MARKERS = (
 _COLLECTIVE_FAILURE_MARKERS = (*_PEER_GONE_MARKERS, "gloo", "NCCL")
 CHECK_IN_SECONDS = 5.0
 _FAILED = "failed:"
-_COLLECTIVE_ATTRIBUTE = "facetrain_collective"
 _HINT = "NCCL_DEBUG=INFO prints NCCL's own account (docs/training.md, NCCL errors)"
 
 
@@ -53,20 +52,9 @@ def is_collective_failure(error: BaseException) -> bool:
     return isinstance(error, RuntimeError) and any(m in str(error) for m in _COLLECTIVE_FAILURE_MARKERS)
 
 
-@contextmanager
-def naming(collective: str):
-    """Tag a failure raised inside with the collective that raised it (the innermost name wins)."""
-    try:
-        yield
-    except RuntimeError as error:  # DistError is one
-        if not hasattr(error, _COLLECTIVE_ATTRIBUTE):
-            setattr(error, _COLLECTIVE_ATTRIBUTE, collective)
-        raise
-
-
 def collective_name(error: BaseException) -> str | None:
     """The collective that failed: facetrain's own name for it, else the OpType NCCL's watchdog gives."""
-    named = getattr(error, _COLLECTIVE_ATTRIBUTE, None)
+    named = named_collective(error)
     if named is not None:
         return named
     found = re.search(r"OpType=(\w+)", str(error))

@@ -18,7 +18,7 @@ from torch.distributed.pipelining.schedules import PipelineScheduleSingle
 
 from facetrain.config.schema import ParallelConfig
 from facetrain.errors import FacetrainError
-from facetrain.parallel import comm
+from facetrain.heads import collectives
 from facetrain.parallel.data_parallel import wrap_data_parallel
 from facetrain.parallel.dims import ParallelDims
 from facetrain.parallel.pipeline_split import (
@@ -77,7 +77,7 @@ def plan_split(
         sample = torch.randn(tuple(microbatch_shape), device=dims.device)
         costs = measure_unit_costs(units, sample)
         starts = torch.tensor(balanced_boundaries(costs, stages), dtype=torch.int64, device=dims.device)
-    comm.broadcast_(starts, src=0)
+    collectives.broadcast_(starts, src=0)
     return starts.tolist()
 
 
@@ -177,11 +177,11 @@ class PipelineRuntime:
             self._schedule.step(arg_mbs=arg_mbs, target_mbs=target_mbs, losses=losses, return_outputs=False)
         finally:
             self._head = None
-        figures = torch.zeros(2, device=comm.collective_device(self.dims.pp_group))
+        figures = torch.zeros(2, device=collectives.collective_device(self.dims.pp_group))
         if self.dims.is_last_stage:
             figures[0] = torch.stack(losses).sum().detach().float()
             figures[1] = torch.stack(self._accuracies).float().mean()
-        comm.broadcast_(figures, src=self.dims.pp - 1, group=self.dims.pp_group)
+        collectives.broadcast_(figures, src=self.dims.pp - 1, group=self.dims.pp_group)
         figures = figures.to(device)
         return figures[0], figures[1]
 
@@ -192,10 +192,10 @@ class PipelineRuntime:
         unsplit model; the global norm keeps it, as `torch.nn.utils.clip_grad_norm_` does on one rank.
         """
         grads = [p.grad for p in self.stage.parameters() if p.grad is not None]
-        squares = torch.zeros((), device=comm.collective_device(self.dims.pp_group))
+        squares = torch.zeros((), device=collectives.collective_device(self.dims.pp_group))
         for grad in grads:
             squares += grad.float().pow(2).sum().to(squares.device)
-        total = comm.all_reduce_(squares, "sum", self.dims.pp_group).sqrt().to(self.dims.device)
+        total = collectives.all_reduce_(squares, "sum", self.dims.pp_group).sqrt().to(self.dims.device)
         scale = (max_norm / (total + 1e-6)).clamp(max=1.0)
         for grad in grads:
             grad.mul_(scale.to(grad.dtype))

@@ -25,8 +25,10 @@ from torch import nn
 from facetrain.config import Config
 from facetrain.data.decode import BadImageError
 from facetrain.errors import FacetrainError
+from facetrain.eval.one_kind import require_both_kinds
 from facetrain.eval.set_names import report_name, set_names
-from facetrain.parallel import comm
+from facetrain.eval.verify_pairs import load_pairs, verify
+from facetrain.heads import collectives
 from facetrain.parallel.dims import ParallelDims
 from facetrain.progress import ProgressBar
 
@@ -43,16 +45,13 @@ class TrainingVerifier:
         self.best_by = cfg.eval.best_by or self.names[0]
 
         def load():
-            from facetrain.eval.one_kind import require_both_kinds
-            from facetrain.eval.verify_pairs import load_pairs
-
             pair_sets = [load_pairs(path, cfg.eval.images) for path in files]
             for pairs in pair_sets:
                 require_both_kinds(pairs, "drop it from eval.pairs or use a pack with both kinds")
             return pair_sets
 
         # rank 0 checks the pairs and images now, so a bad path fails before training starts
-        self.pair_sets = comm.primary_first(load, also_others=False, group=dims.control_group)
+        self.pair_sets = collectives.primary_first(load, also_others=False, group=dims.control_group)
         self.failure: str | None = None  # rank 0's one-line reason once a verification failed
         self.history: dict[str, dict[int, dict]] | None = None  # rank 0: per set, step -> its figures
 
@@ -63,7 +62,7 @@ class TrainingVerifier:
         """
         group = self.dims.control_group
         # [accuracy, failed]
-        outcome = torch.zeros(2, dtype=torch.float64, device=comm.collective_device(group))
+        outcome = torch.zeros(2, dtype=torch.float64, device=collectives.collective_device(group))
         results: dict = {}
         if self.dims.is_primary:
             was_training = backbone.training  # a weight average stays in eval mode
@@ -80,15 +79,13 @@ class TrainingVerifier:
                 outcome[1] = 1
             finally:
                 backbone.train(was_training)
-        comm.broadcast_(outcome, 0, group)
+        collectives.broadcast_(outcome, 0, group)
         if outcome[1]:
             self.failure = self.failure or f"verification at step {step} failed on rank 0"
             return None
         return results or {"accuracy": float(outcome[0]), "step": step}
 
     def _verify(self, backbone: nn.Module, step: int) -> dict:
-        from facetrain.eval.verify_pairs import verify
-
         sets = {}
         for name, pairs in zip(self.names, self.pair_sets):
             outcome = verify(

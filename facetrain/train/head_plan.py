@@ -16,7 +16,7 @@ from torch import nn
 
 from facetrain.config import Config
 from facetrain.config.validate import fused_optimizer_conflict, show
-from facetrain.heads import ShardedMarginHead, class_range
+from facetrain.heads import ShardedMarginHead, class_range, collectives
 from facetrain.heads.kernel_choice import resolve_kernel
 from facetrain.heads.memory import (
     STORAGE_DTYPES,
@@ -27,7 +27,6 @@ from facetrain.heads.memory import (
     free_memory_bytes,
 )
 from facetrain.heads.plan import HeadPlan
-from facetrain.parallel import comm
 from facetrain.parallel.dims import ParallelDims
 from facetrain.progress import ProgressBar as tqdm  # its lines also go to the run log
 from facetrain.train.device_defaults import tile_classes
@@ -74,8 +73,10 @@ def resolve_head_plan(
             rows, cfg.model.embedding_size, cfg.train.batch_size * dims.dp, "untiled", optimizer=cfg.optim.name,
             reduced_precision_gemm=cfg.train.precision != "fp32",
         )  # fmt: skip
-        mine = torch.tensor([free_memory_bytes(dims.device)], device=comm.collective_device(dims.dp_group))
-        free = int(comm.all_reduce_(mine, "min", dims.dp_group))
+        mine = torch.tensor(
+            [free_memory_bytes(dims.device)], device=collectives.collective_device(dims.dp_group)
+        )
+        free = int(collectives.all_reduce_(mine, "min", dims.dp_group))
         reserved = 0
         if dims.device.type == "cuda" and backbone is not None:
             batch_shape = (cfg.train.batch_size, 3, *cfg.data.image_size)

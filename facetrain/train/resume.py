@@ -25,7 +25,7 @@ from torch import nn
 
 from facetrain.config import Config
 from facetrain.errors import EveryRankError, FacetrainError
-from facetrain.export.loading import load_model
+from facetrain.interop.loading import load_model
 from facetrain.models.state_match import first_state_mismatch
 
 

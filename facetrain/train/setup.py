@@ -18,8 +18,8 @@ from facetrain.checkpoint import TrainState, check_row_shards_supported, load_ch
 from facetrain.checkpoint.layout import read_config
 from facetrain.config import Config
 from facetrain.data import build_train_dataset, build_train_loader, prepare_train_data
+from facetrain.heads import collectives
 from facetrain.models import build_backbone
-from facetrain.parallel import comm
 from facetrain.parallel.dims import ParallelDims
 from facetrain.parallel.parallelize import parallelize_backbone
 from facetrain.progress import ProgressBar as tqdm  # its lines also go to the run log
@@ -68,7 +68,7 @@ def build_training_run(cfg: Config, dims: ParallelDims, resume: str | None) -> T
     if dims.dp > 1:  # a head sharded over the data-parallel ranks: refused now, not at the first save
         check_row_shards_supported()
     run_dir = Path(cfg.train.output_dir)
-    comm.primary_first(lambda: claim_run_dir(run_dir), also_others=False, group=dims.control_group)
+    collectives.primary_first(lambda: claim_run_dir(run_dir), also_others=False, group=dims.control_group)
     checkpoint, notes = find_checkpoint_to_resume(run_dir, resume, _job_restarted(run_dir, dims))
     check_run_dir(run_dir)
     device_defaults = resolve_device_defaults(dims.device.type, cfg)
@@ -76,7 +76,9 @@ def build_training_run(cfg: Config, dims: ParallelDims, resume: str | None) -> T
     accumulation = cfg.optim.grad_accumulation
     if cfg.train.deterministic:
         torch.use_deterministic_algorithms(True, warn_only=True)
-    comm.primary_first(lambda: write_run_config(cfg, run_dir), also_others=False, group=dims.control_group)
+    collectives.primary_first(
+        lambda: write_run_config(cfg, run_dir), also_others=False, group=dims.control_group
+    )
     if dims.is_primary:
         tqdm.write(device_defaults.describe())
         for note in notes:
@@ -85,8 +87,10 @@ def build_training_run(cfg: Config, dims: ParallelDims, resume: str | None) -> T
             tqdm.write(warning)
 
     # host-side waits go through the CPU group; every rank scans the data at once, not after rank 0
-    comm.primary_first(lambda: prepare_train_data(cfg.data), also_others=False, group=dims.control_group)
-    dataset = comm.on_every_rank(lambda: build_train_dataset(cfg.data), group=dims.control_group)
+    collectives.primary_first(
+        lambda: prepare_train_data(cfg.data), also_others=False, group=dims.control_group
+    )
+    dataset = collectives.on_every_rank(lambda: build_train_dataset(cfg.data), group=dims.control_group)
     remap = None
     if checkpoint is not None:  # before classes.json is replaced: the run's record of what its rows mean
         remap = match_classes(checkpoint, dataset.class_names, cfg.data.path, cfg.train.remap_classes)
@@ -147,5 +151,7 @@ def _job_restarted(run_dir: Path, dims: ParallelDims) -> bool:
     """Whether torchrun or Slurm restarted this job on any rank. A node that joins a running job (it
     grows back) runs its agent's first attempt, while the nodes it joins have restarted: all resume
     together."""
-    mine = torch.tensor([int(restarted_job(run_dir))], device=comm.collective_device(dims.control_group))
-    return bool(comm.all_reduce_(mine, "max", dims.control_group))
+    mine = torch.tensor(
+        [int(restarted_job(run_dir))], device=collectives.collective_device(dims.control_group)
+    )
+    return bool(collectives.all_reduce_(mine, "max", dims.control_group))

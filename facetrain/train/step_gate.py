@@ -28,7 +28,7 @@ import torch
 from facetrain.checkpoint import TrainState
 from facetrain.data.decode import DataError
 from facetrain.data.loader_workers import STOP_SIGNALS
-from facetrain.parallel import comm
+from facetrain.heads import collectives
 from facetrain.parallel.dims import ParallelDims
 
 _received: signal.Signals | None = None  # the first stop signal since the handlers went in
@@ -133,8 +133,10 @@ class StepGate:
         every, elapsed = self.checkpoint_every_s, time.monotonic() - self.last_checkpoint_at
         clock_due = self.dims.is_primary and every is not None and elapsed >= every
         local = [int(signals.received or 0), int(self.data_error is not None), int(clock_due)]
-        flags = torch.tensor(local, dtype=torch.int64, device=comm.collective_device(self.dims.control_group))
-        comm.all_reduce_(flags, "max", self.dims.control_group)
+        flags = torch.tensor(
+            local, dtype=torch.int64, device=collectives.collective_device(self.dims.control_group)
+        )
+        collectives.all_reduce_(flags, "max", self.dims.control_group)
         signal_number, data_failed, checkpoint_due = flags.tolist()
         self.checkpoint_due = bool(checkpoint_due)
         if not (signal_number or data_failed):

@@ -26,8 +26,8 @@ from facetrain.checkpoint import load_ema_weights, save_checkpoint
 from facetrain.config import Config, to_dict
 from facetrain.config.validate import validate
 from facetrain.errors import EveryRankError, FacetrainError, PeerFailed
+from facetrain.heads import collectives
 from facetrain.heads.margins import margin_at_step
-from facetrain.parallel import comm
 from facetrain.parallel.dims import ParallelDims, destroy_parallel, init_parallel, is_initialized
 from facetrain.parallel.failures import collective_failure_error, is_collective_failure
 from facetrain.progress import ProgressBar as tqdm  # plain lines when not on a terminal
@@ -288,8 +288,8 @@ class Trainer:
                     "the training set gives no full batch per rank; lower train.batch_size or add images"
                 )
             if dataset.skip_bad_images:  # every rank ends the epoch at the same batch: count them all
-                skipped = torch.tensor([dataset.bad_images], device=comm.collective_device(control))
-                total = int(comm.all_reduce_(skipped, "sum", control))
+                skipped = torch.tensor([dataset.bad_images], device=collectives.collective_device(control))
+                total = int(collectives.all_reduce_(skipped, "sum", control))
                 if total and self.dims.is_primary:
                     tqdm.write(
                         f"epoch {state.epoch}: skipped {total} unreadable images (data.skip_bad_images)"

@@ -1,6 +1,6 @@
 """Importing dlib's face recognition network (`dlib_face_recognition_resnet_model_v1.dat`) as a checkpoint.
 
-The file is decoded by `facetrain.export.dlib_format` (pure Python, nothing executed, no dlib call);
+The file is decoded by `facetrain.interop.dlib_format` (pure Python, nothing executed, no dlib call);
 its layer sequence is checked against `dlib_resnet`'s, layer kind by kind and setting by setting
 (strides, paddings, pool windows, shapes), and the first difference is reported in one line before
 anything is written. The checkpoint is written exactly as `facetrain import insightface` writes one,
@@ -22,8 +22,8 @@ from torch import nn
 from facetrain.align.dlib_models import model_file
 from facetrain.config import Config
 from facetrain.errors import FacetrainError
-from facetrain.export.dlib_format import DlibLayer, DlibNetwork, read_dlib_network
-from facetrain.export.insightface_import import (
+from facetrain.interop.dlib_format import DlibLayer, DlibNetwork, read_dlib_network
+from facetrain.interop.insightface_import import (
     ImportResult,
     check_destination,
     file_sha256,

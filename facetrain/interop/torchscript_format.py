@@ -18,9 +18,9 @@ import torch
 from torch import nn
 
 from facetrain.errors import FacetrainError
-from facetrain.export.card import CARD_NAME, card_image_size, card_json
-from facetrain.export.parity import check_outputs, example_batch
 from facetrain.files import atomic_target
+from facetrain.interop.card import CARD_NAME, card_image_size, card_json
+from facetrain.interop.parity import check_outputs, example_batch
 
 TORCHSCRIPT_NAME = "model.torchscript.pt"
 

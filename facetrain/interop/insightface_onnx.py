@@ -24,7 +24,7 @@ import numpy as np
 import torch
 
 from facetrain.choices import IRESNET_DEPTHS
-from facetrain.export.onnx_graph import OnnxGraph, OnnxNode
+from facetrain.interop.onnx_graph import OnnxGraph, OnnxNode
 from facetrain.models.iresnet import BN_EPS, IRESNET_INPUT_SIZE
 
 STAGES = 4

@@ -18,9 +18,9 @@ import torch
 from torch import nn
 
 from facetrain.errors import FacetrainError
-from facetrain.export.card import card_image_size
-from facetrain.export.parity import check_outputs, example_batch
 from facetrain.files import atomic_target
+from facetrain.interop.card import card_image_size
+from facetrain.interop.parity import check_outputs, example_batch
 
 ONNX_NAME = "model.onnx"
 OPSET = 17

@@ -3,7 +3,7 @@ checkpoints.
 
 A `.pth` is read with `torch.load(weights_only=True)`, which restores tensors and plain containers
 but never an arbitrary object, so a tampered file cannot run code; an `.onnx` is parsed as data
-(`facetrain.export.insightface_onnx`), never run. The architecture (an IResNet depth, or MobileFaceNet
+(`facetrain.interop.insightface_onnx`), never run. The architecture (an IResNet depth, or MobileFaceNet
 `mbf`) is read from the file's keys or graph, or checked against `--arch`; every key and shape is
 checked against facetrain's model before anything is written, and the first difference is reported
 in one line.
@@ -39,9 +39,9 @@ from facetrain.checkpoint.storage import save_entries
 from facetrain.choices import INSIGHTFACE_ARCHITECTURES
 from facetrain.config import Config, ModelConfig, save_config
 from facetrain.errors import FacetrainError
-from facetrain.export.insightface_onnx import read_iresnet_onnx
 from facetrain.files import refuse_to_overwrite
 from facetrain.input_files import open_regular
+from facetrain.interop.insightface_onnx import read_iresnet_onnx
 from facetrain.models import Backbone, build_backbone
 from facetrain.models.iresnet import IRESNET_DEPTHS, IRESNET_INPUT_SIZE
 from facetrain.models.state_match import first_state_mismatch

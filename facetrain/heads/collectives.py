@@ -1,8 +1,12 @@
-"""Every collective facetrain's training code uses, in one place.
+"""Every collective facetrain uses, in one place, beside the sharded head that needs them most.
+
+They live in the head's package so that the head is a library of its own: `import facetrain.heads` needs
+torch and nothing of facetrain's training application. `facetrain.parallel`, the checkpoints and the
+trainer import them from here.
 
 Without an initialized process group (or with a group of one) each function is the identity, so
-callers never branch on whether they run distributed. Each names itself on a failure
-(`failures.naming`), so the one-line report says which collective failed.
+callers never branch on whether they run distributed. Each names itself on a failure (`naming`), so the
+one-line report `parallel.failures` makes says which collective failed.
 
 Host-side work that some ranks wait for (`primary_first`, `on_every_rank`) takes its group explicitly:
 `ParallelDims.control_group`, a gloo group over the CPU. Waiting there instead of in an NCCL collective
@@ -11,11 +15,12 @@ keeps NCCL's watchdog out of a wait that only the host's disk or network decides
 
 from __future__ import annotations
 
+from contextlib import contextmanager
+
 import torch
 import torch.distributed as dist
 
 from facetrain.errors import FacetrainError, PeerFailed
-from facetrain.parallel.failures import naming
 
 ProcessGroup = dist.ProcessGroup if dist.is_available() else object
 
@@ -25,6 +30,24 @@ _all_gather_single = getattr(dist, "all_gather_single", None) or getattr(dist, "
 _reduce_scatter_single = getattr(dist, "reduce_scatter_single", None) or getattr(
     dist, "reduce_scatter_tensor", None
 )
+
+_COLLECTIVE_ATTRIBUTE = "facetrain_collective"
+
+
+@contextmanager
+def naming(collective: str):
+    """Tag a failure raised inside with the collective that raised it (the innermost name wins)."""
+    try:
+        yield
+    except RuntimeError as error:  # DistError is one
+        if not hasattr(error, _COLLECTIVE_ATTRIBUTE):
+            setattr(error, _COLLECTIVE_ATTRIBUTE, collective)
+        raise
+
+
+def named_collective(error: BaseException) -> str | None:
+    """The name `naming` gave the collective that raised `error`; None outside one."""
+    return getattr(error, _COLLECTIVE_ATTRIBUTE, None)
 
 
 def is_active(group: ProcessGroup | None = None) -> bool:

@@ -18,9 +18,9 @@ from torch import nn
 
 from facetrain.checkpoint import load_backbone
 from facetrain.errors import FacetrainError
-from facetrain.export.card import CARD_NAME, build_card, card_config, card_image_size, parse_card, read_card
-from facetrain.export.safetensors_format import SAFETENSORS_NAME, read_safetensors_into
-from facetrain.export.torchscript_format import TORCHSCRIPT_NAME, read_torchscript
+from facetrain.interop.card import CARD_NAME, build_card, card_config, card_image_size, parse_card, read_card
+from facetrain.interop.safetensors_format import SAFETENSORS_NAME, read_safetensors_into
+from facetrain.interop.torchscript_format import TORCHSCRIPT_NAME, read_torchscript
 from facetrain.models import build_backbone
 
 

@@ -26,7 +26,8 @@ import torch
 from facetrain.checkpoint.names import BACKBONE, HEAD_STATE, HEAD_WEIGHT, OPTIM_STATE
 from facetrain.config import Config
 from facetrain.errors import FacetrainError
-from facetrain.export.insightface_import import (
+from facetrain.heads.partition import class_range
+from facetrain.interop.insightface_import import (
     SOURCE_FORMAT,
     backbone_state,
     check_destination,
@@ -37,7 +38,6 @@ from facetrain.export.insightface_import import (
     load_weights_only,
     write_imported_checkpoint,
 )
-from facetrain.heads.partition import class_range
 from facetrain.progress import ProgressBar
 
 RUN_FORMAT = "insightface arcface_torch checkpoint_gpu_N.pt"

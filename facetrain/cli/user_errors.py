@@ -1,0 +1,62 @@
+"""How the command line reports what a user can fix: one line, printed once over all ranks."""
+
+from __future__ import annotations
+
+import errno
+import os
+import sys
+
+import click
+
+from facetrain.errors import EveryRankError, FacetrainError, PeerFailed, PeerLost
+
+# What the machine, not facetrain, refused: a full disk, a read-only or unwritable folder, a name the
+# file system cannot hold. Any command can meet them on any file; each is a line naming the file.
+ENVIRONMENT_ADVICE = {
+    errno.ENOSPC: "free space, then run it again",
+    errno.EDQUOT: "free space within your quota, then run it again",
+    errno.EFBIG: "the file system cannot hold a file this big; choose another place",
+    errno.EROFS: "choose a writable place",
+    errno.EACCES: "check its permissions, or choose another place",
+    errno.EPERM: "check its permissions, or choose another place",
+    errno.ENAMETOOLONG: "choose a shorter name",
+    errno.ELOOP: "fix or remove the symlink",
+    errno.EIO: "the disk reported an error; check it",
+}
+
+
+def environment_error_line(error: OSError) -> str | None:
+    """One line for an OSError of ENVIRONMENT_ADVICE's kinds, or None for any other (a bug to show)."""
+    advice = ENVIRONMENT_ADVICE.get(error.errno)
+    if advice is None:
+        return None
+    where = f"{error.filename}: " if error.filename else ""
+    return f"{where}{error.strerror or os.strerror(error.errno)}; {advice}"
+
+
+def report_user_error(error: FacetrainError) -> int:
+    """Report a user error as one line; return the exit code 2.
+
+    Printed once for errors every rank sees alike, never for a rank that only stopped because another
+    failed, and not at all by ranks of a `--nproc` run, whose launcher prints the first cause last.
+    Each rank also records it for the launcher or torchrun (`facetrain.parallel.launch`).
+    """
+    rank = os.environ.get("RANK", "0")
+    if isinstance(error, (PeerFailed, PeerLost)):
+        kind = "peer"
+    elif isinstance(error, EveryRankError):
+        kind = "every_rank"
+    else:
+        kind = "cause"
+    if "TORCHELASTIC_ERROR_FILE" in os.environ:
+        from facetrain.parallel.launch import launched_locally, record_failure
+
+        record_failure(str(error), kind)
+        if launched_locally():
+            return 2
+    if isinstance(error, PeerFailed) or (rank != "0" and kind == "every_rank"):
+        return 2  # the rank that failed, or rank 0, prints it
+    prefix = f"[rank {rank}] " if rank != "0" else ""
+    fresh_line = "\n" if rank != "0" and sys.stderr.isatty() else ""  # rank 0's progress bar may be mid-line
+    click.echo(f"{fresh_line}{prefix}error: {error}", err=True)
+    return 2
