@@ -9,15 +9,17 @@ import torch
 from torch import nn
 
 from facetrain.checkpoint.app_state import AppState
-from facetrain.checkpoint.layout import read_config, read_meta, resolve_checkpoint
+from facetrain.checkpoint.layout import read_config_yaml, read_meta, resolve_checkpoint
 from facetrain.checkpoint.names import BACKBONE, EMA, HEAD_WEIGHT
 from facetrain.checkpoint.storage import load_entries, rows_of, stored, stored_entries
 from facetrain.checkpoint.writer import TrainState
-from facetrain.config import Config
+from facetrain.config.loader import from_dict
+from facetrain.data.config import DataConfig
 from facetrain.errors import FacetrainError
 from facetrain.heads import ShardedMarginHead
+from facetrain.models import build_backbone
+from facetrain.models.config import ModelConfig
 from facetrain.parallel.dims import ParallelDims
-from facetrain.progress import ProgressBar as tqdm  # its lines also go to the run log
 
 
 def load_checkpoint(
@@ -27,27 +29,19 @@ def load_checkpoint(
     head: ShardedMarginHead | None,
     optimizer: torch.optim.Optimizer,
     scaler: torch.amp.GradScaler | None,
-    optimizer_name: str | None = None,
+    keep_optimizer: bool = True,
     class_rows: list[int | None] | None = None,
 ) -> TrainState:
     """Collective: restore everything into already-built objects (`backbone` may be one pipeline stage,
     `head` None on a stage without one), the head resharded onto this run's ranks.
 
-    Another `optimizer_name` (optim.name) than the checkpoint's starts that optimizer's state fresh, with
-    a warning: SGD's momentum means nothing to AdamW's moments, and the weights, step and schedule carry
-    on. `class_rows` (train.remap_classes, `facetrain.train.class_remap`) gives each class of this run
+    `keep_optimizer` False starts the optimizer's state fresh: the run changed optimizer (optim.name),
+    and SGD's momentum means nothing to AdamW's moments; the weights, step and schedule carry on.
+    `class_rows` (train.remap_classes, `facetrain.train.class_remap`) gives each class of this run
     its checkpoint row or None: the head's rows are then taken by class, its optimizer state fresh.
     """
     checkpoint = resolve_checkpoint(path)
     meta = read_meta(checkpoint)
-    trained_with = None if optimizer_name is None else read_config(checkpoint).optim.name
-    keep_optimizer = trained_with == optimizer_name
-    if not keep_optimizer and dims.is_primary:
-        tqdm.write(
-            f"warning: checkpoint {checkpoint} was trained with optim.name={trained_with}, this run uses "
-            f"{optimizer_name}: {trained_with}'s state cannot seed {optimizer_name}'s, so {optimizer_name} "
-            f"starts with fresh state; the weights, step {meta['step']} and the schedule carry on"
-        )
     classes_fit = head is None or class_rows is not None or meta["num_classes"] == head.num_classes
     if head is not None and not (classes_fit and meta["embedding_size"] == head.embedding_size):
         raise FacetrainError(
@@ -83,10 +77,10 @@ def _check_backbone_fits(checkpoint: Path, index: dict, backbone: nn.Module) -> 
             continue
         found = "lacks it" if entry is None else f"has {list(entry.size)}"
         try:
-            trained = read_config(checkpoint)
+            model, data = saved_model_config(checkpoint)
             settings = (
-                f"model.backbone={trained.model.backbone}, model.embedding_size="
-                f"{trained.model.embedding_size}, data.image_size={list(trained.data.image_size)}"
+                f"model.backbone={model.backbone}, model.embedding_size="
+                f"{model.embedding_size}, data.image_size={list(data.image_size)}"
             )
         except (OSError, FacetrainError):
             settings = "other model settings"
@@ -153,16 +147,25 @@ def load_ema_weights(path: str | Path, ema: nn.Module) -> bool:
     return True
 
 
-def load_backbone(path: str | Path, device: str | torch.device = "cpu") -> tuple[nn.Module, Config, dict]:
-    """The trained backbone of any checkpoint (any number of ranks), in eval mode, without a group."""
-    from facetrain.models import build_backbone
+def saved_model_config(checkpoint: Path) -> tuple[ModelConfig, DataConfig]:
+    """The model and data sections of a checkpoint's config.yaml: what its backbone was built from.
+    The whole tree is the run's to read (`facetrain.train.run_config.checkpoint_config`)."""
+    raw, source = read_config_yaml(checkpoint), str(checkpoint / "config.yaml")
+    sections = [(name, raw.get(name, {})) for name in ("model", "data")]
+    model, data = (from_dict(cls, section, source, f"{name}.") for cls, (name, section)
+                   in zip((ModelConfig, DataConfig), sections, strict=True))  # fmt: skip
+    return model, data
 
+
+def load_backbone(path: str | Path, device: str | torch.device = "cpu") -> tuple[nn.Module, dict]:
+    """The trained backbone of any checkpoint (any number of ranks), in eval mode, without a group, and
+    its meta.json."""
     checkpoint = resolve_checkpoint(path)
-    config = read_config(checkpoint)
-    backbone = build_backbone(config.model, tuple(config.data.image_size))
+    model, data = saved_model_config(checkpoint)
+    backbone = build_backbone(model, tuple(data.image_size))
     _check_config_describes_weights(checkpoint, stored(checkpoint), backbone)
     load_backbone_weights(checkpoint, backbone)
-    return backbone.to(device).eval(), config, read_meta(checkpoint)
+    return backbone.to(device).eval(), read_meta(checkpoint)
 
 
 def _check_config_describes_weights(checkpoint: Path, index: dict, backbone: nn.Module) -> None:

@@ -22,13 +22,13 @@ from pathlib import Path
 import torch
 from torch import nn
 
-from facetrain.config import Config
 from facetrain.data.decode import BadImageError
 from facetrain.errors import FacetrainError
 from facetrain.eval.set_names import report_name, set_names
 from facetrain.parallel import comm
 from facetrain.parallel.dims import ParallelDims
 from facetrain.progress import ProgressBar
+from facetrain.train.run_config import Config
 
 # what TensorBoard gets of each set, under eval/NAME/
 SET_SCALARS = ("accuracy", "xnorm", "auc", "best_accuracy")
