@@ -344,7 +344,7 @@ READER_MODULES = (
     "facetrain.checkpoint", "facetrain.config", "facetrain.data.decode", "facetrain.data.listfile",
     "facetrain.data.recordio", "facetrain.eval.csv_pairs", "facetrain.eval.ijb_meta", "facetrain.eval.insightface_bin",
     "facetrain.eval.lfw_pairs", "facetrain.export.dlib_format", "facetrain.export.insightface_import",
-    "facetrain.export.insightface_onnx", "onnx",
+    "facetrain.export.insightface_onnx", "facetrain.train.run_checks", "onnx",
 )  # fmt: skip
 
 
