@@ -151,9 +151,8 @@ def saved_model_config(checkpoint: Path) -> tuple[ModelConfig, DataConfig]:
     """The model and data sections of a checkpoint's config.yaml: what its backbone was built from.
     The whole tree is the run's to read (`facetrain.train.run_config.checkpoint_config`)."""
     raw, source = read_config_yaml(checkpoint), str(checkpoint / "config.yaml")
-    sections = [(name, raw.get(name, {})) for name in ("model", "data")]
-    model, data = (from_dict(cls, section, source, f"{name}.") for cls, (name, section)
-                   in zip((ModelConfig, DataConfig), sections, strict=True))  # fmt: skip
+    model = from_dict(ModelConfig, raw.get("model", {}), source, "model.")
+    data = from_dict(DataConfig, raw.get("data", {}), source, "data.")
     return model, data
 
 
