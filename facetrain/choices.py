@@ -28,3 +28,15 @@ DEVICE_CHOICES = ("auto", "cpu", "cuda")
 
 # train.precision and `facetrain bench train --precision`: the autocast dtypes by name (train/step.py)
 PRECISIONS = ("fp32", "bf16", "fp16")
+
+# the built-in synthetic face set (data.synth, `facetrain synth`'s options): identities and images
+SYNTH_DEFAULTS = {
+    "identities": 200,
+    "images_per_identity": 24,
+    "heldout_identities": 60,
+    "heldout_images_per_identity": 10,
+    "pairs_folds": 10,
+    "pairs_per_fold": 60,
+    "image_size": 112,
+    "seed": 0,
+}

@@ -23,13 +23,13 @@ from click.testing import CliRunner
 from facetrain.align.aligner import FaceAligner
 from facetrain.align.runner import align_folder
 from facetrain.cli import main
-from facetrain.config import Config
 from facetrain.data.decode import decode_image
 from facetrain.eval.embedding import embed_images
 from facetrain.export.exporter import export_loaded
 from facetrain.interop.card import build_card
 from facetrain.interop.loading import LoadedModel, load_model
 from facetrain.models import build_backbone
+from facetrain.train.run_config import Config
 
 needs_dlib = pytest.mark.skipif(
     importlib.util.find_spec("dlib") is None,

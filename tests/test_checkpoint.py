@@ -16,11 +16,11 @@ from facetrain.checkpoint import (
     resolve_checkpoint,
     save_checkpoint,
 )
-from facetrain.config import Config
 from facetrain.errors import FacetrainError
 from facetrain.heads import ShardedMarginHead
 from facetrain.parallel.dims import init_parallel
 from facetrain.train.optim import build_optimizer
+from facetrain.train.run_config import Config
 from tests.distributed import run_distributed
 
 NUM_CLASSES, DIM = 11, 6

@@ -9,11 +9,11 @@ import pytest
 import torch
 
 from facetrain.checkpoint import load_backbone_weights, load_checkpoint, load_ema_weights, load_full_head
-from facetrain.config import Config
 from facetrain.heads import ShardedMarginHead
 from facetrain.parallel.dims import init_parallel
 from facetrain.train.ema import WeightEma
 from facetrain.train.optim import build_fused_optimizer, build_optimizer
+from facetrain.train.run_config import Config
 from tests.distributed import run_distributed
 from tests.head_plans import head_plan
 
@@ -37,7 +37,7 @@ def resume(rank, world_size, kind):
         head.fuse_optimizer(build_fused_optimizer(cfg.optim, head, torch.float32))
     optimizer = build_optimizer(cfg.optim, backbone, head)
     scaler = None if tiled else torch.amp.GradScaler("cpu", init_scale=1.0)
-    state = load_checkpoint(DATA / kind, init_parallel(), backbone, head, optimizer, scaler, cfg.optim.name)
+    state = load_checkpoint(DATA / kind, init_parallel(), backbone, head, optimizer, scaler)
     ema = WeightEma(backbone, 0.5)
     has_average = load_ema_weights(DATA / kind, ema.module)
     head_state = (head.fused_optimizer or optimizer).state[head.weight]

@@ -9,7 +9,7 @@ import re
 from click.testing import CliRunner
 
 from facetrain.cli import main
-from facetrain.config import Config
+from facetrain.train.run_config import Config
 
 WORK_ORDER = [
     "synth",

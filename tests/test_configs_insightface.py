@@ -7,10 +7,10 @@ from pathlib import Path
 
 import pytest
 
-from facetrain.config import load_config
 from facetrain.config.validate import field_problems
 from facetrain.heads.margins import build_margin
 from facetrain.models import BACKBONES
+from facetrain.train.run_config import load_config
 
 REPO = Path(__file__).resolve().parents[1]
 GLOBAL_BATCH = 8 * 128  # insightface's recipes are for 8 GPUs x 128

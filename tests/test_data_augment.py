@@ -11,8 +11,8 @@ import pytest
 import torch
 from scipy import ndimage
 
-from facetrain.config.schema import AugmentConfig
 from facetrain.data.augment import GeometricJitter, RandomBlur, RandomGray, random_erasing
+from facetrain.data.config import AugmentConfig
 from facetrain.data.decode import decode_image
 from facetrain.data.transforms import build_eval_transform, build_train_transform
 

@@ -10,8 +10,8 @@ import numpy as np
 import pytest
 import torch
 
-from facetrain.config import AugmentConfig, DataConfig
 from facetrain.data import build_train_dataset, build_train_loader
+from facetrain.data.config import AugmentConfig, DataConfig
 from facetrain.data.sample_key import SampleKey, augment_seeds
 from facetrain.data.samplers import IdentitySampler, ResumableDistributedSampler
 from tests.test_data_sources import random_rgb, write_image

@@ -7,8 +7,8 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from facetrain.config import DataConfig
 from facetrain.data import build_train_dataset, build_train_loader
+from facetrain.data.config import DataConfig
 from facetrain.data.samplers import IdentitySampler, ResumableDistributedSampler
 from facetrain.errors import EveryRankError, FacetrainError
 from tests.distributed import run_distributed

@@ -9,8 +9,8 @@ import numpy as np
 import pytest
 import torch
 
-from facetrain.config import DataConfig
 from facetrain.data import SOURCES, build_train_dataset, build_train_loader
+from facetrain.data.config import DataConfig
 from facetrain.data.dataset import FaceDataset
 from facetrain.data.decode import decode_image
 from facetrain.data.folder import scan_image_folder

@@ -9,7 +9,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from facetrain.config import SynthConfig
+from facetrain.data.config import SynthConfig
 from facetrain.data.decode import decode_image
 from facetrain.data.folder import scan_image_folder
 from facetrain.data.synthetic import generate_synthetic

@@ -7,7 +7,7 @@ import numpy as np
 import pytest
 import torch
 
-from facetrain.config.schema import AugmentConfig
+from facetrain.data.config import AugmentConfig
 from facetrain.data.transforms import build_eval_transform, build_train_transform, normalize, normalize_hwc
 from facetrain.errors import FacetrainError
 

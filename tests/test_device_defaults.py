@@ -14,8 +14,6 @@ import torch
 import yaml
 from torch.nn.parallel import DistributedDataParallel
 
-from facetrain.config import Config, load_config, validate
-from facetrain.config.schema import ModelConfig
 from facetrain.errors import FacetrainError
 from facetrain.heads.memory import (
     AUTO_MEMORY_FRACTION,
@@ -26,6 +24,7 @@ from facetrain.heads.memory import (
     estimate_head_memory,
 )
 from facetrain.models import build_backbone
+from facetrain.models.config import ModelConfig
 from facetrain.train.device_defaults import (
     DETERMINISTIC_CUBLAS_WORKSPACE,
     TILE_CLASSES,
@@ -33,6 +32,8 @@ from facetrain.train.device_defaults import (
     resolve_device_defaults,
     tile_classes,
 )
+from facetrain.train.run_checks import validate
+from facetrain.train.run_config import Config, load_config
 from tests.distributed import run_distributed
 
 GiB = 2**30
@@ -84,22 +85,24 @@ def test_applying_cpu_defaults_touches_no_process_switch_and_resolves_the_config
     before = torch.backends.cudnn.benchmark, torch.get_float32_matmul_precision()
     environ: dict[str, str] = {}
     cfg = Config()
-    resolved = apply_device_defaults(resolve_device_defaults("cpu", cfg, environ), cfg, environ)
+    defaults = resolve_device_defaults("cpu", cfg, environ)
+    assert cfg.data.pin_memory is None  # resolving the defaults reads the config, applying them sets it
+    apply_device_defaults(defaults, cfg, environ)
     assert (torch.backends.cudnn.benchmark, torch.get_float32_matmul_precision()) == before
     assert environ == {}
-    assert (resolved.data.pin_memory, resolved.head.tile_classes) == (False, None)  # the head plan's
-    assert (cfg.data.pin_memory, cfg.head.tile_classes) == (None, None)  # the caller's config is kept
+    # in place, so the run holds one config object
+    assert (cfg.data.pin_memory, cfg.head.tile_classes) == (False, None)  # tile_classes: the head plan's
 
 
 def test_applying_cuda_defaults_sets_the_switches(process_switches):
     cfg = Config()
     cfg.train.deterministic = True
     environ: dict[str, str] = {}
-    resolved = apply_device_defaults(resolve_device_defaults("cuda", cfg, environ), cfg, environ)
+    apply_device_defaults(resolve_device_defaults("cuda", cfg, environ), cfg, environ)
     assert environ == {"CUBLAS_WORKSPACE_CONFIG": DETERMINISTIC_CUBLAS_WORKSPACE}
     assert torch.backends.cudnn.benchmark is False  # deterministic
     assert torch.get_float32_matmul_precision() == "high"
-    assert resolved.data.pin_memory is True
+    assert cfg.data.pin_memory is True
     cfg.train.deterministic = False
     apply_device_defaults(resolve_device_defaults("cuda", cfg, {}), cfg, {})
     assert torch.backends.cudnn.benchmark is True

@@ -17,7 +17,6 @@ import torch
 from click.testing import CliRunner
 
 from facetrain.cli import main
-from facetrain.config.schema import ModelConfig
 from facetrain.data.decode import decode_image
 from facetrain.data.transforms import EvalTransform
 from facetrain.errors import FacetrainError
@@ -26,6 +25,7 @@ from facetrain.interop.dlib_format import read_dlib_network
 from facetrain.interop.dlib_import import import_dlib
 from facetrain.interop.loading import load_model
 from facetrain.models import build_backbone
+from facetrain.models.config import ModelConfig
 from facetrain.models.dlib_resnet import MIN_INPUT_SIDE, dlib_layer_sequence, padded_sum
 from facetrain.train.resume import load_initial_backbone
 

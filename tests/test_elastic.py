@@ -15,13 +15,13 @@ import torch
 import torch.distributed as dist
 
 from facetrain.checkpoint import TrainState
-from facetrain.config import Config
-from facetrain.config.validate import validate
 from facetrain.data.samplers import IdentitySampler, ResumableDistributedSampler
 from facetrain.errors import FacetrainError
 from facetrain.parallel.attempt_store import ATTEMPT_KEY, agree_on_prefix
 from facetrain.parallel.dims import ParallelDims, init_parallel
 from facetrain.train.resume import hold_global_batch, membership_line
+from facetrain.train.run_checks import validate
+from facetrain.train.run_config import Config
 from facetrain.train.step_gate import StepGate, StopSignals
 from tests.distributed import run_distributed
 from tests.test_elastic_nodes import free_port
@@ -65,9 +65,14 @@ def test_every_identity_micro_batch_holds_the_same_images_on_any_number_of_ranks
 def test_the_global_batch_sets_the_accumulation_for_the_world_size():
     cfg = Config()
     cfg.train.batch_size, cfg.train.global_batch = 8, 32
-    assert [hold_global_batch(cfg, ranks).optim.grad_accumulation for ranks in (1, 2, 4)] == [4, 2, 1]
+    accumulation = []
+    for ranks in (1, 2, 4):
+        hold_global_batch(cfg, ranks)  # in place: the run holds one config
+        accumulation.append(cfg.optim.grad_accumulation)
+    assert accumulation == [4, 2, 1]
     cfg.train.global_batch = None
-    assert hold_global_batch(cfg, 2) is cfg
+    hold_global_batch(cfg, 2)
+    assert cfg.optim.grad_accumulation == 1  # left as the config gave it
 
 
 @pytest.mark.parametrize(

@@ -10,10 +10,11 @@ import pytest
 import torch
 from torch import nn
 
-from facetrain.checkpoint import load_backbone
+from facetrain.checkpoint import load_backbone, resolve_checkpoint
 from facetrain.checkpoint.names import BACKBONE, EMA
 from facetrain.eval.verify_pairs import load_pairs, verify
 from facetrain.train.ema import WeightEma
+from facetrain.train.run_config import checkpoint_config
 from tests.fault_helpers import checkpoint_tensors
 from tests.train_helpers import run_cli, tiny_config
 
@@ -67,7 +68,8 @@ def test_training_verifies_and_reads_back_the_average(tmp_path):
     run = tmp_path / "run"
     average, trained = checkpoint_tensors(run, EMA), checkpoint_tensors(run, BACKBONE)
     assert any(not torch.equal(average[k], trained[k]) for k in average if average[k].is_floating_point())
-    backbone, config, _ = load_backbone(run)
+    config = checkpoint_config(resolve_checkpoint(run))
+    backbone, _ = load_backbone(run)
     for name, tensor in backbone.state_dict().items():
         assert torch.equal(tensor, average[name]), name
     evaluation = json.loads((run / "summary.json").read_text())["evaluation"]

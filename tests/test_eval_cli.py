@@ -10,7 +10,6 @@ import torch
 from click.testing import CliRunner
 
 from facetrain.cli import main
-from facetrain.config import Config
 from facetrain.eval.pairs import load_pairs
 from facetrain.eval.retrieval import evaluate_market1501
 from facetrain.eval.set_names import report_file_name
@@ -19,6 +18,7 @@ from facetrain.export.exporter import export_loaded, export_model
 from facetrain.interop.card import build_card, with_verification_report
 from facetrain.interop.loading import LoadedModel, load_model
 from facetrain.models import build_backbone
+from facetrain.train.run_config import Config
 from tests.test_eval_support import write_lfw_style_set, write_market
 
 IMAGE_SIZE = (32, 32)

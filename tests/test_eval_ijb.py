@@ -19,7 +19,6 @@ from facetrain.align.five_points import FivePointCrop
 from facetrain.align.template import reference_points
 from facetrain.align.transform import similarity_transform
 from facetrain.cli import main
-from facetrain.config import Config
 from facetrain.errors import FacetrainError
 from facetrain.eval.ijb_faces import AlignedFaces
 from facetrain.eval.ijb_meta import read_ijb_meta
@@ -29,6 +28,7 @@ from facetrain.export.exporter import export_loaded
 from facetrain.interop.card import build_card
 from facetrain.interop.loading import LoadedModel, load_model
 from facetrain.models import build_backbone
+from facetrain.train.run_config import Config
 from tests.ijb_set import write_ijb_set
 
 SIZE = (112, 112)

@@ -11,12 +11,12 @@ import pytest
 import torch
 from torch import nn
 
-from facetrain.config import Config
 from facetrain.data.transforms import RESIZE_LINEAR, build_eval_transform, normalize_hwc
 from facetrain.errors import FacetrainError
 from facetrain.eval.embedding import compute_embeddings
 from facetrain.interop.card import build_card, card_interpolation
 from facetrain.models import build_backbone
+from facetrain.train.run_config import Config
 
 PHOTO = np.random.default_rng(0).integers(0, 256, (150, 150, 3), dtype=np.uint8)
 

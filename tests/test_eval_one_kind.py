@@ -15,7 +15,6 @@ from click.testing import CliRunner
 from torch import nn
 
 from facetrain.cli import main
-from facetrain.config import Config
 from facetrain.errors import FacetrainError
 from facetrain.eval.pairs import load_pairs
 from facetrain.eval.set_names import report_file_name
@@ -24,6 +23,7 @@ from facetrain.export.exporter import export_loaded
 from facetrain.interop.card import build_card
 from facetrain.interop.loading import LoadedModel
 from facetrain.models import build_backbone
+from facetrain.train.run_config import Config
 from tests.test_eval_support import colour_face
 
 SIZE = (32, 32)

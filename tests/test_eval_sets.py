@@ -12,7 +12,6 @@ import cv2
 import numpy as np
 import pytest
 
-from facetrain.config import load_config, validate
 from facetrain.errors import FacetrainError
 from facetrain.eval.pairs import load_pairs
 from facetrain.parallel.dims import init_parallel
@@ -23,6 +22,8 @@ from facetrain.train.evaluation import (
     report_lines,
     tensorboard_scalars,
 )
+from facetrain.train.run_checks import validate
+from facetrain.train.run_config import load_config
 from tests.test_eval_support import write_lfw_style_set
 from tests.train_helpers import run_cli, tiny_config
 

@@ -76,7 +76,7 @@ def exported(run_dir: tuple[Path, torch.Tensor], tmp_path_factory: pytest.TempPa
 
 def test_every_format_embeds_like_the_checkpoint_backbone(run_dir, exported: Path) -> None:
     onnxruntime = pytest.importorskip("onnxruntime")
-    reference, _, _ = load_backbone(run_dir[0])
+    reference, _ = load_backbone(run_dir[0])
     batch = images(4, seed=5)
     with torch.no_grad():
         expected = reference(batch)

@@ -11,13 +11,13 @@ import pytest
 import torch
 from torch import nn
 
-from facetrain.config import Config
 from facetrain.errors import FacetrainError
 from facetrain.export.exporter import export_loaded
 from facetrain.interop.card import build_card
 from facetrain.interop.loading import LoadedModel, load_model
 from facetrain.interop.onnx_format import write_onnx
 from facetrain.models import build_backbone
+from facetrain.train.run_config import Config
 
 IMAGE_SIZE = (32, 32)
 EMBEDDING_SIZE = 16

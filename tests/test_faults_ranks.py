@@ -19,8 +19,8 @@ from pathlib import Path
 import pytest
 
 from facetrain.checkpoint import find_resume_point
-from facetrain.config import DataConfig, SynthConfig
 from facetrain.data import SAMPLERS, build_train_dataset
+from facetrain.data.config import DataConfig, SynthConfig
 from facetrain.data.synthetic import generate_synthetic
 from tests.fault_helpers import (
     ENV,
@@ -129,7 +129,7 @@ def image_read_by(faces: Path, rank: int, epoch: int, batch: int) -> Path:
     """The first image of `batch` that `rank` reads in `epoch` (2 ranks, seed 0), from the sampler itself."""
     data = DataConfig(source="folder", path=str(faces), image_size=[32, 32])
     dataset = build_train_dataset(data)
-    sampler = SAMPLERS.build("distributed", dataset, data, BATCH, rank, 2, 0)
+    sampler = SAMPLERS.build("distributed", dataset, BATCH, rank, 2, 0)
     sampler.set_epoch(epoch)
     return Path(dataset.table.reader.name(int(list(sampler)[batch * BATCH])))
 

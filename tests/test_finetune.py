@@ -9,13 +9,12 @@ import pytest
 import torch
 
 from facetrain.checkpoint import load_backbone, load_full_head
-from facetrain.config import OptimConfig
-from facetrain.train.optim import build_lr_scheduler, build_optimizer
+from facetrain.train.optim import OptimConfig, build_lr_scheduler, build_optimizer
 from tests.train_helpers import run_cli, tiny_config
 
 
 def backbone_state(run: Path) -> dict[str, torch.Tensor]:
-    backbone, _, _ = load_backbone(run)
+    backbone, _ = load_backbone(run)
     return backbone.state_dict()
 
 

@@ -8,7 +8,6 @@ from pathlib import Path
 
 import pytest
 
-from facetrain.config import load_config, validate
 from facetrain.data.listfile import read_list_file
 from facetrain.data.recordio import RecordIOWriter, pack_image_record, read_index, scan_recordio
 from facetrain.errors import FacetrainError
@@ -16,6 +15,8 @@ from facetrain.eval.csv_pairs import load_csv_pairs
 from facetrain.eval.insightface_bin import load_insightface_bin
 from facetrain.eval.lfw_pairs import load_lfw_pairs
 from facetrain.interop.insightface_import import read_backbone_state
+from facetrain.train.run_checks import validate
+from facetrain.train.run_config import load_config
 from tools.fuzz_cases import TARGETS
 from tools.fuzz_inputs import fuzz
 

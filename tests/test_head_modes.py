@@ -8,11 +8,11 @@ from click.testing import CliRunner
 
 from facetrain.checkpoint import TrainState, load_checkpoint, save_checkpoint
 from facetrain.cli import main
-from facetrain.config import Config
 from facetrain.heads import HeadPlan, ShardedMarginHead
 from facetrain.parallel.dims import init_parallel
 from facetrain.train import head_plan
 from facetrain.train.optim import build_fused_optimizer, build_optimizer, head_learning_rate
+from facetrain.train.run_config import Config
 from tests.distributed import run_distributed
 from tests.train_helpers import logged_losses, run_cli, tiny_config
 

@@ -7,12 +7,12 @@ import pytest
 import torch
 
 from facetrain.checkpoint import TrainState, load_checkpoint, load_full_head, save_checkpoint
-from facetrain.config import Config
-from facetrain.config.validate import validate
 from facetrain.errors import FacetrainError
 from facetrain.heads import DenseMarginHead, HeadPlan, ShardedMarginHead
 from facetrain.parallel.dims import init_parallel
 from facetrain.train.optim import build_optimizer
+from facetrain.train.run_checks import validate
+from facetrain.train.run_config import Config
 from tests.distributed import run_distributed
 from tests.test_head import local_rows
 

@@ -24,7 +24,6 @@ from pathlib import Path
 import pytest
 import torch
 
-from facetrain.config import Config
 from facetrain.errors import FacetrainError
 from facetrain.heads import HeadPlan, ShardedMarginHead
 from facetrain.heads import margin_softmax as ms
@@ -33,6 +32,7 @@ from facetrain.heads.kernel_choice import resolve_kernel
 from facetrain.heads.margins import MARGINS
 from facetrain.parallel.dims import init_parallel
 from facetrain.train.head_plan import describe_plan, resolve_head_plan
+from facetrain.train.run_config import Config
 from tests.distributed import run_distributed
 from tests.test_head import dense_reference, local_rows, make_problem
 

@@ -11,8 +11,9 @@ from pathlib import Path
 import pytest
 
 from facetrain.checkpoint import find_resume_point
-from facetrain.checkpoint.layout import pointer_target, read_config, resolve_checkpoint
+from facetrain.checkpoint.layout import pointer_target, resolve_checkpoint
 from facetrain.errors import FacetrainError
+from facetrain.train.run_config import checkpoint_config
 from tests.hostile_helpers import one_line_error
 
 ALIASES_REFUSED = "aliases (*name) are not read, so that a small file cannot expand to gigabytes"
@@ -64,7 +65,7 @@ def test_an_alias_bomb_in_set_is_refused(tmp_path: Path) -> None:
 def test_an_alias_bomb_in_a_checkpoints_config_is_damage(tmp_path: Path) -> None:
     checkpoint = fake_checkpoint(tmp_path / "run", alias_bomb(5))
     with pytest.raises(FacetrainError) as error:
-        read_config(checkpoint)
+        checkpoint_config(checkpoint)
     message = str(error.value)
     assert message.startswith(f"checkpoint {checkpoint} is damaged: {checkpoint / 'config.yaml'} is missing")
     assert f"(not valid yaml line 2: {ALIASES_REFUSED}" in message and len(message) < 600
@@ -114,7 +115,7 @@ def test_a_config_in_another_encoding_says_to_save_it_as_utf8(tmp_path: Path, en
 
 
 def test_a_utf8_config_with_a_byte_order_mark_reads(tmp_path: Path) -> None:
-    from facetrain.config import load_config
+    from facetrain.train.run_config import load_config
 
     config = tmp_path / "bom.yaml"
     config.write_bytes("\ufefftrain: {steps: 3}\n".encode())

@@ -17,10 +17,10 @@ import pytest
 import torch
 
 from facetrain.checkpoint.names import BACKBONE
-from facetrain.config.schema import ModelConfig
 from facetrain.eval.set_names import report_file_name
 from facetrain.interop.insightface_import import write_imported_checkpoint
 from facetrain.models import build_backbone
+from facetrain.models.config import ModelConfig
 from tests.fault_helpers import error_lines
 from tests.hostile_helpers import one_line_error
 from tests.test_export_formats import EMBEDDING_SIZE, fresh_backbone, small_config

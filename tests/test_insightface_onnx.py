@@ -12,11 +12,11 @@ import pytest
 import torch
 from torch import nn
 
-from facetrain.config.schema import ModelConfig
 from facetrain.errors import FacetrainError
 from facetrain.interop.insightface_import import import_insightface
 from facetrain.interop.loading import load_model
 from facetrain.models import build_backbone
+from facetrain.models.config import ModelConfig
 from tests.test_iresnet import calibrated
 from tests.train_helpers import run_cli, tiny_config
 

@@ -10,8 +10,8 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from facetrain.config.schema import ModelConfig
 from facetrain.models import BACKBONES, build_backbone
+from facetrain.models.config import ModelConfig
 from facetrain.models.iresnet import IRESNET_DEPTHS
 from facetrain.parallel.pipeline_split import pipeline_units, split_backbone
 

@@ -17,9 +17,8 @@ import torch
 from click.testing import CliRunner
 from torch import nn
 
-from facetrain.checkpoint import load_backbone
+from facetrain.checkpoint import load_backbone, resolve_checkpoint
 from facetrain.cli import main
-from facetrain.config.schema import ModelConfig
 from facetrain.errors import FacetrainError
 from facetrain.eval.embedding import embed_images
 from facetrain.eval.pairs import load_pairs
@@ -29,6 +28,8 @@ from facetrain.export.exporter import export_model
 from facetrain.interop.insightface_import import import_insightface, read_backbone_state
 from facetrain.interop.loading import load_model
 from facetrain.models import build_backbone
+from facetrain.models.config import ModelConfig
+from facetrain.train.run_config import checkpoint_config
 
 ARCH = "iresnet18"
 EMBEDDING_SIZE = 32
@@ -89,7 +90,8 @@ def test_help_shows_examples():
 
 def test_trained_backbone_pth_imports_back_to_identical_embeddings(trained, imported, face_images):
     original, source = trained
-    backbone, config, meta = load_backbone(imported)
+    backbone, meta = load_backbone(imported)
+    config = checkpoint_config(resolve_checkpoint(imported))
     assert (config.model.backbone, config.model.embedding_size, config.data.image_size) == (
         ARCH,
         EMBEDDING_SIZE,

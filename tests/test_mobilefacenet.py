@@ -10,11 +10,11 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from facetrain.config.schema import ModelConfig
 from facetrain.errors import FacetrainError
 from facetrain.interop.insightface_import import import_insightface
 from facetrain.interop.loading import load_model
 from facetrain.models import build_backbone
+from facetrain.models.config import ModelConfig
 from tests.test_iresnet import calibrated
 
 MANIFEST = Path(__file__).parent / "data" / "insightface_mbf_keys.json"

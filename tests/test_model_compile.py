@@ -7,9 +7,9 @@ import shutil
 
 import pytest
 
-from facetrain.config import Config
-from facetrain.config.validate import validate
 from facetrain.errors import FacetrainError
+from facetrain.train.run_checks import validate
+from facetrain.train.run_config import Config
 from tests.train_helpers import logged_losses, run_cli, tiny_config
 
 

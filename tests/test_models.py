@@ -6,9 +6,9 @@ import pytest
 import torch
 from torch import nn
 
-from facetrain.config.schema import ModelConfig
 from facetrain.errors import FacetrainError
 from facetrain.models import BACKBONES, build_backbone
+from facetrain.models.config import ModelConfig
 from facetrain.models.face_resnet import DEPTHS
 
 SMALL_SIZES = {"reid_r50": (64, 32), "dlib_resnet": (131, 131)}  # dlib_resnet: its smallest input

@@ -20,11 +20,11 @@ import pytest
 import torch
 import torch.distributed as dist
 
-from facetrain.config import load_config
 from facetrain.errors import CollectiveError, EveryRankError, FacetrainError, PeerLost
 from facetrain.heads import collectives
 from facetrain.parallel import dims, launch
 from facetrain.parallel.failures import collective_failure_error, collective_name, is_own_failure, key_line
+from facetrain.train.run_config import load_config
 from tests.distributed import run_distributed
 from tests.train_helpers import tiny_config
 

@@ -11,8 +11,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from facetrain.config import OptimConfig
-from facetrain.train.optim import build_optimizer
+from facetrain.train.optim import OptimConfig, build_optimizer
 
 
 def state_after_a_skipped_first_step(fused: bool) -> dict:

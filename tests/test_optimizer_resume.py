@@ -7,10 +7,10 @@ import torch
 
 from facetrain.checkpoint import TrainState, load_checkpoint, save_checkpoint
 from facetrain.checkpoint.app_state import set_optimizer_state
-from facetrain.config import Config
 from facetrain.heads import ShardedMarginHead
 from facetrain.parallel.dims import init_parallel
 from facetrain.train.optim import build_optimizer
+from facetrain.train.run_config import Config
 
 NUM_CLASSES, DIM = 9, 6
 

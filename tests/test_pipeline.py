@@ -11,11 +11,11 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from facetrain.config import Config, validate
-from facetrain.config.schema import ModelConfig, ParallelConfig, TrainConfig
 from facetrain.errors import FacetrainError
 from facetrain.heads import collectives
 from facetrain.models import build_backbone
+from facetrain.models.config import ModelConfig
+from facetrain.parallel.config import ParallelConfig
 from facetrain.parallel.dims import ParallelDims, init_parallel
 from facetrain.parallel.pipeline_split import (
     balanced_boundaries,
@@ -24,6 +24,9 @@ from facetrain.parallel.pipeline_split import (
     pipeline_units,
     split_backbone,
 )
+from facetrain.train.config import TrainConfig
+from facetrain.train.run_checks import validate
+from facetrain.train.run_config import Config
 from tests.distributed import run_distributed
 
 SIZE = (16, 16)

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from facetrain.config.schema import ParallelConfig
+from facetrain.parallel.config import ParallelConfig
 from facetrain.parallel.dims import init_parallel
 from tests.distributed import run_distributed
 from tests.test_pipeline import (

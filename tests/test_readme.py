@@ -30,7 +30,7 @@ from click.testing import CliRunner
 
 from facetrain.cli import main
 from facetrain.cli.conventions import UnlistedArgument
-from facetrain.config import SynthConfig
+from facetrain.data.config import SynthConfig
 from facetrain.data.synthetic import generate_synthetic
 from facetrain.eval.set_names import report_file_name
 from tests.reid_helpers import write_cuhk03_style

@@ -7,7 +7,6 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from facetrain.config import DataConfig
 from facetrain.data import SOURCES
 from facetrain.data.reid_images import load_reid_images, load_reid_selection, scan_reid_train
 from facetrain.data.reid_names import naming_scheme, parse_reid_name
@@ -73,7 +72,7 @@ def test_training_table_keeps_cuhk03_pid_0_and_drops_market_junk_and_distractors
         "0009_c3s1_000004_00.jpg",
     ):
         (market / name).write_bytes(b"")
-    table = SOURCES.build("reid", DataConfig(source="reid", path=str(market)))
+    table = SOURCES.build("reid", str(market))
     assert table.class_names == ["0007", "0009"] and table.cameras.tolist() == [2, 3]
 
 

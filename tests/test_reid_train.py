@@ -6,10 +6,12 @@ from __future__ import annotations
 import pytest
 import torch
 
-from facetrain.config import Config, LossConfig, ModelConfig, validate
 from facetrain.errors import FacetrainError
 from facetrain.models import build_backbone
-from facetrain.train.losses import MarginTripletLoss, batch_hard_triplet_loss, build_loss
+from facetrain.models.config import ModelConfig
+from facetrain.train.losses import LossConfig, MarginTripletLoss, batch_hard_triplet_loss, build_loss
+from facetrain.train.run_checks import validate
+from facetrain.train.run_config import Config
 
 
 def naive_batch_hard(features: torch.Tensor, labels: list[int], margin: float | None) -> float:

@@ -14,7 +14,7 @@ from pathlib import Path
 import pytest
 
 from facetrain.checkpoint import find_resume_point
-from facetrain.config import SynthConfig
+from facetrain.data.config import SynthConfig
 from facetrain.data.synthetic import generate_synthetic
 from facetrain.errors import FacetrainError
 from facetrain.run_lock import LOCK_NAME

@@ -22,8 +22,8 @@ from pathlib import Path
 
 import pytest
 
-from facetrain.config import load_config
 from facetrain.data import prepare_train_data
+from facetrain.train.run_config import load_config
 from tests.fault_helpers import ENV, assert_same_checkpoint, logged_step
 from tests.slurm_cluster import SlurmCluster, job_processes, slurm_cluster  # noqa: F401 (a fixture)
 from tests.train_helpers import REPO, tiny_config

@@ -12,10 +12,10 @@ from importlib.util import find_spec
 import pytest
 
 from facetrain import run_log
-from facetrain.config import load_config
-from facetrain.config.validate import validate
 from facetrain.errors import FacetrainError
 from facetrain.train import trackers
+from facetrain.train.run_checks import validate
+from facetrain.train.run_config import load_config
 from facetrain.train.trackers import TRACKERS, TrackerMissing, open_trackers
 
 CONFIG = {"train": {"steps": 6}, "model": {"backbone": "small"}}

@@ -90,7 +90,7 @@ def test_a_set_too_small_for_a_batch_per_rank_gives_the_numbers(tmp_path):
 
 
 def test_more_ranks_than_classes_is_one_line(tmp_path):
-    from facetrain.config import SynthConfig
+    from facetrain.data.config import SynthConfig
     from facetrain.data.synthetic import generate_synthetic
 
     two_identities = SynthConfig(

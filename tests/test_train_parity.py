@@ -7,11 +7,11 @@ import itertools
 import pytest
 import torch
 
-from facetrain.config import OptimConfig, ParallelConfig
 from facetrain.heads import DenseMarginHead, ShardedMarginHead
+from facetrain.parallel.config import ParallelConfig
 from facetrain.parallel.dims import init_parallel
 from facetrain.parallel.parallelize import parallelize_backbone
-from facetrain.train.optim import build_lr_scheduler, build_optimizer, lr_factor
+from facetrain.train.optim import OptimConfig, build_lr_scheduler, build_optimizer, lr_factor
 from facetrain.train.step import StepParts, StepSettings, train_step
 from tests.distributed import run_distributed
 

@@ -58,7 +58,7 @@ BAD_VALUES = {  # YAML text, and whether it is certainly refused (a wrong type)
 
 def config_keys() -> list[tuple[str, type]]:
     """Every leaf key of the config and the kind of value it takes."""
-    from facetrain.config.schema import Config
+    from facetrain.train.run_config import Config
 
     keys = []
 

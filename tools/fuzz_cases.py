@@ -289,16 +289,22 @@ def read_case(target: str, path: Path, out: Path) -> None:
             table.reader.read(index)
     elif target == "checkpoint":
         from facetrain.checkpoint import find_resume_point
-        from facetrain.checkpoint.layout import read_config, read_meta
+        from facetrain.checkpoint.layout import read_meta
+        from facetrain.train.run_config import checkpoint_config
 
         checkpoint = path / "checkpoints" / "step_00000002"
-        _each(lambda: find_resume_point(path), lambda: read_meta(checkpoint), lambda: read_config(checkpoint))
+        _each(
+            lambda: find_resume_point(path),
+            lambda: read_meta(checkpoint),
+            lambda: checkpoint_config(checkpoint),
+        )
     elif target == "ijb":
         from facetrain.eval.ijb_meta import read_ijb_meta
 
         read_ijb_meta(path)
     elif target == "yaml":
-        from facetrain.config import load_config, validate
+        from facetrain.train.run_checks import validate
+        from facetrain.train.run_config import load_config
 
         validate(load_config(path), 1)
     elif target == "lfw_pairs":
@@ -338,7 +344,7 @@ READER_MODULES = (
     "facetrain.checkpoint", "facetrain.config", "facetrain.data.decode", "facetrain.data.listfile",
     "facetrain.data.recordio", "facetrain.eval.csv_pairs", "facetrain.eval.ijb_meta", "facetrain.eval.insightface_bin",
     "facetrain.eval.lfw_pairs", "facetrain.interop.dlib_format", "facetrain.interop.insightface_import",
-    "facetrain.interop.insightface_onnx", "onnx",
+    "facetrain.interop.insightface_onnx", "facetrain.train.run_checks", "onnx",
 )  # fmt: skip
 
 

@@ -25,7 +25,7 @@ import torch
 
 from facetrain.bench.common import gpu_info, machine_info, parse_int_list
 from facetrain.bench.data_loader import loader_images_per_second
-from facetrain.config.schema import AugmentConfig
+from facetrain.data.config import AugmentConfig
 from facetrain.data.dataset import FaceDataset, SampleTable
 from facetrain.data.decode import decode_image
 from facetrain.data.folder import scan_image_folder

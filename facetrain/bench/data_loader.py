@@ -13,8 +13,8 @@ import time
 
 import torch
 
-from facetrain.config.schema import DataConfig
 from facetrain.data import build_train_loader
+from facetrain.data.config import DataConfig
 from facetrain.data.dataset import FaceDataset
 
 

@@ -19,12 +19,12 @@ import numpy as np
 import torch
 
 from facetrain.bench.common import gpu_info, machine_info, timed_repeats
-from facetrain.config.schema import ModelConfig
 from facetrain.devices import resolve_device
 from facetrain.eval.embedding import compute_embeddings
 from facetrain.eval.metrics import verification_metrics
 from facetrain.files import refuse_to_overwrite, write_atomic
 from facetrain.models import build_backbone
+from facetrain.models.config import ModelConfig
 
 METRIC_TARGET_S = 1.0
 FOLDS = 10

@@ -19,11 +19,12 @@ import torch
 from facetrain.bench.common import gpu_info, machine_info, mean_of_max_over_ranks, timed_repeats
 from facetrain.bench.pipeline_settings import DEFAULTS, PipelineBenchSettings  # noqa: F401 (re-exported)
 from facetrain.bench.workers import WorkerPool
-from facetrain.config.schema import ModelConfig, OptimConfig, ParallelConfig
 from facetrain.devices import rank_device
 from facetrain.errors import FacetrainError
 from facetrain.heads import ShardedMarginHead, collectives
 from facetrain.models import BACKBONES, build_backbone
+from facetrain.models.config import ModelConfig
+from facetrain.parallel.config import ParallelConfig
 from facetrain.parallel.dims import ParallelDims, init_parallel
 from facetrain.parallel.parallelize import parallelize_backbone
 from facetrain.parallel.pipeline_split import (
@@ -33,7 +34,7 @@ from facetrain.parallel.pipeline_split import (
     pipeline_units,
 )
 from facetrain.progress import ProgressBar
-from facetrain.train.optim import build_optimizer
+from facetrain.train.optim import OptimConfig, build_optimizer
 from facetrain.train.step import StepParts, StepSettings, train_step
 
 SPEEDUP_TARGET = 1.5

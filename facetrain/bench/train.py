@@ -29,18 +29,19 @@ from facetrain.bench.common import (
     timed_repeats,
 )
 from facetrain.bench.workers import WorkerPool
-from facetrain.config import ModelConfig, OptimConfig, ParallelConfig
 from facetrain.devices import resolve_device
 from facetrain.files import write_atomic
 from facetrain.heads import DenseMarginHead, HeadOutput, HeadPlan, ShardedMarginHead, collectives
 from facetrain.heads.kernel_choice import resolve_kernel
 from facetrain.models import build_backbone
+from facetrain.models.config import ModelConfig
+from facetrain.parallel.config import ParallelConfig
 from facetrain.parallel.data_parallel import wrap_data_parallel
 from facetrain.parallel.dims import ParallelDims, init_parallel
 from facetrain.parallel.parallelize import parallelize_backbone
 from facetrain.registry import Registry
 from facetrain.train.device_defaults import tile_classes
-from facetrain.train.optim import build_fused_optimizer, build_optimizer
+from facetrain.train.optim import OptimConfig, build_fused_optimizer, build_optimizer
 from facetrain.train.step import StepParts, StepSettings, train_step
 
 HEAD_OVERHEAD_TARGET = 0.15

@@ -8,7 +8,6 @@ import re
 from pathlib import Path
 
 from facetrain.checkpoint.storage import find_data_damage
-from facetrain.config import Config, from_dict
 from facetrain.config.plain_yaml import PlainYamlError, parse_plain_yaml
 from facetrain.errors import FacetrainError
 from facetrain.input_files import UnreadableInput, read_regular_bytes
@@ -180,8 +179,10 @@ def read_classes(checkpoint: Path) -> list[str]:
     return [str(name) for name in _read(checkpoint, "classes.json")]
 
 
-def read_config(checkpoint: Path) -> Config:
-    return from_dict(Config, _read(checkpoint, "config.yaml"), source=str(checkpoint / "config.yaml"))
+def read_config_yaml(checkpoint: Path) -> dict:
+    """The checkpoint's config.yaml as plain data; the run that saved it reads it back into its typed
+    tree (`facetrain.train.run_config.checkpoint_config`), the checkpoint knows no config schema."""
+    return _read(checkpoint, "config.yaml")
 
 
 def _read(checkpoint: Path, name: str):

@@ -9,17 +9,17 @@ import torch
 from torch import nn
 
 from facetrain.checkpoint.app_state import AppState
-from facetrain.checkpoint.layout import read_config, read_meta, resolve_checkpoint
+from facetrain.checkpoint.layout import read_config_yaml, read_meta, resolve_checkpoint
 from facetrain.checkpoint.names import BACKBONE, EMA, HEAD_WEIGHT
 from facetrain.checkpoint.ranks import RankRoles
 from facetrain.checkpoint.storage import load_entries, rows_of, stored, stored_entries
 from facetrain.checkpoint.writer import TrainState
-from facetrain.config import Config
+from facetrain.config.loader import from_dict
+from facetrain.data.config import DataConfig
 from facetrain.errors import FacetrainError
 from facetrain.heads import ShardedMarginHead
 from facetrain.models import build_backbone
-from facetrain.progress import ProgressBar as tqdm  # its lines also go to the run log
-
+from facetrain.models.config import ModelConfig
 
 def load_checkpoint(
     path: str | Path,
@@ -28,27 +28,19 @@ def load_checkpoint(
     head: ShardedMarginHead | None,
     optimizer: torch.optim.Optimizer,
     scaler: torch.amp.GradScaler | None,
-    optimizer_name: str | None = None,
+    keep_optimizer: bool = True,
     class_rows: list[int | None] | None = None,
 ) -> TrainState:
     """Collective: restore everything into already-built objects (`backbone` may be one pipeline stage,
     `head` None on a stage without one), the head resharded onto this run's ranks.
 
-    Another `optimizer_name` (optim.name) than the checkpoint's starts that optimizer's state fresh, with
-    a warning: SGD's momentum means nothing to AdamW's moments, and the weights, step and schedule carry
-    on. `class_rows` (train.remap_classes, `facetrain.train.class_remap`) gives each class of this run
+    `keep_optimizer` False starts the optimizer's state fresh: the run changed optimizer (optim.name),
+    and SGD's momentum means nothing to AdamW's moments; the weights, step and schedule carry on.
+    `class_rows` (train.remap_classes, `facetrain.train.class_remap`) gives each class of this run
     its checkpoint row or None: the head's rows are then taken by class, its optimizer state fresh.
     """
     checkpoint = resolve_checkpoint(path)
     meta = read_meta(checkpoint)
-    trained_with = None if optimizer_name is None else read_config(checkpoint).optim.name
-    keep_optimizer = trained_with == optimizer_name
-    if not keep_optimizer and dims.is_primary:
-        tqdm.write(
-            f"warning: checkpoint {checkpoint} was trained with optim.name={trained_with}, this run uses "
-            f"{optimizer_name}: {trained_with}'s state cannot seed {optimizer_name}'s, so {optimizer_name} "
-            f"starts with fresh state; the weights, step {meta['step']} and the schedule carry on"
-        )
     classes_fit = head is None or class_rows is not None or meta["num_classes"] == head.num_classes
     if head is not None and not (classes_fit and meta["embedding_size"] == head.embedding_size):
         raise FacetrainError(
@@ -74,7 +66,6 @@ def load_checkpoint(
         torch.manual_seed(meta["step"] * 1009 + dims.rank)
     return TrainState(**{k: meta[k] for k in ("step", "epoch", "consumed", "best_accuracy", "best_step")})
 
-
 def _check_backbone_fits(checkpoint: Path, index: dict, backbone: nn.Module) -> None:
     """One line naming the model the checkpoint was trained with when its weights cannot fill this
     run's backbone (another model.backbone, embedding size or data.image_size)."""
@@ -84,10 +75,10 @@ def _check_backbone_fits(checkpoint: Path, index: dict, backbone: nn.Module) -> 
             continue
         found = "lacks it" if entry is None else f"has {list(entry.size)}"
         try:
-            trained = read_config(checkpoint)
+            model, data = saved_model_config(checkpoint)
             settings = (
-                f"model.backbone={trained.model.backbone}, model.embedding_size="
-                f"{trained.model.embedding_size}, data.image_size={list(trained.data.image_size)}"
+                f"model.backbone={model.backbone}, model.embedding_size="
+                f"{model.embedding_size}, data.image_size={list(data.image_size)}"
             )
         except (OSError, FacetrainError):
             settings = "other model settings"
@@ -96,7 +87,6 @@ def _check_backbone_fits(checkpoint: Path, index: dict, backbone: nn.Module) -> 
             f"({name}: this run has {list(tensor.shape)}, the checkpoint {found}); resume with the "
             "settings it was trained with, or choose another train.output_dir"
         )
-
 
 def _load_head_by_class(checkpoint: Path, head: ShardedMarginHead, class_rows: list[int | None]) -> None:
     """Fill this rank's rows of classes the checkpoint has from their rows there, reading each stored
@@ -112,14 +102,12 @@ def _load_head_by_class(checkpoint: Path, head: ShardedMarginHead, class_rows: l
             with torch.no_grad():
                 rows[inside.nonzero().squeeze(1).to(rows.device)] = values.to(rows.device, rows.dtype)
 
-
 def read_rows(checkpoint: Path, key: str, start: int, count: int) -> torch.Tensor:
     """Rows [start, start + count) of a checkpoint's per-class tensor, without a group."""
     entry = stored_entries(checkpoint, [key])[key]
     rows = rows_of(torch.empty((count, *entry.size[1:]), dtype=entry.properties.dtype), start, entry.size[0])
     load_entries({key: rows}, checkpoint)
     return rows.view(count, *entry.size[1:])
-
 
 def read_entries(checkpoint: Path, keys: list[str]) -> dict[str, torch.Tensor]:
     """Whole tensors of a checkpoint by key, without a group."""
@@ -128,12 +116,10 @@ def read_entries(checkpoint: Path, keys: list[str]) -> dict[str, torch.Tensor]:
     load_entries(values, checkpoint)
     return values
 
-
 def load_full_head(path: str | Path) -> torch.Tensor:
     """The head's full C x (K x D) weight, from however many ranks wrote it."""
     checkpoint = resolve_checkpoint(path)
     return read_rows(checkpoint, HEAD_WEIGHT, 0, read_meta(checkpoint)["num_classes"])
-
 
 def load_backbone_weights(checkpoint: Path, backbone: nn.Module) -> None:
     """Fill `backbone` (the whole model, or one pipeline stage of it) from the checkpoint with the weights
@@ -142,7 +128,6 @@ def load_backbone_weights(checkpoint: Path, backbone: nn.Module) -> None:
     values = {f"{prefix}{k}": torch.empty_like(v, device="cpu") for k, v in backbone.state_dict().items()}
     load_entries(values, checkpoint)
     backbone.load_state_dict({k[len(prefix) :]: v for k, v in values.items()})
-
 
 def load_ema_weights(path: str | Path, ema: nn.Module) -> bool:
     """Restore a weight average into `ema`; False when the checkpoint holds none (its run had
@@ -153,16 +138,23 @@ def load_ema_weights(path: str | Path, ema: nn.Module) -> bool:
     load_backbone_weights(checkpoint, ema)
     return True
 
+def saved_model_config(checkpoint: Path) -> tuple[ModelConfig, DataConfig]:
+    """The model and data sections of a checkpoint's config.yaml: what its backbone was built from.
+    The whole tree is the run's to read (`facetrain.train.run_config.checkpoint_config`)."""
+    raw, source = read_config_yaml(checkpoint), str(checkpoint / "config.yaml")
+    model = from_dict(ModelConfig, raw.get("model", {}), source, "model.")
+    data = from_dict(DataConfig, raw.get("data", {}), source, "data.")
+    return model, data
 
-def load_backbone(path: str | Path, device: str | torch.device = "cpu") -> tuple[nn.Module, Config, dict]:
-    """The trained backbone of any checkpoint (any number of ranks), in eval mode, without a group."""
+def load_backbone(path: str | Path, device: str | torch.device = "cpu") -> tuple[nn.Module, dict]:
+    """The trained backbone of any checkpoint (any number of ranks), in eval mode, without a group, and
+    its meta.json."""
     checkpoint = resolve_checkpoint(path)
-    config = read_config(checkpoint)
-    backbone = build_backbone(config.model, tuple(config.data.image_size))
+    model, data = saved_model_config(checkpoint)
+    backbone = build_backbone(model, tuple(data.image_size))
     _check_config_describes_weights(checkpoint, stored(checkpoint), backbone)
     load_backbone_weights(checkpoint, backbone)
-    return backbone.to(device).eval(), config, read_meta(checkpoint)
-
+    return backbone.to(device).eval(), read_meta(checkpoint)
 
 def _check_config_describes_weights(checkpoint: Path, index: dict, backbone: nn.Module) -> None:
     """The backbone a checkpoint's own config.yaml builds must take its stored weights; when it does

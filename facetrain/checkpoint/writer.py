@@ -10,6 +10,7 @@ import shutil
 import time
 from dataclasses import asdict, dataclass
 from pathlib import Path
+from typing import Any
 
 import torch
 from torch import nn
@@ -18,7 +19,7 @@ from facetrain.checkpoint.app_state import AppState
 from facetrain.checkpoint.layout import complete_checkpoints
 from facetrain.checkpoint.ranks import RankRoles
 from facetrain.checkpoint.storage import save_entries
-from facetrain.config import Config, save_config
+from facetrain.config.loader import save_config
 from facetrain.errors import EveryRankError, FacetrainError
 from facetrain.files import atomic_write_text, fsync_directory
 from facetrain.heads import ShardedMarginHead, collectives
@@ -38,7 +39,7 @@ class TrainState:
 def save_checkpoint(
     run_dir: Path,
     state: TrainState,
-    config: Config,
+    config: Any,
     dims: RankRoles,
     backbone: nn.Module,
     head: ShardedMarginHead | None,
@@ -51,7 +52,9 @@ def save_checkpoint(
     ema: nn.Module | None = None,
 ) -> Path:
     """Collective: every rank calls it, `backbone` unwrapped (or this rank's pipeline stage), `head` None
-    on a stage without one. Returns the checkpoint directory; what each rank writes: `app_state`."""
+    on a stage without one. `config` is the run's config tree, saved as config.yaml (its
+    `model.embedding_size` goes to meta.json too). Returns the checkpoint directory; what each rank
+    writes: `app_state`."""
     root = run_dir / "checkpoints"
     final = root / f"step_{state.step:08d}"
     tmp = root / f"step_{state.step:08d}.tmp"

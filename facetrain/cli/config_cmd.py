@@ -27,7 +27,9 @@ def config(config_path: str | None, overrides: tuple[str, ...], world_size: int 
       facetrain config -c configs/demo.yaml --set head.margin=cosface
       facetrain config -c configs/ms1mv3_r100.yaml --world-size 8
     """
-    from facetrain.config import config_source, load_config, override_origins, to_dict, validate
+    from facetrain.config import config_source, override_origins, to_dict
+    from facetrain.train.run_checks import validate
+    from facetrain.train.run_config import load_config
 
     cfg = load_config(config_path, overrides)
     validate(cfg, world_size=world_size, source=config_source(config_path), given=override_origins(overrides))

@@ -7,7 +7,7 @@ from pathlib import Path
 
 import click
 
-from facetrain.choices import STATS_SOURCES
+from facetrain.choices import STATS_SOURCES, SYNTH_DEFAULTS
 from facetrain.cli.conventions import (
     OldSpellings,
     checked_output,
@@ -16,9 +16,6 @@ from facetrain.cli.conventions import (
     out_or_old_positional,
     quiet_option,
 )
-from facetrain.config import SynthConfig
-
-_SYNTH_DEFAULTS = SynthConfig()
 
 
 @click.command("synth", options_metavar="-o OUT [OPTIONS]")
@@ -31,49 +28,49 @@ _SYNTH_DEFAULTS = SynthConfig()
 )
 @old_positional_out("old_out")
 @click.option(
-    "--identities", type=click.IntRange(min=1), default=_SYNTH_DEFAULTS.identities, show_default=True
+    "--identities", type=click.IntRange(min=1), default=SYNTH_DEFAULTS["identities"], show_default=True
 )
 @click.option(
     "--images-per-identity",
     type=click.IntRange(min=1),
-    default=_SYNTH_DEFAULTS.images_per_identity,
+    default=SYNTH_DEFAULTS["images_per_identity"],
     show_default=True,
 )
 @click.option(
     "--heldout-identities",
     type=click.IntRange(min=0),
-    default=_SYNTH_DEFAULTS.heldout_identities,
+    default=SYNTH_DEFAULTS["heldout_identities"],
     show_default=True,
     help="Other identities for verification (0: no held-out set).",
 )
 @click.option(
     "--heldout-images-per-identity",
     type=click.IntRange(min=2),
-    default=_SYNTH_DEFAULTS.heldout_images_per_identity,
+    default=SYNTH_DEFAULTS["heldout_images_per_identity"],
     show_default=True,
 )
 @click.option(
     "--pairs-folds",
     type=click.IntRange(min=1),
-    default=_SYNTH_DEFAULTS.pairs_folds,
+    default=SYNTH_DEFAULTS["pairs_folds"],
     show_default=True,
     help="Folds of pairs.txt; needs 2 held-out identities per fold.",
 )
 @click.option(
     "--pairs-per-fold",
     type=click.IntRange(min=1),
-    default=_SYNTH_DEFAULTS.pairs_per_fold,
+    default=SYNTH_DEFAULTS["pairs_per_fold"],
     show_default=True,
     help="Matched pairs per fold (and as many mismatched).",
 )
 @click.option(
     "--image-size",
     type=click.IntRange(min=8),
-    default=_SYNTH_DEFAULTS.image_size,
+    default=SYNTH_DEFAULTS["image_size"],
     show_default=True,
     help="Side of the square images in pixels.",
 )
-@click.option("--seed", type=int, default=_SYNTH_DEFAULTS.seed, show_default=True)
+@click.option("--seed", type=int, default=SYNTH_DEFAULTS["seed"], show_default=True)
 @click.option(
     "--overwrite", is_flag=True, help="Replace the synthetic set in OUT (anything else there is refused)."
 )
@@ -102,6 +99,7 @@ def synth(
       facetrain synth -o data/tiny --identities 20 --images-per-identity 8 --image-size 48
       facetrain synth -o data/synth --seed 1 --overwrite
     """
+    from facetrain.data.config import SynthConfig
     from facetrain.data.synthetic import generate_synthetic
 
     out = out_or_old_positional(out, old_out, "synth", "facetrain synth -o OUT")

@@ -83,7 +83,9 @@ def train(
       torchrun --nnodes 2 --nproc-per-node 8 --rdzv-backend c10d --rdzv-endpoint HOST:29500 \\
           -m facetrain train -c configs/glint360k_r100.yaml
     """
-    from facetrain.config import config_source, load_config, override_origins, validate
+    from facetrain.config import config_source, override_origins
+    from facetrain.train.run_checks import validate
+    from facetrain.train.run_config import load_config
 
     options = {"model.init": ("--init", init), "train.output_dir": ("-o", output_dir)}
     given = override_origins(
@@ -103,11 +105,11 @@ def train(
     resume_command = _resume_command(config_path, overrides, output_dir, nproc if launching else 1)
     if launching:
         from facetrain.parallel.launch import launch_local
-        from facetrain.train.run_dir import check_run_dir, check_run_dir_free, find_checkpoint_to_resume
+        from facetrain.train.run_dir import check_run_dir_free
 
+        # a run another process holds is refused before any rank starts; the ranks check the folder and
+        # find the checkpoint to resume from themselves, once (`facetrain.train.setup`)
         check_run_dir_free(Path(config.train.output_dir))
-        find_checkpoint_to_resume(Path(config.train.output_dir), resume)
-        check_run_dir(Path(config.train.output_dir))
         backend = config.parallel.backend  # more nccl ranks than GPUs are refused before any starts
         timeout_s = config.parallel.timeout_s
         code = launch_local(

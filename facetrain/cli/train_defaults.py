@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from facetrain.config import Config
+from facetrain.train.run_config import Config
 
 STARTING_CONFIGS = {"configs/demo.yaml": "synthetic faces", "configs/laptop.yaml": "your own photos"}
 

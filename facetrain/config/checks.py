@@ -1,7 +1,7 @@
-"""Declarative value checks that the schema attaches to its fields.
+"""Declarative value checks that a config section attaches to its fields.
 
 Each check answers `problem(value)` with what the value must be (a phrase that completes
-"KEY = VALUE: ...") or None when the value is fine. The schema declares them next to each field with
+"KEY = VALUE: ...") or None when the value is fine. A section declares them next to each field with
 `setting(default, *checks)`, so the allowed values of a key are written once, where the key is, and
 `facetrain.config.validate` applies them all in one pass.
 """
@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import copy
 import dataclasses
-import importlib
 import math
 import os
 from collections.abc import Iterable
@@ -112,39 +111,37 @@ class OneOf:
         return None if value in self.choices else f"must be one of: {', '.join(self.choices)}"
 
 
+def registered_names(registry: Any) -> list[str]:
+    """The names of a registry (a `facetrain.registry.Registry` or any collection of names), sorted."""
+    return sorted(registry)
+
+
 @dataclasses.dataclass(frozen=True)
 class Registered:
-    """A name in a registry, looked up only when checked so the config package stays free of torch.
+    """A name in `registry`: a `facetrain.registry.Registry` (or any collection of names) that the
+    section's own package holds, so a section is checked against what its code can build."""
 
-    `where` is "module:attribute" of a `facetrain.registry.Registry` (or any collection of names).
-    """
-
-    where: str
+    registry: Any
 
     def names(self) -> list[str]:
-        return sorted(self._registry())
+        return registered_names(self.registry)
 
     def problem(self, value: Any) -> str | None:
         """A registry answers for itself, so prefixed names (`timm:<name>`) pass or fail as it says."""
-        registry = self._registry()
-        if hasattr(registry, "problem"):
-            return registry.problem(value)
-        names = sorted(registry)
+        if hasattr(self.registry, "problem"):
+            return self.registry.problem(value)
+        names = self.names()
         return None if value in names else f"must be one of: {', '.join(names)}"
-
-    def _registry(self) -> Any:
-        module, attribute = self.where.split(":")
-        return getattr(importlib.import_module(module), attribute)
 
 
 @dataclasses.dataclass(frozen=True)
 class RegisteredEach:
     """A list of names in a registry, none twice (e.g. train.trackers); an empty list chooses none."""
 
-    where: str
+    registry: Any
 
     def problem(self, value: Any) -> str | None:
-        names = Registered(self.where).names()
+        names = registered_names(self.registry)
         wrong = next((item for item in value if item not in names), None)
         if wrong is not None:
             return f"{wrong!r} must be one of: {', '.join(names)}"
@@ -156,11 +153,14 @@ class RegisteredSuffix:
     """A file name, or a list of them, whose extension (any case) is a name in a registry, e.g. the
     pairs formats."""
 
-    where: str
+    registry: Any
+
+    def names(self) -> list[str]:
+        return registered_names(self.registry)
 
     def problem(self, value: Any) -> str | None:
         """A list (of such files) is checked item by item, and the message names the item at fault."""
-        names = Registered(self.where).names()
+        names = self.names()
         if isinstance(value, str):
             return None if self._suffix(value) in names else f"must be a file ending in {', '.join(names)}"
         if not value:

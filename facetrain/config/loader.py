@@ -1,4 +1,8 @@
-"""Load YAML into the typed config tree, strictly: unknown keys and wrong types are one-line errors."""
+"""Load YAML into a tree of dataclasses, strictly: unknown keys and wrong types are one-line errors.
+
+The loader knows no schema: the caller names the root dataclass (a run's is
+`facetrain.train.run_config.Config`), and each field's type and checks say what it accepts.
+"""
 
 from __future__ import annotations
 
@@ -16,7 +20,6 @@ import yaml
 
 from facetrain.config.checks import is_path_field
 from facetrain.config.plain_yaml import PlainYamlError, parse_plain_yaml
-from facetrain.config.schema import Config
 from facetrain.errors import FacetrainError
 from facetrain.files import atomic_write_text
 from facetrain.input_files import read_regular_bytes
@@ -29,8 +32,11 @@ MAX_YAML_BYTES = 4 << 20
 """A config is a few kilobytes; this leaves room for long lists of data paths."""
 
 
-def load_config(path: str | Path | None = None, overrides: list[str] | tuple[str, ...] = ()) -> Config:
-    """The config from `path` (or the defaults) with `section.key=value` overrides applied."""
+def load_tree(
+    schema: type[T], path: str | Path | None = None, overrides: list[str] | tuple[str, ...] = ()
+) -> T:
+    """The dataclass `schema` from YAML file `path` (or its defaults) with `section.key=value` overrides
+    applied."""
     raw: dict[str, Any] = {}
     source = config_source(path)
     if path is not None:
@@ -39,7 +45,7 @@ def load_config(path: str | Path | None = None, overrides: list[str] | tuple[str
             raise FacetrainError(f"config {path}: the top level must be a mapping of sections")
     for override in overrides:
         apply_override(raw, override)
-    return from_dict(Config, raw, source=source, given=override_origins(overrides))
+    return from_dict(schema, raw, source=source, given=override_origins(overrides))
 
 
 def config_source(path: str | Path | None) -> str:

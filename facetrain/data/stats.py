@@ -16,10 +16,9 @@ import numpy as np
 import pandas as pd
 
 from facetrain.choices import STATS_SOURCES
-from facetrain.config import DataConfig
-from facetrain.data import SOURCES
 from facetrain.data.dataset import EncodedImageReader, SampleTable
 from facetrain.data.decode import BadImageError, decode_image
+from facetrain.data.sources import SOURCES
 from facetrain.errors import FacetrainError
 from facetrain.progress import ProgressBar
 
@@ -63,7 +62,7 @@ def guess_source(path: str | Path) -> str:
 def load_sample_table(path: str | Path, source: str) -> SampleTable:
     if source not in STATS_SOURCES:
         raise FacetrainError(f"unknown dataset source {source!r}; choose one of: {', '.join(STATS_SOURCES)}")
-    return SOURCES.build(source, DataConfig(source=source, path=str(path)))
+    return SOURCES.build(source, str(path))
 
 
 _worker_reader: EncodedImageReader | None = None

@@ -17,8 +17,7 @@ from pathlib import Path
 import cv2
 import numpy as np
 
-from facetrain.config import SynthConfig
-from facetrain.config.validate import check_pairs_settings
+from facetrain.data.config import SynthConfig, check_pairs_settings
 from facetrain.data.synthetic_faces import draw_identity_traits, render_face
 from facetrain.errors import FacetrainError
 from facetrain.progress import ProgressBar

@@ -6,7 +6,7 @@ doing the same with tensors and torchvision modules, and this pipeline is what a
 spends its core on. Random resized crop and colour jitter use torchvision transforms v2 on uint8
 tensors; the face augmentations of `facetrain/data/augment.py` work on the HWC array. Every random
 draw comes from torch's CPU generator, which `FaceDataset` seeds per sample from its `SampleKey`, so
-augmentation is a function of the sample's key. Normalization is
+augmentation is a function of the sample's key. Normalization (`facetrain.pixels`) is
 (x - 127.5) / 127.5, what insightface's arcface_torch trains and evaluates with, computed in its float32
 steps ((x / 255 - 0.5) / 0.5), so its released backbones get bit for bit the inputs they get there;
 the exported card records the same constants.
@@ -22,13 +22,10 @@ import torch
 from torchvision.transforms import v2
 
 from facetrain.config import validate_section
-from facetrain.config.schema import AugmentConfig
 from facetrain.data.augment import GeometricJitter, RandomBlur, RandomGray, random_erasing
+from facetrain.data.config import AugmentConfig
 from facetrain.errors import FacetrainError
-
-PIXEL_MEAN = 127.5
-PIXEL_SCALE = 127.5
-PIXEL_MAX = 255.0  # insightface first scales to [0, 1], then normalizes by MEAN / MAX and SCALE / MAX
+from facetrain.pixels import PIXEL_MAX, PIXEL_MEAN, PIXEL_SCALE
 
 Transform = Callable[[np.ndarray], torch.Tensor]
 

@@ -1,7 +1,7 @@
 """How a verification set is named: by its file's stem, as insightface names lfw.bin "lfw"; the report
 files `facetrain eval` writes add the file's folder and a hash of its path, since they share a folder.
 
-Kept free of torch, because the config checks use it (`eval.best_by` must name one of `eval.pairs`'s
+Kept free of torch, because the eval section's checks use it (`eval.best_by` must name one of `eval.pairs`'s
 sets) before any process or model exists.
 """
 

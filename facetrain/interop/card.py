@@ -15,16 +15,12 @@ from typing import Any
 from torch import nn
 
 from facetrain import __version__
-from facetrain.config import Config, from_dict, to_dict
-from facetrain.data.transforms import (
-    PIXEL_MEAN,
-    PIXEL_SCALE,
-    RESIZE_AREA,
-    RESIZE_INTERPOLATIONS,
-    RESIZE_LINEAR,
-)
+from facetrain.config import from_dict, to_dict
+from facetrain.data.transforms import RESIZE_AREA, RESIZE_INTERPOLATIONS, RESIZE_LINEAR
 from facetrain.errors import FacetrainError
 from facetrain.files import atomic_write_text
+from facetrain.pixels import PIXEL_MEAN, PIXEL_SCALE
+from facetrain.train.run_config import Config
 
 CARD_NAME = "model.json"
 CARD_FORMAT = "facetrain-model"

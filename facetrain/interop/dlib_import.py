@@ -20,7 +20,6 @@ import torch
 from torch import nn
 
 from facetrain.align.dlib_models import model_file
-from facetrain.config import Config
 from facetrain.errors import FacetrainError
 from facetrain.interop.dlib_format import DlibLayer, DlibNetwork, read_dlib_network
 from facetrain.interop.insightface_import import (
@@ -32,6 +31,7 @@ from facetrain.interop.insightface_import import (
 from facetrain.models import Backbone, build_backbone
 from facetrain.models.dlib_resnet import DLIB_PIXEL_SCALE, dlib_layer_sequence
 from facetrain.progress import ProgressBar
+from facetrain.train.run_config import Config
 
 ARCHITECTURE = "dlib_resnet"
 DLIB_MODEL_FILE = "dlib_face_recognition_resnet_model_v1.dat"

@@ -37,15 +37,17 @@ from facetrain.checkpoint import holds_checkpoints
 from facetrain.checkpoint.names import BACKBONE
 from facetrain.checkpoint.storage import save_entries
 from facetrain.choices import INSIGHTFACE_ARCHITECTURES
-from facetrain.config import Config, ModelConfig, save_config
+from facetrain.config import save_config
 from facetrain.errors import FacetrainError
 from facetrain.files import refuse_to_overwrite
 from facetrain.input_files import open_regular
 from facetrain.interop.insightface_onnx import read_iresnet_onnx
 from facetrain.models import Backbone, build_backbone
+from facetrain.models.config import ModelConfig
 from facetrain.models.iresnet import IRESNET_DEPTHS, IRESNET_INPUT_SIZE
 from facetrain.models.state_match import first_state_mismatch
 from facetrain.progress import ProgressBar
+from facetrain.train.run_config import Config
 
 SOURCE_FORMAT = "insightface arcface_torch backbone.pth"
 ONNX_SOURCE_FORMAT = "insightface ONNX model (torch2onnx)"

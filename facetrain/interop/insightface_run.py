@@ -24,7 +24,6 @@ from pathlib import Path
 import torch
 
 from facetrain.checkpoint.names import BACKBONE, HEAD_STATE, HEAD_WEIGHT, OPTIM_STATE
-from facetrain.config import Config
 from facetrain.errors import FacetrainError
 from facetrain.heads.partition import class_range
 from facetrain.interop.insightface_import import (
@@ -39,6 +38,7 @@ from facetrain.interop.insightface_import import (
     write_imported_checkpoint,
 )
 from facetrain.progress import ProgressBar
+from facetrain.train.run_config import Config
 
 RUN_FORMAT = "insightface arcface_torch checkpoint_gpu_N.pt"
 SHARD_NAME = re.compile(r"checkpoint_gpu_(\d+)\.pt")

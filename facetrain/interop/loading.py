@@ -16,12 +16,13 @@ from typing import Any
 import torch
 from torch import nn
 
-from facetrain.checkpoint import load_backbone
+from facetrain.checkpoint import load_backbone, resolve_checkpoint
 from facetrain.errors import FacetrainError
 from facetrain.interop.card import CARD_NAME, build_card, card_config, card_image_size, parse_card, read_card
 from facetrain.interop.safetensors_format import SAFETENSORS_NAME, read_safetensors_into
 from facetrain.interop.torchscript_format import TORCHSCRIPT_NAME, read_torchscript
 from facetrain.models import build_backbone
+from facetrain.train.run_config import checkpoint_config
 
 
 @dataclass
@@ -68,7 +69,8 @@ def load_model(
 
 
 def _load_checkpoint(path: Path, device: torch.device | str) -> LoadedModel:
-    module, config, meta = load_backbone(path, device=device)
+    config = checkpoint_config(resolve_checkpoint(path))
+    module, meta = load_backbone(path, device=device)
     image_size = tuple(getattr(module, "input_size", config.data.image_size))
     card = build_card(module, config, meta, image_size, path)
     return LoadedModel(module.eval(), image_size, card, path, "checkpoint")

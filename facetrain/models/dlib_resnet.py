@@ -26,10 +26,10 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from facetrain.data.transforms import PIXEL_MEAN, PIXEL_SCALE
 from facetrain.errors import FacetrainError
 from facetrain.models.backbone import Backbone, ConvStage
 from facetrain.models.registry import BACKBONES
+from facetrain.pixels import PIXEL_MEAN, PIXEL_SCALE
 
 DLIB_INPUT_SIZE = (150, 150)
 DLIB_RGB_MEAN = (122.782, 117.001, 104.298)

@@ -5,7 +5,8 @@ fault when a collective fails (`failures`).
 
 The collectives themselves live in `facetrain.heads.collectives`, beside the sharded head that needs
 them, which keeps the head a library of its own. Model and data code never import torch.distributed;
-they receive ranks as plain integers.
+they receive ranks as plain integers. The `parallel` section of a run's config is
+`facetrain.parallel.config.ParallelConfig`.
 """
 
 from facetrain.parallel.dims import ParallelDims, destroy_parallel, init_parallel

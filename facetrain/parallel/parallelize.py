@@ -12,7 +12,7 @@ from typing import NamedTuple
 
 from torch import nn
 
-from facetrain.config.schema import ParallelConfig
+from facetrain.parallel.config import ParallelConfig
 from facetrain.parallel.data_parallel import wrap_data_parallel
 from facetrain.parallel.dims import ParallelDims
 from facetrain.parallel.pipeline import PipelineRuntime

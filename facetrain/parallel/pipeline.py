@@ -13,14 +13,14 @@ from collections.abc import Callable, Sequence
 
 import torch
 from torch import nn
-from torch.distributed.pipelining import PipelineStage, Schedule1F1B, ScheduleGPipe
-from torch.distributed.pipelining.schedules import PipelineScheduleSingle
+from torch.distributed.pipelining import PipelineStage
 
-from facetrain.config.schema import ParallelConfig
 from facetrain.errors import FacetrainError
 from facetrain.heads import collectives
+from facetrain.parallel.config import ParallelConfig
 from facetrain.parallel.data_parallel import wrap_data_parallel
 from facetrain.parallel.dims import ParallelDims
+from facetrain.parallel.pipeline_schedules import PIPELINE_SCHEDULES
 from facetrain.parallel.pipeline_split import (
     balanced_boundaries,
     boundaries_from_split_points,
@@ -29,11 +29,6 @@ from facetrain.parallel.pipeline_split import (
     split_backbone,
     stage_boundary_shapes,
 )
-from facetrain.registry import Registry
-
-PIPELINE_SCHEDULES: Registry[PipelineScheduleSingle] = Registry("pipeline schedule")
-PIPELINE_SCHEDULES.register("gpipe")(ScheduleGPipe)
-PIPELINE_SCHEDULES.register("1f1b")(Schedule1F1B)
 
 # (embeddings, labels) -> (mean loss, top-1 accuracy), as the margin heads return them
 HeadFn = Callable[[torch.Tensor, torch.Tensor], tuple[torch.Tensor, torch.Tensor]]

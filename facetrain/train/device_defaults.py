@@ -25,7 +25,7 @@ from collections.abc import MutableMapping
 
 import torch
 
-from facetrain.config import Config
+from facetrain.train.run_config import Config
 
 # Classes per tile of the tiled head when head.tile_classes is null. On a CPU, 8192 keeps the B x T
 # logit tile and the T x D weight rows small (the sizes `facetrain bench head` measured as fastest there)
@@ -88,9 +88,10 @@ def resolve_device_defaults(
 
 def apply_device_defaults(
     defaults: DeviceDefaults, cfg: Config, environ: MutableMapping[str, str] = os.environ
-) -> Config:
-    """Set the process-wide switches `defaults` names and return `cfg` with its null settings resolved
-    (what the loader and the saved run config then see; head.tile_classes is the head plan's).
+) -> None:
+    """Set the process-wide switches `defaults` names and resolve `cfg`'s null settings in place (what
+    the loader and the saved run config then see; head.tile_classes is the head plan's), so the run
+    goes on holding the one config object it started with.
 
     On the CPU nothing process-wide is touched. Call it before the first GEMM on the device: cuBLAS
     reads CUBLAS_WORKSPACE_CONFIG when it creates its handle.
@@ -100,4 +101,4 @@ def apply_device_defaults(
     if defaults.device_type == "cuda":
         torch.backends.cudnn.benchmark = defaults.cudnn_benchmark
         torch.set_float32_matmul_precision(defaults.float32_matmul_precision)
-    return dataclasses.replace(cfg, data=dataclasses.replace(cfg.data, pin_memory=defaults.pin_memory))
+    cfg.data.pin_memory = defaults.pin_memory

@@ -22,7 +22,6 @@ from pathlib import Path
 import torch
 from torch import nn
 
-from facetrain.config import Config
 from facetrain.data.decode import BadImageError
 from facetrain.errors import FacetrainError
 from facetrain.eval.one_kind import require_both_kinds
@@ -31,6 +30,7 @@ from facetrain.eval.verify_pairs import load_pairs, verify
 from facetrain.heads import collectives
 from facetrain.parallel.dims import ParallelDims
 from facetrain.progress import ProgressBar
+from facetrain.train.run_config import Config
 
 # what TensorBoard gets of each set, under eval/NAME/
 SET_SCALARS = ("accuracy", "xnorm", "auc", "best_accuracy")

@@ -14,8 +14,7 @@ from __future__ import annotations
 import torch
 from torch import nn
 
-from facetrain.config import Config
-from facetrain.config.validate import fused_optimizer_conflict, show
+from facetrain.config.validate import show
 from facetrain.heads import ShardedMarginHead, class_range, collectives
 from facetrain.heads.kernel_choice import resolve_kernel
 from facetrain.heads.memory import (
@@ -31,6 +30,8 @@ from facetrain.parallel.dims import ParallelDims
 from facetrain.progress import ProgressBar as tqdm  # its lines also go to the run log
 from facetrain.train.device_defaults import tile_classes
 from facetrain.train.optim import build_fused_optimizer
+from facetrain.train.run_checks import fused_optimizer_conflict
+from facetrain.train.run_config import Config
 
 
 def build_head(

@@ -21,16 +21,31 @@ fp32 whatever the autocast.
 from __future__ import annotations
 
 from collections.abc import Callable
+from dataclasses import dataclass
 
 import torch
 from torch.nn import functional
 
-from facetrain.config.schema import LossConfig
+from facetrain.config.checks import Registered, above, at_least, setting
 from facetrain.models import Backbone
 from facetrain.registry import Registry
 
 LossFn = Callable[[object, torch.Tensor], tuple[torch.Tensor, torch.Tensor]]
 LOSSES: Registry[LossFn] = Registry("loss")
+
+
+@dataclass
+class LossConfig:
+    """The `loss` section of a run's config, checked against the losses below.
+
+    margin (the head alone) | margin_triplet (re-id: the head on the BN-neck embeddings plus a
+    batch-hard triplet loss on the features before the neck; needs data.sampler identity and a pooled
+    backbone)."""
+
+    name: str = setting("margin", Registered(LOSSES))
+    identity_weight: float = setting(1.0, above(0))  # margin_triplet's weights
+    triplet_weight: float = setting(1.0, at_least(0))
+    triplet_margin: float | None = setting(0.3, above(0))  # null: soft margin, log(1 + exp(d_ap - d_an))
 
 
 def batch_hard_triplet_loss(

@@ -2,20 +2,55 @@
 
 The schedule is a `LambdaLR` whose factor is a pure function of the optimizer step, so a resumed run
 rebuilds it at the step it resumes from and gets exactly the learning rate it would have had. Each
-parameter group keeps its own base learning rate (`initial_lr`); the factor scales them all.
+parameter group keeps its own base learning rate (`initial_lr`); the factor scales them all. The
+`optim` section of a run's config is `OptimConfig`, beside the optimizers and schedules it names.
 """
 
 from __future__ import annotations
 
 import math
+from collections.abc import Iterator
+from dataclasses import dataclass
 
 import torch
 from torch import nn
 from torch.optim.lr_scheduler import LambdaLR
 
-from facetrain.config import OptimConfig
+from facetrain.config.bounds import FRACTION
+from facetrain.config.checks import Items, Registered, Within, above, at_least, setting
+from facetrain.config.validate import Problem, show
 from facetrain.heads.fused_optim import FUSED_OPTIMIZERS, FusedOptimizer
 from facetrain.registry import Registry
+
+OPTIMIZERS: Registry[torch.optim.Optimizer] = Registry("optimizer")
+LR_SCHEDULES: Registry = Registry("lr schedule")
+
+
+@dataclass
+class OptimConfig:
+    """The `optim` section of a run's config, checked against the optimizers and schedules below."""
+
+    name: str = setting("sgd", Registered(OPTIMIZERS))  # sgd | adamw
+    lr: float = setting(0.1, above(0))
+    momentum: float = setting(0.9, FRACTION)
+    weight_decay: float = setting(5e-4, at_least(0))
+    head_weight_decay: float | None = setting(None, at_least(0))  # None: same as weight_decay
+    betas: list[float] = setting([0.9, 0.999], Items(("beta1", "beta2"), FRACTION))
+    # polynomial | cosine | constant
+    schedule: str = setting("polynomial", Registered(LR_SCHEDULES))
+    power: float = setting(2.0, above(0))
+    warmup_steps: int = setting(0, at_least(0))
+    min_lr: float = setting(0.0, at_least(0))  # and <= lr
+    grad_clip: float | None = setting(5.0, above(0))  # max norm of the backbone's gradient; None disables
+    grad_accumulation: int = setting(1, Within(1, 2**16))  # micro-steps a step: 1e20 would never end
+    backbone_lr_scale: float = setting(1.0, above(0))  # the backbone's lr is lr x this (fine-tuning: < 1)
+    head_only_steps: int = setting(0, at_least(0))  # first steps train the head alone, backbone frozen
+
+
+def lr_problems(cfg: OptimConfig) -> Iterator[Problem]:
+    """The schedule decays from optim.lr to optim.min_lr, so min_lr must not exceed lr."""
+    if cfg.min_lr > cfg.lr:
+        yield "optim.min_lr", cfg.min_lr, f"must be <= optim.lr ({show(cfg.lr)})"
 
 
 def _implementation(groups, grad_scaling: bool) -> dict:
@@ -29,9 +64,6 @@ def _implementation(groups, grad_scaling: bool) -> dict:
     """
     devices = {param.device.type for group in groups for param in group["params"]}
     return {"fused": True} if devices == {"cuda"} and not grad_scaling else {}
-
-
-OPTIMIZERS: Registry[torch.optim.Optimizer] = Registry("optimizer")
 
 
 @OPTIMIZERS.register("sgd")
@@ -78,9 +110,6 @@ def build_fused_optimizer(cfg: OptimConfig, head: nn.Module, state_dtype: torch.
 
 def head_learning_rate(optimizer: torch.optim.Optimizer) -> float:
     return next(group["lr"] for group in optimizer.param_groups if group.get("name") == "head")
-
-
-LR_SCHEDULES: Registry = Registry("lr schedule")
 
 
 @LR_SCHEDULES.register("polynomial")

@@ -18,25 +18,22 @@ exactly, so a wrong architecture is one line, not a silent partial load.
 from __future__ import annotations
 
 import csv
-import dataclasses
 from pathlib import Path
 
 from torch import nn
 
-from facetrain.config import Config
 from facetrain.errors import EveryRankError, FacetrainError
 from facetrain.interop.loading import load_model
 from facetrain.models.state_match import first_state_mismatch
+from facetrain.train.run_config import Config
 
 
-def hold_global_batch(cfg: Config, replicas: int) -> Config:
-    """The config with optim.grad_accumulation = train.global_batch / (train.batch_size x replicas);
-    unchanged without train.global_batch. A global batch that does not divide is left to `validate`."""
+def hold_global_batch(cfg: Config, replicas: int) -> None:
+    """Set optim.grad_accumulation = train.global_batch / (train.batch_size x replicas) in place;
+    nothing without train.global_batch. A global batch that does not divide is left to `validate`."""
     global_batch = cfg.train.global_batch
-    if global_batch is None:
-        return cfg
-    accumulation = max(1, global_batch // (cfg.train.batch_size * replicas))
-    return dataclasses.replace(cfg, optim=dataclasses.replace(cfg.optim, grad_accumulation=accumulation))
+    if global_batch is not None:
+        cfg.optim.grad_accumulation = max(1, global_batch // (cfg.train.batch_size * replicas))
 
 
 def last_logged_step(run_dir: Path) -> int | None:

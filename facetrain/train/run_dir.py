@@ -30,11 +30,12 @@ from facetrain.checkpoint import (
     holds_checkpoints,
     resolve_checkpoint,
 )
-from facetrain.config import Config, to_dict
+from facetrain.config import to_dict
 from facetrain.errors import EveryRankError, FacetrainError
 from facetrain.files import atomic_write_text, output_path_problem
 from facetrain.run_lock import LOCK_NAME, acquire, holds, release
 from facetrain.train.metrics import COLUMNS as METRICS_COLUMNS
+from facetrain.train.run_config import Config
 
 RUN_CONFIG = "config.yaml"
 RUN_CONFIG_HEADER = "# facetrain train: this run's resolved config, rewritten at each start; edit a copy\n"

@@ -10,8 +10,8 @@ from __future__ import annotations
 
 import math
 
-from facetrain.config import Config
 from facetrain.train.optim import lr_factor
+from facetrain.train.run_config import Config
 
 SCHEDULE_KEYS = (
     "train.steps",

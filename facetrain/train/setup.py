@@ -15,8 +15,6 @@ import torch
 from torch import nn
 
 from facetrain.checkpoint import TrainState, check_row_shards_supported, load_checkpoint, read_meta
-from facetrain.checkpoint.layout import read_config
-from facetrain.config import Config
 from facetrain.data import build_train_dataset, build_train_loader, prepare_train_data
 from facetrain.heads import collectives
 from facetrain.models import build_backbone
@@ -24,7 +22,7 @@ from facetrain.parallel.dims import ParallelDims
 from facetrain.parallel.parallelize import parallelize_backbone
 from facetrain.progress import ProgressBar as tqdm  # its lines also go to the run log
 from facetrain.train.class_remap import match_classes
-from facetrain.train.device_defaults import apply_device_defaults, resolve_device_defaults
+from facetrain.train.device_defaults import DeviceDefaults
 from facetrain.train.head_plan import build_head
 from facetrain.train.losses import build_loss
 from facetrain.train.optim import build_lr_scheduler, build_optimizer
@@ -34,8 +32,8 @@ from facetrain.train.resume import (
     membership_line,
     nothing_left_to_train,
 )
+from facetrain.train.run_config import Config, checkpoint_config
 from facetrain.train.run_dir import (
-    check_run_dir,
     claim_run_dir,
     find_checkpoint_to_resume,
     restarted_job,
@@ -52,9 +50,8 @@ class TrainingData(NamedTuple):
 
 
 class TrainingRun(NamedTuple):
-    """What `build_training_run` makes, for the `Trainer` to own."""
+    """What `build_training_run` makes, for the `Trainer` to own (with the config it was given)."""
 
-    cfg: Config  # with the device's defaults applied
     run_dir: Path
     data: TrainingData
     backbone: nn.Module  # this rank's backbone (or pipeline stage), unwrapped
@@ -64,15 +61,17 @@ class TrainingRun(NamedTuple):
     resumed_from: Path | None
 
 
-def build_training_run(cfg: Config, dims: ParallelDims, resume: str | None) -> TrainingRun:
+def build_training_run(
+    cfg: Config, dims: ParallelDims, resume: str | None, device_defaults: DeviceDefaults
+) -> TrainingRun:
+    """`cfg` is the run's one config, already resolved (`facetrain.train.trainer.resolve_run_config`);
+    the run directory is claimed (and checked, `check_run_dir`) on the primary rank, and the checkpoint
+    to resume from is found, once each, here."""
     if dims.dp > 1:  # a head sharded over the data-parallel ranks: refused now, not at the first save
         check_row_shards_supported()
     run_dir = Path(cfg.train.output_dir)
     collectives.primary_first(lambda: claim_run_dir(run_dir), also_others=False, group=dims.control_group)
     checkpoint, notes = find_checkpoint_to_resume(run_dir, resume, _job_restarted(run_dir, dims))
-    check_run_dir(run_dir)
-    device_defaults = resolve_device_defaults(dims.device.type, cfg)
-    cfg = apply_device_defaults(device_defaults, cfg)
     accumulation = cfg.optim.grad_accumulation
     if cfg.train.deterministic:
         torch.use_deterministic_algorithms(True, warn_only=True)
@@ -122,7 +121,11 @@ def build_training_run(cfg: Config, dims: ParallelDims, resume: str | None) -> T
     state = TrainState()
     if checkpoint is not None:
         class_rows = None if remap is None else remap.rows
-        state = load_checkpoint(checkpoint, dims, local, head, optimizer, scaler, cfg.optim.name, class_rows)
+        trained = checkpoint_config(checkpoint)
+        keep_optimizer = trained.optim.name == cfg.optim.name
+        if not keep_optimizer and dims.is_primary:
+            tqdm.write(optimizer_change_warning(checkpoint, trained.optim.name, cfg.optim.name))
+        state = load_checkpoint(checkpoint, dims, local, head, optimizer, scaler, keep_optimizer, class_rows)
         if remap is not None:  # the sample position belongs to the data the checkpoint was trained on
             state.consumed = 0
         if dims.is_primary:
@@ -136,7 +139,7 @@ def build_training_run(cfg: Config, dims: ParallelDims, resume: str | None) -> T
                 tqdm.write(membership_line(written_by, dims.world_size, state.step, reached, accumulation))
             if (note := nothing_left_to_train(state.step, cfg.train.steps)) is not None:
                 tqdm.write(note)
-            if (note := schedule_change_line(read_config(checkpoint), cfg, state.step)) is not None:
+            if (note := schedule_change_line(trained, cfg, state.step)) is not None:
                 tqdm.write(note)
     scheduler = build_lr_scheduler(optimizer, cfg.optim, cfg.train.steps, start_step=state.step)
     settings = StepSettings(
@@ -144,7 +147,17 @@ def build_training_run(cfg: Config, dims: ParallelDims, resume: str | None) -> T
     )
     parts = StepParts(model, head, optimizer, scaler, settings, pipeline, loss)
     data = TrainingData(dataset, loader, sampler)
-    return TrainingRun(cfg, run_dir, data, local, parts, scheduler, state, checkpoint)
+    return TrainingRun(run_dir, data, local, parts, scheduler, state, checkpoint)
+
+
+def optimizer_change_warning(checkpoint: Path, trained_with: str, name: str) -> str:
+    """The warning of a resumed run whose optim.name differs from its checkpoint's."""
+    step = read_meta(checkpoint)["step"]
+    return (
+        f"warning: checkpoint {checkpoint} was trained with optim.name={trained_with}, this run uses "
+        f"{name}: {trained_with}'s state cannot seed {name}'s, so {name} "
+        f"starts with fresh state; the weights, step {step} and the schedule carry on"
+    )
 
 
 def _job_restarted(run_dir: Path, dims: ParallelDims) -> bool:

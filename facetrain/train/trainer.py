@@ -1,8 +1,8 @@
 """`facetrain train`: the backbone in DDP (or pipeline stages), the margin head sharded over ranks.
 
-Read `train` and then `Trainer.fit` from top to bottom: join the process group, check the config, build
-the run (`setup.build_training_run`: data, model parts, optimizer, schedule, resumed state), then step
-until `train.steps`. Each step is `train_step`; after it come the logging, verification and
+Read `train` and then `Trainer.fit` from top to bottom: join the process group, resolve the config once
+(the run holds that one object) and check it, build the run (`setup.build_training_run`: data, model
+parts, optimizer, schedule, resumed state), then step until `train.steps`. Each step is `train_step`; after it come the logging, verification and
 checkpointing that are due. Step figures stay on the device until a log, so the loop never stalls the GPU.
 
 Nothing a run did is lost to a fault it can survive. Before each step the ranks agree on whether to
@@ -23,8 +23,7 @@ from torch.distributed.elastic.multiprocessing.errors import record
 
 from facetrain import run_lock, run_log
 from facetrain.checkpoint import load_ema_weights, save_checkpoint
-from facetrain.config import Config, to_dict
-from facetrain.config.validate import validate
+from facetrain.config import to_dict
 from facetrain.errors import EveryRankError, FacetrainError, PeerFailed
 from facetrain.heads import collectives
 from facetrain.heads.margins import margin_at_step
@@ -32,10 +31,13 @@ from facetrain.parallel.dims import ParallelDims, destroy_parallel, init_paralle
 from facetrain.parallel.failures import collective_failure_error, is_collective_failure
 from facetrain.progress import ProgressBar as tqdm  # plain lines when not on a terminal
 from facetrain.train.curves import CURVES_FILE, plot_curves, read_run_curves
+from facetrain.train.device_defaults import DeviceDefaults, apply_device_defaults, resolve_device_defaults
 from facetrain.train.ema import WeightEma
 from facetrain.train.evaluation import TrainingVerifier, evaluation_line, report_lines, tensorboard_scalars
 from facetrain.train.metrics import MetricsLog, UnderfitWatch
 from facetrain.train.resume import hold_global_batch
+from facetrain.train.run_checks import validate
+from facetrain.train.run_config import Config
 from facetrain.train.setup import build_training_run
 from facetrain.train.step import StepWindow, train_step
 from facetrain.train.step_gate import StepGate, StopSignals
@@ -48,14 +50,14 @@ def train(cfg: Config, resume: str | None = None) -> dict:
     owns_group = not is_initialized()  # a caller that set up the group keeps it
     dims = init_parallel(cfg.parallel.pipeline_stages, cfg.parallel.backend, cfg.parallel.timeout_s)
     trainer = None
-    cfg = hold_global_batch(cfg, dims.dp)
+    device_defaults = resolve_run_config(cfg, dims)
     try:
         try:
             validate(cfg, dims.world_size, device_type=dims.device.type)
             check_installed(cfg.train.trackers)
         except FacetrainError as error:  # every rank sees the same config: one of them says so
             raise EveryRankError(str(error)) from None
-        trainer = Trainer(cfg, dims, resume)
+        trainer = Trainer(cfg, dims, resume, device_defaults)
         resumed = trainer.resumed_from
         started = f"resumed from {resumed} at step {trainer.state.step}" if resumed else "started"
         run_log.attach(trainer.run_dir, run_log.start_header(started, dims.world_size))
@@ -80,6 +82,17 @@ def train(cfg: Config, resume: str | None = None) -> dict:
             destroy_parallel()
 
 
+def resolve_run_config(cfg: Config, dims: ParallelDims) -> DeviceDefaults:
+    """Resolve, in place and once, what the config leaves to the run: the gradient accumulation that
+    holds train.global_batch on this world size, and the device's defaults (whose process-wide switches
+    are set here, before the first GEMM). From here on the run, its saved config.yaml and its
+    checkpoints hold this one config object."""
+    hold_global_batch(cfg, dims.dp)
+    device_defaults = resolve_device_defaults(dims.device.type, cfg)
+    apply_device_defaults(device_defaults, cfg)
+    return device_defaults
+
+
 def _logged(error: Exception) -> Exception:
     """`error`, written to the run's log first by the rank it belongs to (a bystander's `PeerFailed`
     and the other ranks' copies of an every-rank error are not)."""
@@ -98,12 +111,11 @@ class Trainer:
     """One rank's run: the model parts with their optimizer (`parts`, what `train_step` takes), the data,
     the schedule, the weight average, the verifier, and the checkpoints written so far."""
 
-    def __init__(self, cfg: Config, dims: ParallelDims, resume: str | None):
-        run = build_training_run(cfg, dims, resume)
-        self.cfg, self.dims, self.run_dir, self.data = run.cfg, dims, run.run_dir, run.data
+    def __init__(self, cfg: Config, dims: ParallelDims, resume: str | None, device_defaults: DeviceDefaults):
+        run = build_training_run(cfg, dims, resume, device_defaults)
+        self.cfg, self.dims, self.run_dir, self.data = cfg, dims, run.run_dir, run.data
         self.backbone, self.parts, self.scheduler = run.backbone, run.parts, run.scheduler
         self.state, self.resumed_from = run.state, run.resumed_from
-        cfg = self.cfg
         self.verifier = TrainingVerifier(cfg, dims) if cfg.eval.pairs and not dims.pp_enabled else None
         self.ema = None if cfg.model.ema_decay == 0 else WeightEma(self.backbone, cfg.model.ema_decay)
         if self.ema and self.resumed_from and load_ema_weights(self.resumed_from, self.ema.module):

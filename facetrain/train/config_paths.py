@@ -1,4 +1,4 @@
-"""Every file or folder a config reads must exist when the config is loaded.
+"""Every file or folder a run's config reads must exist when the config is checked.
 
 A path that is missing would otherwise be found only once the ranks have started, imported torch and
 scanned the data, a minute later on a laptop. The folders a run creates (`train.output_dir`, the
@@ -8,9 +8,11 @@ synthetic set that `facetrain train` generates on first use) are not looked for.
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Any
 
-from facetrain.config.schema import Config
+from facetrain.config.validate import Problem
+from facetrain.data.config import DataConfig
+from facetrain.eval.config import EvalConfig
+from facetrain.models.config import ModelConfig
 
 # what data.path must be for each source that reads it; a source not named here (recordio, whose path
 # is the .rec file or its folder) only needs the path to exist
@@ -25,32 +27,31 @@ _WHAT_DATA_PATH_IS = {
 }
 
 
-def missing_path(cfg: Config) -> tuple[str, Any, str] | None:
+def missing_path(data: DataConfig, evaluation: EvalConfig, model: ModelConfig) -> Problem | None:
     """(key, value, what to do) for the first path the config reads that is not there, else None."""
-    data = cfg.data
     if data.source != "synthetic":
         problem = _data_path_problem(data.source, Path(data.path))
         if problem is not None:
             return "data.path", data.path, problem
-    several = isinstance(cfg.eval.pairs, list)
-    for index, pairs in enumerate(cfg.eval.pairs_files()):
-        if not _made_by_the_run(cfg, pairs) and not Path(pairs).is_file():
+    several = isinstance(evaluation.pairs, list)
+    for index, pairs in enumerate(evaluation.pairs_files()):
+        if not _made_by_the_run(data, pairs) and not Path(pairs).is_file():
             key = f"eval.pairs[{index}]" if several else "eval.pairs"
             fix = "drop it from eval.pairs" if several else "set eval.pairs=null"
             return key, pairs, _absent(pairs, "file", f"{fix} or give the file")
-    if cfg.eval.images is not None and not _made_by_the_run(cfg, cfg.eval.images):
-        if not Path(cfg.eval.images).is_dir():
+    if evaluation.images is not None and not _made_by_the_run(data, evaluation.images):
+        if not Path(evaluation.images).is_dir():
             return (
                 "eval.images",
-                cfg.eval.images,
+                evaluation.images,
                 _absent(
-                    cfg.eval.images,
+                    evaluation.images,
                     "folder",
                     "set eval.images=null (the pairs file's folder) or give the folder",
                 ),
             )
-    if cfg.model.init is not None and not Path(cfg.model.init).exists():
-        return "model.init", cfg.model.init, "does not exist; pass a checkpoint, a run or an export directory"
+    if model.init is not None and not Path(model.init).exists():
+        return "model.init", model.init, "does not exist; pass a checkpoint, a run or an export directory"
     return None
 
 
@@ -68,9 +69,8 @@ def _absent(path: str, kind: str, fix: str) -> str:
     return f"{f'is not a {kind}' if Path(path).exists() else 'does not exist'}; {fix}"
 
 
-def _made_by_the_run(cfg: Config, path: str) -> bool:
+def _made_by_the_run(data: DataConfig, path: str) -> bool:
     """A path inside the synthetic set that the trainer will generate before it reads it."""
-    data = cfg.data
     if data.source != "synthetic" or (Path(data.path) / "train").is_dir():
         return False
     return Path(path).resolve().is_relative_to(Path(data.path).resolve())

@@ -1,0 +1,64 @@
+"""A training run holds one config object: the one the command loaded, resolved in place before the
+`Trainer` (`facetrain.train.trainer.resolve_run_config`), and seen by the trainer, the saved config.yaml
+and the checkpoints alike."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+
+import yaml
+
+from tests.train_helpers import REPO, tiny_config
+
+# `facetrain train` in a fresh interpreter, counting the Config objects alive when the loop starts and
+# when it ends, and checking that the trainer's config is the one the command loaded
+TRACE = """
+import gc, json, sys
+from facetrain.cli import main
+from facetrain.train import trainer
+from facetrain.train.run_config import Config
+
+seen = {"counts": [], "loaded_is_trained": None}
+loaded = []
+load = trainer.validate
+def remember(cfg, *args, **kwargs):
+    loaded.append(cfg)
+    return load(cfg, *args, **kwargs)
+trainer.validate = remember
+fit = trainer.Trainer.fit
+def count():
+    gc.collect()
+    seen["counts"].append(sum(isinstance(o, Config) for o in gc.get_objects()))
+def counted_fit(self):
+    count()
+    seen["loaded_is_trained"] = all(cfg is self.cfg for cfg in loaded)
+    try:
+        return fit(self)
+    finally:
+        count()
+trainer.Trainer.fit = counted_fit
+try:
+    main(["train", "-c", sys.argv[1]], standalone_mode=False)
+finally:
+    print("TRACE " + json.dumps(seen))
+"""
+
+
+def test_a_run_holds_one_config_object_resolved_in_place(tmp_path):
+    # a global batch of 2 micro-batches and the device's pin_memory: both resolved by the run itself
+    config = tiny_config(tmp_path, "run", train={"steps": 2, "global_batch": 16, "checkpoint_every": 2})
+    result = subprocess.run(
+        [sys.executable, "-c", TRACE, str(config)], capture_output=True, text=True, timeout=600, cwd=REPO
+    )
+    assert result.returncode == 0, result.stderr
+    [line] = [line for line in result.stdout.splitlines() if line.startswith("TRACE ")]
+    seen = json.loads(line.removeprefix("TRACE "))
+    assert seen == {"counts": [1, 1], "loaded_is_trained": True}
+    saved = yaml.safe_load((tmp_path / "run" / "config.yaml").read_text())
+    assert (saved["optim"]["grad_accumulation"], saved["data"]["pin_memory"]) == (2, False)
+    checkpoint = yaml.safe_load(
+        (tmp_path / "run" / "checkpoints" / "step_00000002" / "config.yaml").read_text()
+    )
+    assert checkpoint == saved
