@@ -214,7 +214,7 @@ def test_a_state_dict_round_trip_resumes_bit_exact(mode):
 
 
 def checkpoint_parts(name, seed):
-    from facetrain.config import Config
+    from facetrain.train.run_config import Config
     from facetrain.train.optim import build_optimizer
 
     torch.manual_seed(seed)
@@ -226,7 +226,7 @@ def checkpoint_parts(name, seed):
 
 def reshard_save_worker(rank, world_size, run_dir, name):
     from facetrain.checkpoint import TrainState, save_checkpoint
-    from facetrain.config import Config
+    from facetrain.train.run_config import Config
     from facetrain.parallel.dims import init_parallel
 
     backbone, head, optimizer = checkpoint_parts(name, seed=0)

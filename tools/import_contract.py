@@ -6,8 +6,9 @@ import each other in a loop.
 | layer | packages                                                   | may import                       |
 | ----- | ---------------------------------------------------------- | -------------------------------- |
 | 0     | config, errors, registry, files, input_files, progress,    | layer 0 only                     |
-|       | choices, devices, run_lock, run_log (the logger), facetrain |                                  |
-| 1     | heads, models, data, align, eval                           | layer 0                          |
+|       | choices, devices, run_lock, run_log (the logger), pixels,  |                                  |
+|       | facetrain                                                  |                                  |
+| 1     | heads, models, data, align, eval                           | layer 0; eval and align data     |
 | 2     | parallel, checkpoint, interop                              | layers 0-1; interop checkpoint   |
 | 3     | train, export                                              | layers 0-2                       |
 | 4     | bench, cli, __main__ (the entry points)                    | layers 0-3; cli bench; __main__  |
@@ -49,6 +50,7 @@ LAYERS: tuple[tuple[str, ...], ...] = (
         "devices",
         "run_lock",
         "run_log",
+        "pixels",
     ),
     ("heads", "models", "data", "align", "eval"),
     ("parallel", "checkpoint", "interop"),
@@ -57,9 +59,17 @@ LAYERS: tuple[tuple[str, ...], ...] = (
 )
 # layer 0 is the common ground its modules share; above it a layer's packages are independent
 SHARED_LAYERS = {0}
-# the arrows a layer's packages may draw between them: the importers of interop/ write checkpoints and
-# load_model reads them; the command line runs the benchmarks, `python -m facetrain` the command line
-ALLOWED_SIBLINGS = {("interop", "checkpoint"), ("cli", "bench"), ("__main__", "cli")}
+# the arrows a layer's packages may draw between them: eval/ and align/ read images through data/'s
+# decoder (the one reader that checks an image before decoding it) and its eval transform, so data/ sits
+# below them; the importers of interop/ write checkpoints and load_model reads them; the command line
+# runs the benchmarks, `python -m facetrain` the command line
+ALLOWED_SIBLINGS = {
+    ("eval", "data"),
+    ("align", "data"),
+    ("interop", "checkpoint"),
+    ("cli", "bench"),
+    ("__main__", "cli"),
+}
 LAZY_ALLOWED = {"cli", "__main__"}
 # third-party packages facetrain runs without: a module that needs one is imported lazily where used
 OPTIONAL_PACKAGES = {

@@ -20,6 +20,8 @@ from typing import Any
 
 import torch
 
+from facetrain.parallel.dims import destroy_parallel, init_parallel
+
 
 class WorkerError(RuntimeError):
     """A rank raised, died or timed out; the pool that ran it is closed."""
@@ -51,8 +53,6 @@ def _worker_main(
 ) -> None:
     if device == "cpu":  # init_parallel places a rank on a GPU whenever it sees one
         os.environ["CUDA_VISIBLE_DEVICES"] = ""
-    from facetrain.parallel.dims import destroy_parallel, init_parallel
-
     torch.set_num_threads(threads)
     try:
         init_parallel(

@@ -21,6 +21,7 @@ from facetrain.heads import ShardedMarginHead
 from facetrain.models import build_backbone
 from facetrain.models.config import ModelConfig
 
+
 def load_checkpoint(
     path: str | Path,
     dims: RankRoles,
@@ -66,6 +67,7 @@ def load_checkpoint(
         torch.manual_seed(meta["step"] * 1009 + dims.rank)
     return TrainState(**{k: meta[k] for k in ("step", "epoch", "consumed", "best_accuracy", "best_step")})
 
+
 def _check_backbone_fits(checkpoint: Path, index: dict, backbone: nn.Module) -> None:
     """One line naming the model the checkpoint was trained with when its weights cannot fill this
     run's backbone (another model.backbone, embedding size or data.image_size)."""
@@ -88,6 +90,7 @@ def _check_backbone_fits(checkpoint: Path, index: dict, backbone: nn.Module) -> 
             "settings it was trained with, or choose another train.output_dir"
         )
 
+
 def _load_head_by_class(checkpoint: Path, head: ShardedMarginHead, class_rows: list[int | None]) -> None:
     """Fill this rank's rows of classes the checkpoint has from their rows there, reading each stored
     range that holds any of them once; the others keep their fresh initialisation."""
@@ -102,12 +105,14 @@ def _load_head_by_class(checkpoint: Path, head: ShardedMarginHead, class_rows: l
             with torch.no_grad():
                 rows[inside.nonzero().squeeze(1).to(rows.device)] = values.to(rows.device, rows.dtype)
 
+
 def read_rows(checkpoint: Path, key: str, start: int, count: int) -> torch.Tensor:
     """Rows [start, start + count) of a checkpoint's per-class tensor, without a group."""
     entry = stored_entries(checkpoint, [key])[key]
     rows = rows_of(torch.empty((count, *entry.size[1:]), dtype=entry.properties.dtype), start, entry.size[0])
     load_entries({key: rows}, checkpoint)
     return rows.view(count, *entry.size[1:])
+
 
 def read_entries(checkpoint: Path, keys: list[str]) -> dict[str, torch.Tensor]:
     """Whole tensors of a checkpoint by key, without a group."""
@@ -116,10 +121,12 @@ def read_entries(checkpoint: Path, keys: list[str]) -> dict[str, torch.Tensor]:
     load_entries(values, checkpoint)
     return values
 
+
 def load_full_head(path: str | Path) -> torch.Tensor:
     """The head's full C x (K x D) weight, from however many ranks wrote it."""
     checkpoint = resolve_checkpoint(path)
     return read_rows(checkpoint, HEAD_WEIGHT, 0, read_meta(checkpoint)["num_classes"])
+
 
 def load_backbone_weights(checkpoint: Path, backbone: nn.Module) -> None:
     """Fill `backbone` (the whole model, or one pipeline stage of it) from the checkpoint with the weights
@@ -128,6 +135,7 @@ def load_backbone_weights(checkpoint: Path, backbone: nn.Module) -> None:
     values = {f"{prefix}{k}": torch.empty_like(v, device="cpu") for k, v in backbone.state_dict().items()}
     load_entries(values, checkpoint)
     backbone.load_state_dict({k[len(prefix) :]: v for k, v in values.items()})
+
 
 def load_ema_weights(path: str | Path, ema: nn.Module) -> bool:
     """Restore a weight average into `ema`; False when the checkpoint holds none (its run had
@@ -138,6 +146,7 @@ def load_ema_weights(path: str | Path, ema: nn.Module) -> bool:
     load_backbone_weights(checkpoint, ema)
     return True
 
+
 def saved_model_config(checkpoint: Path) -> tuple[ModelConfig, DataConfig]:
     """The model and data sections of a checkpoint's config.yaml: what its backbone was built from.
     The whole tree is the run's to read (`facetrain.train.run_config.checkpoint_config`)."""
@@ -145,6 +154,7 @@ def saved_model_config(checkpoint: Path) -> tuple[ModelConfig, DataConfig]:
     model = from_dict(ModelConfig, raw.get("model", {}), source, "model.")
     data = from_dict(DataConfig, raw.get("data", {}), source, "data.")
     return model, data
+
 
 def load_backbone(path: str | Path, device: str | torch.device = "cpu") -> tuple[nn.Module, dict]:
     """The trained backbone of any checkpoint (any number of ranks), in eval mode, without a group, and
@@ -155,6 +165,7 @@ def load_backbone(path: str | Path, device: str | torch.device = "cpu") -> tuple
     _check_config_describes_weights(checkpoint, stored(checkpoint), backbone)
     load_backbone_weights(checkpoint, backbone)
     return backbone.to(device).eval(), read_meta(checkpoint)
+
 
 def _check_config_describes_weights(checkpoint: Path, index: dict, backbone: nn.Module) -> None:
     """The backbone a checkpoint's own config.yaml builds must take its stored weights; when it does

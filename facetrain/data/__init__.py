@@ -17,7 +17,9 @@ from facetrain.data.loader_workers import init_loader_worker, worker_context
 from facetrain.data.samplers import IdentitySampler, ResumableDistributedSampler
 from facetrain.data.sampling import SAMPLERS
 from facetrain.data.sources import SOURCES
+from facetrain.data.synthetic import generate_synthetic
 from facetrain.data.transforms import build_train_transform
+from facetrain.progress import ProgressBar  # its lines go to the run's train.log too
 
 
 def prepare_train_data(cfg: DataConfig) -> None:
@@ -28,9 +30,6 @@ def prepare_train_data(cfg: DataConfig) -> None:
     """
     if cfg.source != "synthetic" or (Path(cfg.path) / "train").is_dir():
         return
-    from facetrain.data.synthetic import generate_synthetic
-    from facetrain.progress import ProgressBar  # the line goes to the run's train.log too
-
     ProgressBar.write(f"generating the synthetic face set in {cfg.path} (data.synth)")
     generate_synthetic(cfg.path, cfg.synth)
 
