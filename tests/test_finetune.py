@@ -3,6 +3,7 @@ alone on the frozen backbone first; the backbone can learn at a fraction of the 
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
 
 import pytest
@@ -79,3 +80,38 @@ def test_the_backbone_learns_at_its_own_scale_of_the_schedule():
     optimizer.step()  # no gradients: changes nothing, keeps the optimizer-then-schedule order
     schedule.step()
     assert [group["lr"] for group in optimizer.param_groups] == pytest.approx([0.01, 0.1])
+
+
+def test_a_fine_tune_verifies_its_start_and_keeps_it_as_best_when_no_step_beats_it(earlier_run, tmp_path):
+    """#42: the starting model's verification at step 0, beside the fine-tuned one. With the backbone
+    frozen throughout (head_only_steps = steps) the embeddings never change, so no step beats the start
+    and best/ must keep step 0's model."""
+    pairs = str(earlier_run / "synth" / "heldout" / "pairs.txt")
+    config = tiny_config(
+        tmp_path, "finetune", data={"path": str(earlier_run / "synth")}, eval={"pairs": pairs, "every": 2},
+        optim={"head_only_steps": 4}, train={"steps": 4, "checkpoint_every": 100},
+    )  # fmt: skip
+    result = run_cli("train", "-c", str(config), "--init", str(earlier_run / "run"))
+    assert result.returncode == 0, result.stderr
+    run = tmp_path / "finetune"
+    verified = sorted(path.name for path in (run / "eval").glob("step_*.json"))
+    assert verified[0] == "step_00000000.json" and len(verified) == 3  # the start, steps 2 and 4
+    summary = json.loads((run / "summary.json").read_text())
+    assert summary["best_step"] == 0
+    start = json.loads((run / "eval" / "step_00000000.json").read_text())
+    assert summary["best_accuracy"] == start["accuracy"] == summary["evaluation"]["accuracy"]
+    assert (run / "checkpoints" / "best").read_text().strip() == "step_00000000"  # the pointer to best/
+    assert json.loads((run / "checkpoints" / "step_00000000" / "meta.json").read_text())["step"] == 0
+    assert "(the starting model, model.init: no step beat it, and best/ keeps it" in result.stdout
+
+
+def test_a_run_without_init_verifies_no_step_0(earlier_run, tmp_path):
+    pairs = str(earlier_run / "synth" / "heldout" / "pairs.txt")
+    config = tiny_config(
+        tmp_path, "scratch", data={"path": str(earlier_run / "synth")}, eval={"pairs": pairs, "every": 2},
+        train={"steps": 2},
+    )  # fmt: skip
+    assert run_cli("train", "-c", str(config)).returncode == 0
+    assert [path.name for path in (tmp_path / "scratch" / "eval").glob("step_*.json")] == [
+        "step_00000002.json"
+    ]

@@ -143,6 +143,8 @@ class Trainer:
         started = time.perf_counter()
         signals = StopSignals().install()
         try:
+            if self.verifies_its_start() and self.verify_if_due(False, log, at_start=True):
+                self.save(is_best=True, final_step=False)  # best/ holds the start until a step beats it
             while state.step < cfg.train.steps and (step_batches := gate.next_step(signals)) is not None:
                 lr = self.scheduler.get_last_lr()[0]
                 train_backbone = state.step >= cfg.optim.head_only_steps
@@ -191,10 +193,17 @@ class Trainer:
             raise _data_failure(gate, state.step, self.last_checkpoint)
         return self._finish(gate, time.perf_counter() - started)
 
-    def verify_if_due(self, final_step: bool, log: MetricsLog) -> bool:
-        """Verify when `eval.every` says so (and at the end). True when this is the best step yet."""
+    def verifies_its_start(self) -> bool:
+        """A fine-tune (`model.init`) with `eval.pairs` verifies its starting model at step 0, so the run
+        shows what it adds to it and `best/` never holds a model worse than the start."""
+        return self.verifier is not None and bool(self.cfg.model.init) and self.resumed_from is None
+
+    def verify_if_due(self, final_step: bool, log: MetricsLog, at_start: bool = False) -> bool:
+        """Verify when `eval.every` says so (and at the end, and a fine-tune's start with `at_start`). True
+        when this is the best step yet."""
         state, every = self.state, self.cfg.eval.every
-        if self.verifier is None or not ((every and state.step % every == 0) or final_step):
+        due = at_start or (every and state.step % every == 0) or final_step
+        if self.verifier is None or not due:
             return False
         outcome = self.verifier.run(self.backbone if self.ema is None else self.ema.module, state.step)
         if outcome is None:  # reported; training goes on without verification
@@ -260,6 +269,11 @@ class Trainer:
                     verified = f"; last {evaluation_line(state.step, self.evaluation)}"
                     if state.best_step is not None and state.best_step != state.step:
                         verified += f"; best {100 * state.best_accuracy:.1f} % at step {state.best_step}"
+                    if state.best_step == 0 and self.cfg.model.init:
+                        verified += (
+                            " (the starting model, model.init: no step beat it, and best/ keeps it; "
+                            "try a lower lr for the backbone, optim.backbone_lr_scale, or more head_only_steps)"
+                        )
                 tqdm.write(
                     f"done: {state.step} steps{verified}; checkpoints in {self.run_dir / 'checkpoints'}, "
                     f"curves in {curves}"
