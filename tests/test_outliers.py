@@ -56,6 +56,7 @@ def noisy_run(request, tmp_path_factory) -> tuple[Path, list[Path], int]:
     )
     result = run_cli("train", "-c", str(config), "-q")
     assert result.returncode == 0, result.stderr
+    (tmp / "faces" / "id7" / "broken.png").write_bytes(b"not an image")  # broken since training
     return tmp / "run", moved, request.param
 
 
@@ -76,7 +77,10 @@ def test_the_mislabelled_images_top_the_report(noisy_run):
     assert earlier.read_text() == "mine\n"
     result = run_cli("outliers", str(run), "--overwrite", "-q")
     assert result.returncode == 0, result.stderr
-    rows = _read_report(run / "outliers.csv")
+    unreadable, *rows = _read_report(run / "outliers.csv")
+    assert Path(unreadable["path"]).name == "broken.png" and unreadable["reason"].startswith("unreadable: ")
+    assert unreadable["identity"] == "id7" and unreadable["cosine"] == ""
+    assert "unreadable: 1 image" in result.stdout.splitlines()
     assert len(rows) == IDENTITIES * IMAGES
     assert {Path(row["path"]) for row in rows[: len(moved)]} == set(moved)
     for row in rows[: len(moved)]:
@@ -94,7 +98,7 @@ def test_the_mislabelled_images_top_the_report(noisy_run):
         line = f"{reason}: {count} images"
         assert (line in result.stdout.splitlines()) == (count > 0), (line, result.stdout)
     assert sub_centers > 1 or not any(NON_DOMINANT in row["reason"] for row in rows)
-    assert f"{len(flagged)} of {IDENTITIES * IMAGES} training images flagged" in result.stdout
+    assert f"{len(flagged) + 1} of {IDENTITIES * IMAGES + 1} images flagged" in result.stdout
     assert all(path.is_file() for path in moved)  # nothing moved or deleted
 
 
@@ -133,9 +137,9 @@ def _reference_scores(embeddings, labels, weight, sub_centers):
 
 @pytest.mark.parametrize("sub_centers", [1, 3])
 def test_scores_match_a_plain_reference(sub_centers, monkeypatch):
-    monkeypatch.setattr("facetrain.train.outliers.IMAGES_A_CHUNK", 7)  # several chunks
-    generator = torch.Generator().manual_seed(sub_centers)
     classes, dim, images = 5, 6, 23
+    monkeypatch.setattr("facetrain.train.outliers.COSINES_A_CHUNK", 7 * classes * sub_centers)  # 4 chunks
+    generator = torch.Generator().manual_seed(sub_centers)
     weight = torch.randn(classes, sub_centers * dim, generator=generator, dtype=torch.float64)
     embeddings = torch.nn.functional.normalize(
         torch.randn(images, dim, generator=generator, dtype=torch.float64)

@@ -38,7 +38,7 @@ COLUMNS = (
     "path", "label", "identity", "cosine", "dominant_cosine", "dominant_angle", "dominant_sub_center",
     "sub_center", "other_label", "other_identity", "other_cosine", "reason",
 )  # fmt: skip
-IMAGES_A_CHUNK = 1024  # images scored against every class at once: chunk x classes x K cosines
+COSINES_A_CHUNK = 1 << 26  # cosines computed at once (256 MiB in fp32), however many classes the head has
 
 
 @dataclass(frozen=True)
@@ -84,9 +84,10 @@ def score_images(
     centres = torch.nn.functional.normalize(weight.view(classes * sub_centers, -1).to(embeddings), dim=1)
     own, own_index, other, other_label = [], [], [], []
     cosines_to_own = []
-    for start in range(0, len(embeddings), IMAGES_A_CHUNK):
-        chunk = embeddings[start : start + IMAGES_A_CHUNK]
-        chunk_labels = labels[start : start + IMAGES_A_CHUNK]
+    images_a_chunk = max(1, COSINES_A_CHUNK // (classes * sub_centers))
+    for start in range(0, len(embeddings), images_a_chunk):
+        chunk = embeddings[start : start + images_a_chunk]
+        chunk_labels = labels[start : start + images_a_chunk]
         cosines = (chunk @ centres.T).view(len(chunk), classes, sub_centers)
         mine = cosines[torch.arange(len(chunk)), chunk_labels]  # B x K
         cosines_to_own.append(mine)
@@ -128,12 +129,16 @@ class OutlierReport:
 
     def summary(self, max_angle: float) -> list[str]:
         flagged = sum(1 for row in self.rows if row["reason"])
-        lines = [f"{reason}: {self.counts[reason]} images" for reason in REASONS if self.counts[reason]]
+        lines = [f"{reason}: {_images(self.counts[reason])}" for reason in REASONS if self.counts[reason]]
         lines.append(
-            f"{flagged} of {self.images} training images flagged (max angle {max_angle:g} degrees) by "
+            f"{flagged} of {_images(self.images)} flagged (max angle {max_angle:g} degrees) by "
             f"{self.checkpoint}; review them before cleaning the set, nothing was moved"
         )
         return lines
+
+
+def _images(count: int) -> str:
+    return f"{count} image" if count == 1 else f"{count} images"
 
 
 class _EncodedImages(Sequence):
