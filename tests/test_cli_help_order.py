@@ -19,6 +19,7 @@ WORK_ORDER = [
     "pairs",
     "train",
     "eval",
+    "outliers",
     "export",
     "embed",
     "compare",

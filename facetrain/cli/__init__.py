@@ -13,7 +13,7 @@ import click
 from facetrain.cli.lazy_group import LazyGroup
 
 # name -> "module:attribute" of the click command, in the order of the work, which `--help` keeps:
-# make or prepare data, train, evaluate, ship and use the model, bring one in, measure, then the tools
+# make or prepare data, train, evaluate (the model, then its training set), ship and use the model, bring one in, measure, then the tools
 COMMANDS = {
     "synth": "facetrain.cli.data_cmd:synth",
     "data": "facetrain.cli.data_cmd:data",
@@ -22,6 +22,7 @@ COMMANDS = {
     "pairs": "facetrain.cli.pairs_cmd:pairs",
     "train": "facetrain.cli.train_cmd:train",
     "eval": "facetrain.cli.eval_cmd:eval_command",
+    "outliers": "facetrain.cli.outliers_cmd:outliers",
     "export": "facetrain.cli.export_cmd:export",
     "embed": "facetrain.cli.export_cmd:embed",
     "compare": "facetrain.cli.export_cmd:compare",
