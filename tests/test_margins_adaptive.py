@@ -214,8 +214,8 @@ def test_a_state_dict_round_trip_resumes_bit_exact(mode):
 
 
 def checkpoint_parts(name, seed):
-    from facetrain.train.run_config import Config
     from facetrain.train.optim import build_optimizer
+    from facetrain.train.run_config import Config
 
     torch.manual_seed(seed)
     backbone = torch.nn.Sequential(torch.nn.Linear(DIM, DIM)).double()
@@ -226,8 +226,8 @@ def checkpoint_parts(name, seed):
 
 def reshard_save_worker(rank, world_size, run_dir, name):
     from facetrain.checkpoint import TrainState, save_checkpoint
-    from facetrain.train.run_config import Config
     from facetrain.parallel.dims import init_parallel
+    from facetrain.train.run_config import Config
 
     backbone, head, optimizer = checkpoint_parts(name, seed=0)
     _, steps = batches()
