@@ -95,6 +95,10 @@ BAD_VALUES = [
     (["loss.triplet_weight=-1"], "loss.triplet_weight", "-1.0"),
     (["loss.triplet_margin=0"], "loss.triplet_margin", "0.0"),
     (["loss.name=margin_triplet"], "loss.name", "'margin_triplet'"),
+    (["loss.teacher=''"], "loss.teacher", "''"),
+    (["loss.teacher=no/such/teacher"], "loss.teacher", "'no/such/teacher'"),
+    (["loss.teacher_loss=kl"], "loss.teacher_loss", "'kl'"),
+    (["loss.teacher_weight=0"], "loss.teacher_weight", "0.0"),
     # optim
     (["optim.name=bogus"], "optim.name", "'bogus'"),
     (["optim.lr=0"], "optim.lr", "0.0"),
@@ -142,6 +146,7 @@ BAD_VALUES = [
     (["parallel.pipeline_stages=2", "eval.pairs=p.txt"], "eval.pairs", "'p.txt'"),
     (["parallel.pipeline_stages=2", "parallel.microbatches=3"], "parallel.microbatches", "3"),
     (["parallel.pipeline_stages=2", "optim.head_only_steps=5"], "optim.head_only_steps", "5"),
+    (["parallel.pipeline_stages=2", "loss.teacher=."], "loss.teacher", "'.'"),
     (
         ["parallel.pipeline_stages=4", "parallel.microbatches=2", "parallel.schedule=1f1b"],
         "parallel.microbatches",

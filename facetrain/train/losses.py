@@ -26,7 +26,7 @@ from dataclasses import dataclass
 import torch
 from torch.nn import functional
 
-from facetrain.config.checks import Registered, above, at_least, setting
+from facetrain.config.checks import NotEmpty, OneOf, Registered, above, at_least, setting
 from facetrain.models import Backbone
 from facetrain.registry import Registry
 
@@ -40,12 +40,15 @@ class LossConfig:
 
     margin (the head alone) | margin_triplet (re-id: the head on the BN-neck embeddings plus a
     batch-hard triplet loss on the features before the neck; needs data.sampler identity and a pooled
-    backbone)."""
+    backbone). `teacher` adds knowledge distillation beside it (`facetrain.train.distillation`)."""
 
     name: str = setting("margin", Registered(LOSSES))
     identity_weight: float = setting(1.0, above(0))  # margin_triplet's weights
     triplet_weight: float = setting(1.0, at_least(0))
     triplet_margin: float | None = setting(0.3, above(0))  # null: soft margin, log(1 + exp(d_ap - d_an))
+    teacher: str | None = setting(None, NotEmpty(), path=True)  # a model to distil from (load_model)
+    teacher_loss: str = setting("cosine", OneOf(("cosine", "l2")))
+    teacher_weight: float = setting(1.0, above(0))
 
 
 def batch_hard_triplet_loss(

@@ -94,6 +94,12 @@ def rule_problems(cfg: Config, world_size: int | None, device_type: str | None) 
             cfg.loss.name,
             "must be 'margin' when parallel.pipeline_stages > 1 (stages pass one tensor, not the features)",
         )
+    if cfg.loss.teacher is not None and stages > 1:
+        yield (
+            "loss.teacher",
+            cfg.loss.teacher,
+            "must be unset when parallel.pipeline_stages > 1 (no stage holds both the images and the embeddings)",
+        )
     yield from margin_problems(head)
 
     # train.global_batch is made of whole micro-batches (train.batch_size) on every data-parallel rank
@@ -134,6 +140,12 @@ def rule_problems(cfg: Config, world_size: int | None, device_type: str | None) 
         )
     if (missing := missing_path(data, evaluation, cfg.model)) is not None:
         yield missing
+    if cfg.loss.teacher is not None and not Path(cfg.loss.teacher).exists():
+        yield (
+            "loss.teacher",
+            cfg.loss.teacher,
+            "does not exist; pass a run, a checkpoint or an export directory",
+        )
     if world_size is not None and world_size % stages:
         yield (
             "parallel.pipeline_stages",

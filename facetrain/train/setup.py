@@ -23,6 +23,7 @@ from facetrain.parallel.parallelize import parallelize_backbone
 from facetrain.progress import ProgressBar as tqdm  # its lines also go to the run log
 from facetrain.train.class_remap import match_classes
 from facetrain.train.device_defaults import DeviceDefaults
+from facetrain.train.distillation import build_distillation
 from facetrain.train.head_plan import build_head
 from facetrain.train.losses import build_loss
 from facetrain.train.optim import build_lr_scheduler, build_optimizer
@@ -111,6 +112,8 @@ def build_training_run(
         local.compile()
     head = build_head(cfg, dataset.num_classes, dims, backbone) if dims.is_last_stage else None
     loss = build_loss(cfg.loss, head, local) if head is not None else None
+    # before the per-rank seed: building the teacher draws initial weights, which a resume must not redo
+    distillation = build_distillation(cfg.loss, cfg.model.embedding_size, dims.device)
     loader, sampler = build_train_loader(
         dataset, cfg.data, cfg.train.batch_size, dims.dp_rank, dims.dp, cfg.train.seed, accumulation
     )
@@ -145,7 +148,7 @@ def build_training_run(
     settings = StepSettings(
         dims.device, cfg.train.precision, accumulation, cfg.optim.grad_clip, cfg.model.channels_last
     )
-    parts = StepParts(model, head, optimizer, scaler, settings, pipeline, loss)
+    parts = StepParts(model, head, optimizer, scaler, settings, pipeline, loss, distillation)
     data = TrainingData(dataset, loader, sampler)
     return TrainingRun(run_dir, data, local, parts, scheduler, state, checkpoint)
 

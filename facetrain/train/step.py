@@ -57,7 +57,8 @@ class StepParts:
     parallelism (DDP or plain), unused with a `pipeline`, which then runs this rank's stage; `head` maps
     (embeddings, labels) to (loss, accuracy), None on pipeline stages that do not hold it; `loss` does
     the same from the model's outputs when that is more than the head (`facetrain.train.losses`, e.g.
-    the head plus a triplet loss), None: the head."""
+    the head plus a triplet loss), None: the head; `distillation` adds a frozen teacher's term from the
+    images and the model's outputs (`facetrain.train.distillation`, `loss.teacher`), None: none."""
 
     model: nn.Module | None
     head: nn.Module | None
@@ -66,6 +67,7 @@ class StepParts:
     settings: StepSettings
     pipeline: PipelineRuntime | None = None
     loss: Callable[..., tuple[torch.Tensor, torch.Tensor]] | None = None
+    distillation: Callable[[torch.Tensor, object], torch.Tensor] | None = None
 
 
 def train_step(
@@ -96,6 +98,8 @@ def train_step(
                     with torch.set_grad_enabled(train_backbone):
                         outputs = parts.model(images)
                     loss, accuracy = criterion(outputs, labels)
+                    if parts.distillation is not None:
+                        loss = loss + parts.distillation(images, outputs)
                 scaler.scale(loss / settings.accumulation).backward()
         loss_sum += loss.detach()
         accuracy_sum += accuracy.detach()

@@ -1,0 +1,146 @@
+"""Knowledge distillation (`loss.teacher`): the term against a plain reference, a frozen teacher, a
+tiny run distilled from an earlier one (which it leaves untouched) that resumes exactly, and the
+one-line refusals."""
+
+from __future__ import annotations
+
+import hashlib
+from pathlib import Path
+
+import pytest
+import torch
+from torch import nn
+
+from facetrain.checkpoint import load_backbone
+from facetrain.train.distillation import Distillation
+from facetrain.train.step import StepParts, StepSettings, train_step
+from tests.train_helpers import logged_losses, run_cli, tiny_config
+
+
+def tiny_model(seed: int, size: int = 8) -> nn.Module:
+    torch.manual_seed(seed)
+    return nn.Sequential(nn.Flatten(), nn.Linear(3 * size * size, 6)).double()
+
+
+def images(size: int = 8) -> torch.Tensor:
+    return torch.randn(5, 3, size, size, generator=torch.Generator().manual_seed(3), dtype=torch.float64)
+
+
+def reference(student: torch.Tensor, teacher: torch.Tensor, kind: str) -> torch.Tensor:
+    cosines = torch.stack([s @ t / (s.norm() * t.norm()) for s, t in zip(student, teacher)])
+    if kind == "cosine":
+        return (1 - cosines).mean()
+    distances = [(s / s.norm() - t / t.norm()).pow(2).sum() for s, t in zip(student, teacher)]
+    return torch.stack(distances).mean()
+
+
+@pytest.mark.parametrize("kind", ["cosine", "l2"])
+def test_the_term_equals_the_reference_and_its_gradient_reaches_the_student_alone(kind):
+    student, teacher, batch = tiny_model(0), tiny_model(1), images()
+    distillation = Distillation(teacher, (8, 8), kind, weight=0.5)
+    outputs = student(batch)
+    term = distillation(batch, outputs)
+    expected = 0.5 * reference(outputs.detach().requires_grad_(), teacher(batch).detach(), kind)
+    assert term.item() == pytest.approx(expected.item(), rel=1e-6) and term.item() > 0
+    (gradient,) = torch.autograd.grad(term, outputs)
+    (expected_gradient,) = torch.autograd.grad(
+        0.5 * reference(outputs, teacher(batch).detach(), kind), outputs
+    )
+    torch.testing.assert_close(gradient.double(), expected_gradient, rtol=1e-5, atol=1e-8)
+    assert all(not p.requires_grad and p.grad is None for p in teacher.parameters())
+    assert not teacher.training
+
+
+def test_a_train_step_moves_the_student_and_leaves_the_teacher_exactly(tmp_path):
+    student, teacher, batch = tiny_model(0).float(), tiny_model(1, size=4).float(), images().float()
+    before = {k: v.clone() for k, v in teacher.state_dict().items()}
+    student_before = {k: v.clone() for k, v in student.state_dict().items()}
+    optimizer = torch.optim.SGD(student.parameters(), lr=0.5)
+    scaler = torch.amp.GradScaler("cpu", enabled=False)
+
+    def head(outputs, labels):  # a loss of zero, so only the teacher's term moves the student
+        return outputs.sum() * 0, torch.zeros(())
+
+    settings = StepSettings(torch.device("cpu"))
+    # the teacher takes 4x4 images: the 8x8 batch is resized for it
+    parts = StepParts(
+        student, head, optimizer, scaler, settings, distillation=Distillation(teacher, (4, 4), "cosine", 1.0)
+    )
+    result = train_step(iter([(batch, torch.zeros(5, dtype=torch.long))]), parts)
+    assert result.loss.item() > 0
+    assert all(torch.equal(before[k], v) for k, v in teacher.state_dict().items())
+    assert any(not torch.equal(student_before[k], v) for k, v in student.state_dict().items())
+
+
+def digest(folder: Path) -> dict[str, str]:
+    return {
+        str(f.relative_to(folder)): hashlib.sha256(f.read_bytes()).hexdigest()
+        for f in sorted(folder.rglob("*"))
+        if f.is_file()
+    }
+
+
+@pytest.fixture(scope="module")
+def teacher_run(tmp_path_factory) -> Path:
+    tmp = tmp_path_factory.mktemp("teacher")
+    result = run_cli("train", "-c", str(tiny_config(tmp, "run", train={"steps": 3})))
+    assert result.returncode == 0, result.stderr
+    return tmp
+
+
+def test_a_distilled_run_logs_the_term_leaves_its_teacher_and_resumes_exactly(teacher_run, tmp_path):
+    teacher = teacher_run / "run"
+    teacher_files = digest(teacher)
+    data = {"path": str(teacher_run / "synth")}
+    train = {"steps": 4, "checkpoint_every": 2}
+    plain = tiny_config(tmp_path, "plain", data=data, train=train)
+    assert run_cli("train", "-c", str(plain)).returncode == 0
+    distilled = {}
+    for name, weight in (("straight", 1.0), ("double", 2.0)):
+        loss = {"teacher": str(teacher), "teacher_weight": weight}
+        config = tiny_config(tmp_path, name, data=data, train=train, loss=loss)
+        result = run_cli("train", "-c", str(config))
+        assert result.returncode == 0, result.stderr
+        distilled[name] = logged_losses(tmp_path / name)
+    # step 1 starts from the same student on the same batch: the logged loss is the margin loss plus
+    # weight x the term
+    first_term = distilled["straight"][0] - logged_losses(tmp_path / "plain")[0]
+    assert first_term > 0
+    assert distilled["double"][0] - logged_losses(tmp_path / "plain")[0] == pytest.approx(
+        2 * first_term, rel=1e-4
+    )
+    assert digest(teacher) == teacher_files
+
+    halves = tiny_config(
+        tmp_path, "halves", data=data, train={**train, "steps": 2}, loss={"teacher": str(teacher)}
+    )
+    assert run_cli("train", "-c", str(halves)).returncode == 0
+    result = run_cli("train", "-c", str(halves), "--set", "train.steps=4", "--resume", "auto")
+    assert result.returncode == 0, result.stderr
+    assert logged_losses(tmp_path / "halves") == pytest.approx(distilled["straight"], abs=1e-6)
+    expected, resumed = (
+        load_backbone(tmp_path / "straight")[0].state_dict(),
+        load_backbone(tmp_path / "halves")[0].state_dict(),
+    )
+    for key, value in expected.items():
+        torch.testing.assert_close(resumed[key], value, rtol=0, atol=1e-6, msg=key)
+
+
+def test_a_missing_teacher_and_another_embedding_size_are_one_line(teacher_run, tmp_path):
+    data = {"path": str(teacher_run / "synth")}
+    missing = tiny_config(tmp_path, "missing", data=data, loss={"teacher": str(tmp_path / "nothing")})
+    result = run_cli("train", "-c", str(missing))
+    lines = result.stderr.strip().splitlines()
+    assert result.returncode == 2 and len(lines) == 1, result.stderr
+    assert "loss.teacher" in lines[0] and "does not exist" in lines[0]
+    other = tiny_config(
+        tmp_path, "other", data=data, model={"embedding_size": 16}, loss={"teacher": str(teacher_run / "run")}
+    )
+    result = run_cli("train", "-c", str(other))
+    lines = result.stderr.strip().splitlines()
+    assert result.returncode == 2 and len(lines) == 1, result.stderr
+    assert (
+        lines[0].startswith("error: loss.teacher: ")
+        and "32-d" in lines[0]
+        and "model.embedding_size=32" in lines[0]
+    )
