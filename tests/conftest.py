@@ -4,6 +4,8 @@ from pathlib import Path
 import pytest
 import torch
 
+from tests.train_helpers import trained_tiny_run
+
 # Without a GPU, Triton's kernels (tests/test_head_triton.py) run through its interpreter. Triton reads
 # the variable when a function is decorated, its own library's included, so it is set before anything
 # in the session imports triton (torch.compile may); spawned ranks inherit it.
@@ -19,6 +21,14 @@ def shared_data() -> Path:
     if not SHARED_DATA.is_dir():
         pytest.skip(f"real face data not found at {SHARED_DATA}")
     return SHARED_DATA
+
+
+@pytest.fixture(scope="session")
+def finished_run(tmp_path_factory) -> Path:
+    """A finished 2-step run of tiny_config with one checkpoint (run/), beside it the synthetic set it
+    trained on (synth/, 12 identities) and its config (run.yaml). Trained once for every test that only
+    needs a finished run; a test that changes anything in it copies it first."""
+    return trained_tiny_run(tmp_path_factory.mktemp("finished"), steps=2, checkpoint_every=2)
 
 
 @pytest.fixture

@@ -20,7 +20,7 @@ from facetrain.errors import FacetrainError
 from facetrain.run_lock import LOCK_NAME
 from facetrain.train.run_dir import RUN_MARKER, check_run_dir, is_run_dir
 from tests.fault_helpers import error_lines, kill_all, signal_group, start, wait_for_step
-from tests.train_helpers import run_cli, tiny_config, trained_tiny_run
+from tests.train_helpers import run_cli, tiny_config
 
 
 def tree(folder: Path) -> dict[str, str]:
@@ -30,12 +30,6 @@ def tree(folder: Path) -> dict[str, str]:
         for path in sorted(folder.rglob("*"))
         if path.is_file()
     }
-
-
-@pytest.fixture(scope="module")
-def finished_run(tmp_path_factory) -> Path:
-    """A 2-step run with one checkpoint (copied by the tests that change it)."""
-    return trained_tiny_run(tmp_path_factory.mktemp("finished"), steps=2, checkpoint_every=2)
 
 
 def test_a_second_run_into_a_busy_run_directory_is_refused_naming_the_holder(tmp_path):
