@@ -1,4 +1,7 @@
+import functools
+import inspect
 import os
+import re
 from pathlib import Path
 
 import pytest
@@ -11,6 +14,10 @@ from tests.train_helpers import trained_tiny_run
 # in the session imports triton (torch.compile may); spawned ranks inherit it.
 if not torch.cuda.is_available():
     os.environ.setdefault("TRITON_INTERPRET", "1")
+
+# xdist workers run in-process tests side by side, one core each: one intra-op thread per worker.
+if os.environ.get("PYTEST_XDIST_WORKER"):
+    torch.set_num_threads(1)
 
 SHARED_DATA = Path(__file__).resolve().parents[1].parent / "shared" / "data"
 
@@ -47,3 +54,85 @@ def no_quiet_from_an_earlier_test(monkeypatch):
     test that only parses a command line (click's make_context, tests/test_readme.py) never closes
     that context, so each test starts and ends without the variable."""
     monkeypatch.delenv("FACETRAIN_QUIET", raising=False)
+
+
+# What a test, a fixture it uses or a function of tests/ either calls says when it starts several
+# ranks or processes that run at once.
+STARTS_RANKS = re.compile(
+    r"\b(run_distributed|WorkerPool|torchrun|slurm_cluster|mp\.spawn|nnodes)\b|--nproc|\"nproc\""
+)
+
+
+def pytest_addoption(parser):
+    parser.addoption(
+        "--ranks",
+        choices=("run", "only", "skip"),
+        default="run",
+        help="tests marked `ranks` (several processes at once, found by tests/conftest.py's STARTS_RANKS or "
+        "marked by hand): run them with the rest (default), run only them, or skip them. `make test` runs "
+        "the rest under pytest-xdist, then these one at a time, so they keep both cores to themselves.",
+    )
+
+
+def starts_ranks(item) -> bool:
+    if item.get_closest_marker("ranks"):
+        return True
+    functions = [getattr(item, "function", None)]
+    for definitions in item._fixtureinfo.name2fixturedefs.values():
+        functions += [definition.func for definition in definitions]
+    return any(_starts_ranks(function) for function in functions if function is not None)
+
+
+_SCANNING: set = set()
+
+
+@functools.cache
+def _starts_ranks(function) -> bool:
+    """Whether `function`'s source, or that of a tests/ function it names, matches STARTS_RANKS."""
+    try:
+        if STARTS_RANKS.search(inspect.getsource(function)):
+            return True
+    except (OSError, TypeError):  # no Python source (a builtin)
+        return False
+    if function in _SCANNING:  # a function that calls itself, or two that call each other
+        return False
+    _SCANNING.add(function)
+    try:
+        namespace = getattr(function, "__globals__", {})
+        return any(
+            _starts_ranks(called)
+            for name in _names(getattr(function, "__code__", None))
+            if inspect.isfunction(called := namespace.get(name)) and called.__module__.startswith("tests")
+        )
+    finally:
+        _SCANNING.discard(function)
+
+
+def _names(code) -> set[str]:
+    """The global names a function's code uses, its inner functions' and lambdas' included."""
+    if code is None:
+        return set()
+    names = set(code.co_names)
+    for constant in code.co_consts:
+        if inspect.iscode(constant):
+            names |= _names(constant)
+    return names
+
+
+def pytest_collection_modifyitems(config, items):
+    choice = config.getoption("ranks")
+    kept, left = [], []
+    for item in items:
+        ranks = starts_ranks(item)
+        if ranks:
+            item.add_marker("ranks")
+        (kept if choice == "run" or (choice == "only") == ranks else left).append(item)
+    if left:
+        config.hook.pytest_deselected(items=left)
+        items[:] = kept
+
+
+def pytest_sessionfinish(session, exitstatus):
+    """`--ranks only|skip` is half of `make test`: a half that selects nothing has not failed."""
+    if session.config.getoption("ranks") != "run" and exitstatus == pytest.ExitCode.NO_TESTS_COLLECTED:
+        session.exitstatus = pytest.ExitCode.OK
