@@ -57,9 +57,11 @@ def no_quiet_from_an_earlier_test(monkeypatch):
 
 
 # What a test, a fixture it uses or a function of tests/ either calls says when it starts several
-# ranks or processes that run at once.
+# ranks or processes that run at once. A test whose ranks are started by a script or a documented
+# command it runs (tools/demo.sh, README blocks) says so with @pytest.mark.ranks.
 STARTS_RANKS = re.compile(
-    r"\b(run_distributed|WorkerPool|torchrun|slurm_cluster|mp\.spawn|nnodes)\b|--nproc|\"nproc\""
+    r"\b(run_distributed|WorkerPool|torchrun|torch\.distributed\.run|slurm_cluster|mp\.spawn|nnodes)\b"
+    r"|--nproc|\"nproc\""
 )
 
 
