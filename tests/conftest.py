@@ -1,14 +1,23 @@
+import functools
+import inspect
 import os
+import re
 from pathlib import Path
 
 import pytest
 import torch
+
+from tests.train_helpers import trained_tiny_run
 
 # Without a GPU, Triton's kernels (tests/test_head_triton.py) run through its interpreter. Triton reads
 # the variable when a function is decorated, its own library's included, so it is set before anything
 # in the session imports triton (torch.compile may); spawned ranks inherit it.
 if not torch.cuda.is_available():
     os.environ.setdefault("TRITON_INTERPRET", "1")
+
+# xdist workers run in-process tests side by side, one core each: one intra-op thread per worker.
+if os.environ.get("PYTEST_XDIST_WORKER"):
+    torch.set_num_threads(1)
 
 SHARED_DATA = Path(__file__).resolve().parents[1].parent / "shared" / "data"
 
@@ -19,6 +28,14 @@ def shared_data() -> Path:
     if not SHARED_DATA.is_dir():
         pytest.skip(f"real face data not found at {SHARED_DATA}")
     return SHARED_DATA
+
+
+@pytest.fixture(scope="session")
+def finished_run(tmp_path_factory) -> Path:
+    """A finished 2-step run of tiny_config with one checkpoint (run/), beside it the synthetic set it
+    trained on (synth/, 12 identities) and its config (run.yaml). Trained once for every test that only
+    needs a finished run; a test that changes anything in it copies it first."""
+    return trained_tiny_run(tmp_path_factory.mktemp("finished"), steps=2, checkpoint_every=2)
 
 
 @pytest.fixture
@@ -37,3 +54,87 @@ def no_quiet_from_an_earlier_test(monkeypatch):
     test that only parses a command line (click's make_context, tests/test_readme.py) never closes
     that context, so each test starts and ends without the variable."""
     monkeypatch.delenv("FACETRAIN_QUIET", raising=False)
+
+
+# What a test, a fixture it uses or a function of tests/ either calls says when it starts several
+# ranks or processes that run at once. A test whose ranks are started by a script or a documented
+# command it runs (tools/demo.sh, README blocks) says so with @pytest.mark.ranks.
+STARTS_RANKS = re.compile(
+    r"\b(run_distributed|WorkerPool|torchrun|torch\.distributed\.run|slurm_cluster|mp\.spawn|nnodes)\b"
+    r"|--nproc|\"nproc\""
+)
+
+
+def pytest_addoption(parser):
+    parser.addoption(
+        "--ranks",
+        choices=("run", "only", "skip"),
+        default="run",
+        help="tests marked `ranks` (several processes at once, found by tests/conftest.py's STARTS_RANKS or "
+        "marked by hand): run them with the rest (default), run only them, or skip them. `make test` runs "
+        "the rest under pytest-xdist, then these one at a time, so they keep both cores to themselves.",
+    )
+
+
+def starts_ranks(item) -> bool:
+    if item.get_closest_marker("ranks"):
+        return True
+    functions = [getattr(item, "function", None)]
+    for definitions in item._fixtureinfo.name2fixturedefs.values():
+        functions += [definition.func for definition in definitions]
+    return any(_starts_ranks(function) for function in functions if function is not None)
+
+
+_SCANNING: set = set()
+
+
+@functools.cache
+def _starts_ranks(function) -> bool:
+    """Whether `function`'s source, or that of a tests/ function it names, matches STARTS_RANKS."""
+    try:
+        if STARTS_RANKS.search(inspect.getsource(function)):
+            return True
+    except (OSError, TypeError):  # no Python source (a builtin)
+        return False
+    if function in _SCANNING:  # a function that calls itself, or two that call each other
+        return False
+    _SCANNING.add(function)
+    try:
+        namespace = getattr(function, "__globals__", {})
+        return any(
+            _starts_ranks(called)
+            for name in _names(getattr(function, "__code__", None))
+            if inspect.isfunction(called := namespace.get(name)) and called.__module__.startswith("tests")
+        )
+    finally:
+        _SCANNING.discard(function)
+
+
+def _names(code) -> set[str]:
+    """The global names a function's code uses, its inner functions' and lambdas' included."""
+    if code is None:
+        return set()
+    names = set(code.co_names)
+    for constant in code.co_consts:
+        if inspect.iscode(constant):
+            names |= _names(constant)
+    return names
+
+
+def pytest_collection_modifyitems(config, items):
+    choice = config.getoption("ranks")
+    kept, left = [], []
+    for item in items:
+        ranks = starts_ranks(item)
+        if ranks:
+            item.add_marker("ranks")
+        (kept if choice == "run" or (choice == "only") == ranks else left).append(item)
+    if left:
+        config.hook.pytest_deselected(items=left)
+        items[:] = kept
+
+
+def pytest_sessionfinish(session, exitstatus):
+    """`--ranks only|skip` is half of `make test`: a half that selects nothing has not failed."""
+    if session.config.getoption("ranks") != "run" and exitstatus == pytest.ExitCode.NO_TESTS_COLLECTED:
+        session.exitstatus = pytest.ExitCode.OK

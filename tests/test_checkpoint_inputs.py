@@ -10,13 +10,7 @@ import pytest
 
 from facetrain.checkpoint import find_resume_point, stored
 from tests.fault_helpers import error_lines
-from tests.train_helpers import run_cli, tiny_config, trained_tiny_run
-
-
-@pytest.fixture(scope="module")
-def finished_run(tmp_path_factory) -> Path:
-    """A 2-step SGD run with one checkpoint; its folder also holds the synthetic set it trained on."""
-    return trained_tiny_run(tmp_path_factory.mktemp("finished"), steps=2, checkpoint_every=2)
+from tests.train_helpers import run_cli, tiny_config
 
 
 def copied_checkpoint(finished_run: Path, tmp_path: Path) -> Path:

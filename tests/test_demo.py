@@ -20,6 +20,7 @@ SIMILARITY = re.compile(
 
 
 @pytest.mark.slow
+@pytest.mark.ranks  # demo.sh trains with --nproc 2
 def test_demo_script_runs_every_step_at_a_reduced_size(tmp_path: Path) -> None:
     data, run = tmp_path / "synth", tmp_path / "run"
     environment = {

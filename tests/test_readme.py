@@ -245,6 +245,7 @@ def write_aligned_stand_ins(home: Path) -> None:
 
 
 @pytest.mark.slow
+@pytest.mark.ranks  # the laptop block trains with --nproc 2
 def test_the_readme_laptop_commands_run_exactly_as_printed(tmp_path):
     commands = laptop_commands()
     assert [command.split()[:2] for command in commands] == [

@@ -20,16 +20,10 @@ from facetrain.checkpoint import find_resume_point, load_full_head
 from facetrain.data.decode import BadImageError, decode_image
 from facetrain.data.image_header import MAX_IMAGE_PIXELS
 from tests.fault_helpers import error_lines
-from tests.train_helpers import REPO, run_cli, trained_tiny_run
+from tests.train_helpers import REPO, run_cli
 from tools import bad_files
 
 LIMIT = f"over facetrain's limit of {MAX_IMAGE_PIXELS / 1e6:.0f} megapixels"
-
-
-@pytest.fixture(scope="module")
-def finished_run(tmp_path_factory) -> Path:
-    """A 2-step run on 12 synthetic identities; its folder also holds the set it trained on."""
-    return trained_tiny_run(tmp_path_factory.mktemp("finished"), steps=2, checkpoint_every=2)
 
 
 def copied_run(finished_run: Path, tmp_path: Path) -> Path:

@@ -20,7 +20,7 @@ from facetrain.errors import FacetrainError
 from facetrain.run_lock import LOCK_NAME
 from facetrain.train.run_dir import RUN_MARKER, check_run_dir, is_run_dir
 from tests.fault_helpers import error_lines, kill_all, signal_group, start, wait_for_step
-from tests.train_helpers import run_cli, tiny_config, trained_tiny_run
+from tests.train_helpers import run_cli, run_cli_at_once, tiny_config
 
 
 def tree(folder: Path) -> dict[str, str]:
@@ -30,12 +30,6 @@ def tree(folder: Path) -> dict[str, str]:
         for path in sorted(folder.rglob("*"))
         if path.is_file()
     }
-
-
-@pytest.fixture(scope="module")
-def finished_run(tmp_path_factory) -> Path:
-    """A 2-step run with one checkpoint (copied by the tests that change it)."""
-    return trained_tiny_run(tmp_path_factory.mktemp("finished"), steps=2, checkpoint_every=2)
 
 
 def test_a_second_run_into_a_busy_run_directory_is_refused_naming_the_holder(tmp_path):
@@ -48,13 +42,14 @@ def test_a_second_run_into_a_busy_run_directory_is_refused_naming_the_holder(tmp
         # paused, it still holds its flock, and the refusals below do not wait for cores it is using
         signal_group(first, signal.SIGSTOP)
         holder = f"facetrain train (PID {first.pid} on host {socket.gethostname()}, since "
-        refusals = {
-            "train": run_cli("train", "-c", str(other)),
-            "resume": run_cli("train", "-c", str(other), "--resume", "auto"),
-            "launcher": run_cli("train", "-c", str(other), "--nproc", "2"),
-            "eval": run_cli("eval", str(run), "--folder", str(tmp_path / "synth" / "heldout"), "--quiet"),
-            "export": run_cli("export", str(run), "-o", str(run / "export"), "--quiet"),
+        commands = {
+            "train": ("train", "-c", str(other)),
+            "resume": ("train", "-c", str(other), "--resume", "auto"),
+            "launcher": ("train", "-c", str(other), "--nproc", "2"),
+            "eval": ("eval", str(run), "--folder", str(tmp_path / "synth" / "heldout"), "--quiet"),
+            "export": ("export", str(run), "-o", str(run / "export"), "--quiet"),
         }
+        refusals = dict(zip(commands, run_cli_at_once(*commands.values())))
         for name, result in refusals.items():
             assert result.returncode == 2, (name, result.stderr)
             [line] = error_lines(result.stderr)
@@ -91,8 +86,8 @@ def test_a_folder_of_the_users_is_refused_before_anything_is_written(tmp_path):
     (mine / "metrics.csv").write_text("date,weight\n2024-01-01,70\n")
     before = tree(mine)
     config = tiny_config(tmp_path, "run", train={"steps": 1, "output_dir": str(mine)})
-    for extra in ([], ["--nproc", "2"], ["--resume", "auto"]):
-        result = run_cli("train", "-c", str(config), *extra)
+    extras = ([], ["--nproc", "2"], ["--resume", "auto"])
+    for result in run_cli_at_once(*(("train", "-c", str(config), *extra) for extra in extras)):
         assert result.returncode == 2, result.stderr
         assert error_lines(result.stderr) == [
             f"error: train.output_dir {mine} is not a facetrain run and holds files of its own (first: "

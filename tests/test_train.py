@@ -14,7 +14,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.train_helpers import REPO, run_cli, tiny_config
+from tests.train_helpers import REPO, run_cli, run_cli_at_once, tiny_config
 
 
 @pytest.mark.slow
@@ -41,8 +41,7 @@ def test_two_rank_run_resumes_on_one_and_three_ranks(tmp_path):
 def test_existing_run_is_not_trained_over(tmp_path):
     config = tiny_config(tmp_path, "run", train={"steps": 1})
     assert run_cli("train", "-c", str(config)).returncode == 0
-    for nproc in ("1", "2"):
-        result = run_cli("train", "-c", str(config), "--nproc", nproc)
+    for result in run_cli_at_once(*(("train", "-c", str(config), "--nproc", nproc) for nproc in ("1", "2"))):
         assert result.returncode == 2
         assert result.stderr.strip().splitlines() == [
             f"error: {tmp_path / 'run'} already holds checkpoints; pass --resume auto to continue that run, "

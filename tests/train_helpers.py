@@ -6,6 +6,7 @@ import csv
 import os
 import subprocess
 import sys
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 import yaml
@@ -68,6 +69,13 @@ def run_cli(*args: str, timeout: float = 300, cwd: Path | None = None) -> subpro
         cwd=cwd or REPO,
         env=env,
     )
+
+
+def run_cli_at_once(*commands: tuple[str, ...]) -> list[subprocess.CompletedProcess]:
+    """`run_cli` of each command, all started together: for independent commands (refusals) whose
+    start-up would otherwise be waited for one after another."""
+    with ThreadPoolExecutor(len(commands)) as pool:
+        return list(pool.map(lambda command: run_cli(*command), commands))
 
 
 def logged_losses(run_dir: Path) -> list[float]:
