@@ -46,6 +46,25 @@ quiet_option = click.option(
 )
 
 
+# the options of every command that embeds images with a model (eval, embed, compare, outliers)
+device_option = click.option(
+    "--device", default=None, help="cpu, cuda or cuda:N (default: cuda when available, else cpu)."
+)
+workers_option = click.option(
+    "--workers", type=click.IntRange(min=0), default=0, show_default=True, help="Image decoding processes."
+)
+
+
+def batch_size_option(default: int = 128) -> Callable:
+    return click.option(
+        "--batch-size",
+        type=click.IntRange(min=1),
+        default=default,
+        show_default=True,
+        help="Images per batch.",
+    )
+
+
 trust_torchscript_option = click.option(
     "--trust-torchscript",
     is_flag=True,

@@ -11,7 +11,14 @@ from typing import TYPE_CHECKING
 import click
 
 from facetrain.choices import DEFAULT_FOLD_SEED, DEFAULT_FOLDS
-from facetrain.cli.conventions import checked_output, quiet_option, trust_torchscript_option
+from facetrain.cli.conventions import (
+    batch_size_option,
+    checked_output,
+    device_option,
+    quiet_option,
+    trust_torchscript_option,
+    workers_option,
+)
 
 if TYPE_CHECKING:
     from facetrain.interop.loading import LoadedModel
@@ -86,13 +93,9 @@ if TYPE_CHECKING:
     show_default=True,
     help="The flip test: add the embedding of each image's mirror.",
 )
-@click.option(
-    "--batch-size", type=click.IntRange(min=1), default=128, show_default=True, help="Images per batch."
-)
-@click.option(
-    "--workers", type=click.IntRange(min=0), default=0, show_default=True, help="Image decoding processes."
-)
-@click.option("--device", default=None, help="cpu, cuda or cuda:N (default: cuda when available, else cpu).")
+@batch_size_option()
+@workers_option
+@device_option
 @click.option(
     "-o",
     "--out",

@@ -8,7 +8,9 @@ import click
 
 from facetrain.cli.conventions import (
     OldSpellings,
+    batch_size_option,
     checked_output,
+    device_option,
     model_option_first,
     quiet_option,
     trust_torchscript_option,
@@ -148,13 +150,11 @@ def export(
     callback=checked_output,
     help="Output: .npy (+ .paths.txt), .parquet or .csv.",
 )
-@click.option(
-    "--batch-size", default=64, show_default=True, type=click.IntRange(min=1), help="Images per batch."
-)
+@batch_size_option(64)
 @click.option(
     "--flip/--no-flip", default=None, help="Add the mirrored image's embedding [default: as evaluated]."
 )
-@click.option("--device", default=None, help="cpu, cuda or cuda:N (default: cuda when available, else cpu).")
+@device_option
 @click.option("--overwrite", is_flag=True, help="Replace the output file if it exists.")
 @click.option(
     "--norms",
@@ -227,7 +227,7 @@ def embed(
 @click.option(
     "--flip/--no-flip", default=None, help="Add the mirrored image's embedding [default: as evaluated]."
 )
-@click.option("--device", default=None, help="cpu, cuda or cuda:N (default: cuda when available, else cpu).")
+@device_option
 @align_option
 @detector_option
 @trust_torchscript_option

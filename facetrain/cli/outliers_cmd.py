@@ -6,7 +6,13 @@ from pathlib import Path
 
 import click
 
-from facetrain.cli.conventions import checked_output, quiet_option
+from facetrain.cli.conventions import (
+    batch_size_option,
+    checked_output,
+    device_option,
+    quiet_option,
+    workers_option,
+)
 
 
 @click.command()
@@ -19,13 +25,9 @@ from facetrain.cli.conventions import checked_output, quiet_option
     help="Degrees from its class's dominant sub-center beyond which an image is suspect (the "
     "sub-center ArcFace paper's 75).",
 )
-@click.option(
-    "--batch-size", type=click.IntRange(min=1), default=128, show_default=True, help="Images per batch."
-)
-@click.option(
-    "--workers", type=click.IntRange(min=0), default=0, show_default=True, help="Image decoding processes."
-)
-@click.option("--device", default=None, help="cpu, cuda or cuda:N (default: cuda when available, else cpu).")
+@batch_size_option()
+@workers_option
+@device_option
 @click.option(
     "-o",
     "--out",
