@@ -14,7 +14,7 @@ from torch import nn
 from facetrain.checkpoint import load_backbone
 from facetrain.train.distillation import Distillation
 from facetrain.train.step import StepParts, StepSettings, train_step
-from tests.train_helpers import logged_losses, run_cli, tiny_config
+from tests.train_helpers import logged_losses, run_cli, tiny_config, trained_tiny_run
 
 
 def tiny_model(seed: int, size: int = 8) -> nn.Module:
@@ -82,10 +82,7 @@ def digest(folder: Path) -> dict[str, str]:
 
 @pytest.fixture(scope="module")
 def teacher_run(tmp_path_factory) -> Path:
-    tmp = tmp_path_factory.mktemp("teacher")
-    result = run_cli("train", "-c", str(tiny_config(tmp, "run", train={"steps": 3})))
-    assert result.returncode == 0, result.stderr
-    return tmp
+    return trained_tiny_run(tmp_path_factory.mktemp("teacher"), steps=3)
 
 
 def test_a_distilled_run_logs_the_term_leaves_its_teacher_and_resumes_exactly(teacher_run, tmp_path):

@@ -11,7 +11,7 @@ import torch
 
 from facetrain.checkpoint import load_backbone, load_full_head
 from facetrain.train.optim import OptimConfig, build_lr_scheduler, build_optimizer
-from tests.train_helpers import run_cli, tiny_config
+from tests.train_helpers import run_cli, tiny_config, trained_tiny_run
 
 
 def backbone_state(run: Path) -> dict[str, torch.Tensor]:
@@ -21,10 +21,7 @@ def backbone_state(run: Path) -> dict[str, torch.Tensor]:
 
 @pytest.fixture(scope="module")
 def earlier_run(tmp_path_factory) -> Path:
-    tmp = tmp_path_factory.mktemp("earlier")
-    result = run_cli("train", "-c", str(tiny_config(tmp, "run", train={"steps": 3})))
-    assert result.returncode == 0, result.stderr
-    return tmp
+    return trained_tiny_run(tmp_path_factory.mktemp("earlier"), steps=3)
 
 
 def test_head_only_steps_keep_the_initial_backbone_exactly(earlier_run, tmp_path):
