@@ -99,6 +99,8 @@ BAD_VALUES = [
     (["loss.teacher=no/such/teacher"], "loss.teacher", "'no/such/teacher'"),
     (["loss.teacher_loss=kl"], "loss.teacher_loss", "'kl'"),
     (["loss.teacher_weight=0"], "loss.teacher_weight", "0.0"),
+    (["loss.teacher_cache=true"], "loss.teacher_cache", "True"),  # no teacher to cache
+    (["loss.teacher=t", "loss.teacher_cache=true"], "loss.teacher_cache", "True"),  # the default flip
     # optim
     (["optim.name=bogus"], "optim.name", "'bogus'"),
     (["optim.lr=0"], "optim.lr", "0.0"),
@@ -168,6 +170,7 @@ BAD_TYPES = [
     "model.channels_last",
     "model.compile",
     "model.bn_neck",
+    "loss.teacher_cache",
     "head.fused_optimizer",
     "head.compile_tiles",
     "train.deterministic",

@@ -122,3 +122,27 @@ def test_both_samplers_key_each_sample_by_its_global_position():
     keys = list(identity)
     assert [key.augment_seed for key in keys] == augment_seeds(SEED, 0, np.arange(16)).tolist()
     assert len({int(key) for key in keys}) < len({key.augment_seed for key in keys}) == 16  # repeats differ
+
+
+def test_a_loader_with_indices_carries_each_samples_dataset_index(faces):
+    """`with_indices` (loss.teacher_cache) appends each sample's dataset index to its batch, through
+    loader workers as well: the index names the image, the same in every epoch and on every rank."""
+    cfg = DataConfig(
+        source="folder",
+        path=str(faces),
+        image_size=[12, 10],
+        num_workers=2,
+        augment=AugmentConfig(horizontal_flip=False),
+    )
+    dataset = build_train_dataset(cfg)
+    seen = []
+    for rank in range(2):
+        loader, sampler = build_train_loader(dataset, cfg, 3, rank, 2, SEED, with_indices=True)
+        sampler.set_epoch(1, 0)
+        for images, labels, indices in loader:
+            assert indices.dtype == torch.int64 and indices.shape == labels.shape
+            for image, label, index in zip(images, labels.tolist(), indices.tolist()):
+                expected_image, expected_label = dataset[index]
+                assert label == expected_label and torch.equal(image, expected_image)
+            seen += indices.tolist()
+    assert sorted(seen) == list(range(IMAGES))

@@ -1,6 +1,6 @@
 """Knowledge distillation (`loss.teacher`): the term against a plain reference, a frozen teacher, a
 tiny run distilled from an earlier one (which it leaves untouched) that resumes exactly, and the
-one-line refusals."""
+one-line refusals; the per-image cache of the teacher's embeddings (`loss.teacher_cache`)."""
 
 from __future__ import annotations
 
@@ -12,7 +12,7 @@ import torch
 from torch import nn
 
 from facetrain.checkpoint import load_backbone
-from facetrain.train.distillation import Distillation
+from facetrain.train.distillation import Distillation, TeacherCache
 from facetrain.train.step import StepParts, StepSettings, train_step
 from tests.train_helpers import logged_losses, run_cli, tiny_config, trained_tiny_run
 
@@ -141,3 +141,86 @@ def test_a_missing_teacher_and_another_embedding_size_are_one_line(teacher_run, 
         and "32-d" in lines[0]
         and "model.embedding_size=32" in lines[0]
     )
+
+
+class CountingTeacher(nn.Module):
+    """`tiny_model`'s linear map that counts the images it embeds."""
+
+    def __init__(self, seed: int, size: int = 8):
+        super().__init__()
+        self.model, self.images = tiny_model(seed, size).float(), 0
+
+    def forward(self, images):
+        self.images += len(images)
+        return self.model(images)
+
+
+def test_the_cache_runs_the_teacher_once_per_sample_and_gives_what_it_gave():
+    """Rows missing from the cache go through the teacher, rows seen before are read back: the same
+    embeddings as the teacher's on the whole batch, in the batch's order, repeated indices included."""
+    teacher = CountingTeacher(1)
+    dataset = torch.randn(10, 3, 8, 8, generator=torch.Generator().manual_seed(5))
+    cached = Distillation(teacher, (8, 8), "cosine", 1.0, TeacherCache(10, 6, torch.device("cpu")))
+    assert (
+        cached.cache.bytes == 10 * 6 * 4
+        and "up to 10 teacher embeddings of size 6" in cached.cache.describe()
+    )
+    for batch, computed in (([0, 1, 2, 3], 4), ([2, 3, 4, 5], 2), ([5, 4, 3, 2], 0), ([9, 0, 9, 6], 2)):
+        indices = torch.tensor(batch)
+        before = teacher.images
+        embeddings = cached.cache.embeddings(indices, dataset[indices], cached.teacher_embeddings)
+        assert teacher.images - before == computed
+        with torch.no_grad():
+            torch.testing.assert_close(embeddings, teacher.model(dataset[indices]), rtol=1e-6, atol=1e-7)
+    assert cached.cache.computed == 8 and cached.cache.served == 8
+    assert cached.cache.filled.sum() == 8
+    student = tiny_model(0).float()(dataset[:4])
+    plain = Distillation(teacher.model, (8, 8), "cosine", 1.0)
+    assert cached(dataset[:4], student, torch.arange(4)).item() == pytest.approx(
+        plain(dataset[:4], student).item(), rel=1e-6
+    )
+    with pytest.raises(ValueError, match="sample indices"):
+        cached(dataset[:4], student)
+
+
+def test_a_cached_run_equals_the_uncached_one(teacher_run, tmp_path):
+    """Six steps of 32 of the 96 images: the second epoch reads every teacher embedding from the cache,
+    and the losses and the weights are those of the run that computes them at every step."""
+    teacher = str(teacher_run / "run")
+    data = {"path": str(teacher_run / "synth"), "augment": {"horizontal_flip": False}}
+    train = {"steps": 6, "batch_size": 32, "checkpoint_every": 6}
+    runs = {}
+    for name, cache in (("computed", False), ("cached", True)):
+        config = tiny_config(
+            tmp_path, name, data=data, train=train, loss={"teacher": teacher, "teacher_cache": cache}
+        )
+        result = run_cli("train", "-c", str(config))
+        assert result.returncode == 0, result.stderr
+        runs[name] = result.stdout + result.stderr
+    assert "loss.teacher_cache: up to 96 teacher embeddings of size 32 kept, 0.0 MiB of cpu" in runs["cached"]
+    assert "loss.teacher_cache" not in runs["computed"]
+    assert logged_losses(tmp_path / "cached") == logged_losses(tmp_path / "computed")
+    computed, cached = (load_backbone(tmp_path / name)[0].state_dict() for name in ("computed", "cached"))
+    for key, value in computed.items():
+        assert torch.equal(cached[key], value), key
+
+
+def test_a_cache_with_random_augmentation_or_without_a_teacher_is_one_line(teacher_run, tmp_path):
+    data = {"path": str(teacher_run / "synth"), "augment": {"horizontal_flip": True, "blur": 0.2}}
+    augmented = tiny_config(
+        tmp_path, "augmented", data=data, loss={"teacher": str(teacher_run / "run"), "teacher_cache": True}
+    )
+    alone = tiny_config(
+        tmp_path, "alone", data={"path": str(teacher_run / "synth")}, loss={"teacher_cache": True}
+    )
+    for config, expected in (
+        (
+            augmented,
+            "turn off data.augment.horizontal_flip, data.augment.blur or set loss.teacher_cache: false",
+        ),
+        (alone, "needs loss.teacher"),
+    ):
+        result = run_cli("train", "-c", str(config))
+        lines = result.stderr.strip().splitlines()
+        assert result.returncode == 2 and len(lines) == 1, result.stderr
+        assert "loss.teacher_cache" in lines[0] and expected in lines[0]

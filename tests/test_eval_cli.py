@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
+import numpy as np
 import pytest
 import torch
 from click.testing import CliRunner
@@ -71,6 +72,7 @@ def test_eval_pairs_writes_the_report_beside_the_model(model_dir: Path, pairs_fi
     assert sorted(path.name for path in report.iterdir()) == [
         f"{name}.json",
         f"{name}_folds.csv",
+        f"{name}_norms.png",
         f"{name}_roc.png",
     ]
     assert f"wrote {report / name}.json" in output
@@ -83,6 +85,12 @@ def test_eval_pairs_writes_the_report_beside_the_model(model_dir: Path, pairs_fi
     assert figures["auc"] == pytest.approx(expected.metrics.auc)
     assert figures["xnorm"] == pytest.approx(expected.xnorm, rel=1e-5)
     assert figures["num_pairs"] == 12 and figures["flip"] is True
+    # the norms before normalisation: quantiles of the set's images, in the JSON and the table
+    norms = expected.norms.images
+    assert figures["norms"]["images"] == len(norms) and figures["norms"]["normalized_inside"] is False
+    assert figures["norms"]["median"] == pytest.approx(float(np.median(norms)), rel=1e-5)
+    assert figures["norms"]["min"] == pytest.approx(float(norms.min()), rel=1e-5)
+    assert f"p95 {figures['norms']['p95']:.2f}" in output
 
 
 def test_skip_missing_and_no_flip(model_dir: Path, pairs_file: Path, tmp_path: Path):
@@ -191,6 +199,7 @@ def test_eval_folder_makes_balanced_pairs_and_keeps_them(model_dir: Path, tmp_pa
         f"{name}.json",
         f"{name}.pairs.csv",
         f"{name}_folds.csv",
+        f"{name}_norms.png",
         f"{name}_roc.png",
     ]
     figures = json.loads((tmp_path / "r" / f"{name}.json").read_text())
@@ -211,7 +220,7 @@ def test_eval_folder_makes_balanced_pairs_and_keeps_them(model_dir: Path, tmp_pa
         "--overwrite",
     )
     assert code == 0, output  # scoring the kept pairs again replaces the folder's report, no near-twin
-    assert len(list((tmp_path / "r").iterdir())) == 4
+    assert len(list((tmp_path / "r").iterdir())) == 5  # the four report files and the kept pairs
     assert json.loads((tmp_path / "r" / f"{name}.json").read_text())["accuracy"] == figures["accuracy"]
 
 

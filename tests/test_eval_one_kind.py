@@ -100,6 +100,12 @@ def test_eval_reports_similarity_and_the_tar_at_the_models_threshold(tmp_path: P
     accepted = round(report["tar"] * 10)
     assert f"TAR @ 0.5000  {100 * report['tar']:.2f}% ({accepted} of 10 accepted" in result.output
     assert f"mean {similarity['mean']:.4f} ± {similarity['std']:.4f}" in result.output
+    norms = report["norms"]  # of the set's images before normalisation, as a two-kind set reports them
+    assert (
+        norms["images"] > 0
+        and 0 < norms["min"] <= norms["p5"] <= norms["median"] <= norms["p95"] <= norms["max"]
+    )
+    assert f"median {norms['median']:.2f}" in result.output
 
 
 def test_without_a_threshold_it_says_why_and_mismatched_sets_get_far(tmp_path: Path):

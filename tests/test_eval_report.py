@@ -3,15 +3,19 @@
 from __future__ import annotations
 
 import csv
+import dataclasses
 import json
 from pathlib import Path
 
 import numpy as np
 import pytest
+import torch
 
 from facetrain.eval.folds import FOLDS_STRATIFIED
 from facetrain.eval.metrics import verification_metrics
+from facetrain.eval.norm_summary import PairNorms, summarize_norms
 from facetrain.eval.report import (
+    norms_figure,
     retrieval_table,
     roc_figure,
     verification_table,
@@ -135,3 +139,109 @@ def test_retrieval_table_and_json(tmp_path: Path):
     assert plot.read_bytes().startswith(b"\x89PNG")
     assert figures["rank1"] == 0.9 and figures["rank10"] == 0.97 and figures["mAP"] == 0.75
     assert figures["num_gallery"] == 19732 and figures["flip"] is False
+
+
+def _with_norms(result: VerificationResult, norms: np.ndarray) -> VerificationResult:
+    """`result` with the norms of `len(norms)` images: its matched pairs between images of the upper
+    half of `norms`, its mismatched ones of the lower half."""
+    rng = np.random.default_rng(1)
+    count = result.metrics.num_pairs
+    issame = np.arange(count) < result.metrics.num_matched
+    half = len(norms) // 2
+    left = np.where(issame, rng.integers(half, len(norms), count), rng.integers(0, half, count))
+    right = np.where(issame, rng.integers(half, len(norms), count), rng.integers(0, half, count))
+    return dataclasses.replace(result, norms=PairNorms.of_pairs(norms, left, right, issame))
+
+
+def test_the_norms_quantiles_join_the_json_and_the_table(verification_result: VerificationResult, tmp_path):
+    norms = np.random.default_rng(2).uniform(5.0, 25.0, 400)
+    result = _with_norms(verification_result, norms)
+    written = write_verification_report(result, tmp_path, extra={"model": "runs/m", "step": 7})
+    assert [path.name for path in written] == [
+        "pairs.json",
+        "pairs_folds.csv",
+        "pairs_roc.png",
+        "pairs_norms.png",
+    ]
+    assert sorted(path.name for path in tmp_path.iterdir()) == sorted(path.name for path in written)
+    figures = json.loads(written[0].read_text())
+    expected = np.quantile(norms, [0, 0.05, 0.5, 0.95, 1])
+    assert figures["norms"] == {
+        "images": 400,
+        **dict(zip(["min", "p5", "median", "p95", "max"], expected.tolist())),
+        "normalized_inside": False,
+    }
+    assert figures["norms"]["min"] == norms.min() and figures["norms"]["max"] == norms.max()
+    row = next(line for line in verification_table(result).splitlines() if line.startswith("norms"))
+    assert row.split(None, 1)[1] == (
+        f"min {expected[0]:.2f}, p5 {expected[1]:.2f}, median {expected[2]:.2f}, p95 {expected[3]:.2f}, "
+        f"max {expected[4]:.2f}"
+    )
+    assert written[3].read_bytes().startswith(b"\x89PNG\r\n\x1a\n")
+
+
+def test_the_norms_histogram_shows_each_kind_of_pair_by_its_lower_norm(
+    verification_result: VerificationResult,
+):
+    norms = np.linspace(5.0, 25.0, 400)
+    result = _with_norms(verification_result, norms)
+    figure = norms_figure(result.norms, result.name, "runs/m", 7)
+    assert figure.get_suptitle() == "pairs, model runs/m, step 7"
+    axes = figure.axes[0]
+    matched, mismatched = axes.patches
+    num_matched = result.metrics.num_matched
+    assert matched.get_label() == f"matched ({num_matched} pairs)"
+    assert mismatched.get_label() == f"mismatched ({2000 - num_matched} pairs)"
+    # matched pairs join images of the upper half: their lower norm is at least the median image's
+    assert matched.get_path().vertices[:, 0].min() >= result.norms.lower[~result.norms.issame].min()
+    assert result.norms.lower[result.norms.issame].min() >= norms[200]
+    assert result.norms.lower[~result.norms.issame].max() <= norms[199]
+    (fifth,) = axes.get_lines()
+    assert fifth.get_xdata()[0] == pytest.approx(np.quantile(norms, 0.05))
+    assert axes.get_title() == "embedding norms before normalisation"
+
+
+def test_a_model_normalising_inside_says_so(verification_result: VerificationResult, tmp_path):
+    """Every norm 1 (within fp16 rounding): no quantiles worth a row, the table and the plot say why."""
+    norms = 1 + np.random.default_rng(3).uniform(-5e-4, 5e-4, 400)
+    result = _with_norms(verification_result, norms)
+    summary = summarize_norms(norms)
+    assert summary.unit and summary.as_dict()["normalized_inside"] is True
+    row = next(line for line in verification_table(result).splitlines() if line.startswith("norms"))
+    assert row.split(None, 1)[1] == "1 for every image: the model normalises its embedding inside"
+    assert norms_figure(result.norms, result.name).axes[0].get_title().startswith("normalised inside")
+    assert not summarize_norms(np.array([1.0, 1.0, 1.01])).unit
+    with pytest.raises(ValueError):
+        summarize_norms(np.zeros(0))
+
+
+def test_verify_measures_the_norms_of_every_image_of_the_pairs(tmp_path):
+    """`verify` keeps each image's raw norm (of the image, not its flip sum) and each pair's lower one;
+    a backbone ending in an L2 normalisation is reported as normalising inside."""
+    from torch import nn
+
+    from facetrain.eval.pair_set import PairSet
+    from facetrain.eval.verify_pairs import verify
+
+    rng = np.random.default_rng(4)
+    images = [rng.integers(0, 256, (16, 16, 3), dtype=np.uint8) for _ in range(6)]
+    left, right = np.array([0, 1, 2, 3]), np.array([1, 2, 4, 5])
+    issame = np.array([True, False, True, False])
+    pairs = PairSet("x.txt", images, left, right, issame, folds=np.array([0, 0, 1, 1]))
+    torch.manual_seed(0)
+    backbone = nn.Sequential(nn.Flatten(), nn.Linear(3 * 16 * 16, 8))
+    result = verify(pairs, backbone, (16, 16), progress=False)
+    with torch.no_grad():
+        from facetrain.data.transforms import build_eval_transform
+
+        transform = build_eval_transform((16, 16))
+        expected = backbone(torch.stack([transform(image) for image in images])).norm(dim=1).numpy()
+    np.testing.assert_allclose(result.norms.images, expected, rtol=1e-5)
+    np.testing.assert_allclose(result.norms.lower, np.minimum(expected[left], expected[right]), rtol=1e-5)
+    assert result.as_dict()["norms"]["normalized_inside"] is False
+
+    class Unit(nn.Module):
+        def forward(self, x):
+            return nn.functional.normalize(backbone(x), dim=1)
+
+    assert verify(pairs, Unit(), (16, 16), progress=False).as_dict()["norms"]["normalized_inside"] is True

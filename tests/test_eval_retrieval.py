@@ -10,6 +10,7 @@ import torch
 from sklearn.metrics import average_precision_score
 
 from facetrain.errors import FacetrainError
+from facetrain.eval.report import retrieval_table
 from facetrain.eval.retrieval import evaluate_market1501, retrieval_metrics
 from tests.test_eval_support import ColourMean, write_market
 
@@ -74,3 +75,11 @@ def test_evaluate_market1501_folders(tmp_path: Path):
     assert result.metrics.num_queries == 3 and result.metrics.num_gallery == 7
     figures = result.as_dict()
     assert figures["rank1"] == 1.0 and figures["mAP"] == 1.0 and figures["xnorm"] > 0
+    # the norms before normalisation of each side: the query's mean is the XNorm
+    assert {split: figures["norms"][split]["images"] for split in figures["norms"]} == {
+        "query": 3,
+        "gallery": 7,
+    }
+    query = figures["norms"]["query"]
+    assert query["min"] <= figures["xnorm"] <= query["max"] and query["normalized_inside"] is False
+    assert "norms (gallery)" in retrieval_table(result)

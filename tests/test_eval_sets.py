@@ -103,6 +103,9 @@ def test_training_verifies_each_set_and_keeps_best_by_the_chosen_one(sets: Path)
                 text.startswith(line) and f"on {source}; XNorm {figures['xnorm']:.2f}, best " in text
                 for text in console.splitlines()
             ), (line, console)
+            # the training's verification reports the norms before normalisation as `facetrain eval` does
+            norms = figures["norms"]
+            assert norms["min"] <= figures["xnorm"] <= norms["max"] and norms["normalized_inside"] is False
     subset = {step: results["sets"]["subset"]["accuracy"] for step, results in verified.items()}
     best_step = max(sorted(subset), key=subset.get)
     summary = json.loads((run / "summary.json").read_text())

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import json
 from pathlib import Path
 
@@ -115,6 +116,36 @@ def test_embed_norms_writes_each_images_raw_norm(model_dir: Path, image_dir: Pat
     plain = tmp_path / "plain.npy"
     assert run("embed", model_dir, image_dir, "-o", plain)[0] == 0
     assert not (tmp_path / "plain.norms.npy").exists()
+
+
+def test_embed_norms_of_a_model_normalising_inside_says_so(
+    model_dir: Path, image_dir: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Every norm 1: the norms are written as asked, and a note says they tell nothing of quality."""
+    import facetrain.interop.loading as loading
+
+    real = loading.load_model
+
+    class Normalising(torch.nn.Module):
+        def __init__(self, inner: torch.nn.Module):
+            super().__init__()
+            self.inner = inner
+
+        def forward(self, images):
+            return torch.nn.functional.normalize(self.inner(images), dim=1)
+
+    def normalising_model(*args):
+        loaded = real(*args)
+        return dataclasses.replace(loaded, module=Normalising(loaded.module))
+
+    monkeypatch.setattr(loading, "load_model", normalising_model)
+    out = tmp_path / "vectors.npy"
+    code, output = run("embed", model_dir, image_dir, "-o", out, "--norms")
+    assert code == 0, output
+    np.testing.assert_allclose(np.load(tmp_path / "vectors.norms.npy"), 1.0, atol=1e-5)
+    assert f"note: every norm is 1: {model_dir} normalises its embedding inside" in output
+    code, output = run("embed", model_dir, image_dir, "-o", tmp_path / "plain.npy")
+    assert code == 0 and "note:" not in output  # without --norms, nothing to say
 
 
 def test_embed_parquet_without_pyarrow_suggests_npy_or_csv(

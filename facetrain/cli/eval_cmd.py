@@ -134,8 +134,9 @@ def eval_command(
     directory works too), an export directory, or an exported model file. Verification prints
     10-fold accuracy (thresholds chosen on the other 9 folds; the file's folds when it has them,
     else stratified ones), the all-"different" baseline, the threshold to deploy (best balanced
-    accuracy) with its FAR and TAR, ROC AUC, EER, TAR at FAR 1e-1/1e-2/1e-3 and XNorm, and writes
-    NAME.json, NAME_folds.csv and NAME_roc.png to --out, NAME being the pairs file's folder, stem and
+    accuracy) with its FAR and TAR, ROC AUC, EER, TAR at FAR 1e-1/1e-2/1e-3, XNorm and the quantiles
+    of the embedding norms before normalisation, and writes NAME.json, NAME_folds.csv, NAME_roc.png
+    and NAME_norms.png (each pair's lower norm) to --out, NAME being the pairs file's folder, stem and
     a short hash of its path (heldout-pairs-1a2b3c: two files called pairs.txt never share a report).
     --folder makes balanced pairs from a folder of identities (as `facetrain pairs` does),
     names the report after the folder and keeps the pairs as NAME.pairs.csv (--pairs NAME.pairs.csv

@@ -186,7 +186,8 @@ def embed(
     aligned to the model's input first (as `facetrain align` does); photos without a face are left
     out and named on stderr. --norms adds each image's embedding norm before normalisation (of the
     image itself, without its mirror): a `norm` column in tables, X.norms.npy beside X.npy. Under a
-    magnitude-aware margin (head.margin magface or adaface) a low norm marks a poor image.
+    magnitude-aware margin (head.margin magface or adaface) a low norm marks a poor image; a model
+    that normalises its embedding inside gives 1 for all, and a note says so.
 
     \b
     Examples:
@@ -211,9 +212,24 @@ def embed(
     for line in result.warnings():
         click.echo(line, err=True)
     written = write([str(path) for path in result.paths], result.vectors, result.norms)
+    if norms and (note := _unit_norms_note(model_path, result.norms)) is not None:
+        click.echo(note, err=True)
     click.echo(
         f"wrote {len(result.paths)} embeddings of size {result.vectors.shape[1]} to "
         f"{', '.join(map(str, written))}{result.left_out()}"
+    )
+
+
+def _unit_norms_note(model_path: Path, norms) -> str | None:
+    """What --norms of a model that normalises its embedding inside says: every norm is 1, so none of
+    them tells a poor image from a good one (`eval.norm_summary`)."""
+    from facetrain.eval.norm_summary import summarize_norms
+
+    if len(norms) == 0 or not summarize_norms(norms).unit:
+        return None
+    return (
+        f"note: every norm is 1: {model_path} normalises its embedding inside, so its norms say "
+        "nothing of image quality"
     )
 
 

@@ -12,7 +12,7 @@ import torch
 from torch.utils.data import DataLoader
 
 from facetrain.data.config import DataConfig
-from facetrain.data.dataset import FaceDataset
+from facetrain.data.dataset import FaceDataset, KeyedSamples
 from facetrain.data.loader_workers import init_loader_worker, worker_context
 from facetrain.data.samplers import IdentitySampler, ResumableDistributedSampler
 from facetrain.data.sampling import SAMPLERS
@@ -48,15 +48,17 @@ def build_train_loader(
     world_size: int,
     seed: int,
     accumulation: int = 1,
+    with_indices: bool = False,
 ) -> tuple[DataLoader, ResumableDistributedSampler | IdentitySampler]:
     """A loader of this rank's full batches and its sampler (whose `set_epoch(epoch, consumed)` resumes);
-    `accumulation` micro-batches a rank make one optimizer step, and an epoch ends on a whole step."""
+    `accumulation` micro-batches a rank make one optimizer step, and an epoch ends on a whole step.
+    `with_indices` adds each sample's dataset index to its batch: (images, labels, indices)."""
     sampler = SAMPLERS.build(
         cfg.sampler, dataset, batch_size, rank, world_size, seed, accumulation, cfg.images_per_identity
     )
     workers = cfg.num_workers
     loader = DataLoader(
-        dataset,
+        KeyedSamples(dataset) if with_indices else dataset,
         batch_size=batch_size,
         sampler=sampler,
         drop_last=True,

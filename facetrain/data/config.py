@@ -58,6 +58,22 @@ class AugmentConfig:
         [0.02, 0.2], Items(("low", "high"), Within(0, 1, "(]"), ordered=True)
     )  # ... of this fraction of the image
 
+    def random_keys(self) -> list[str]:
+        """The keys (`data.augment.X`) whose setting makes a sample's training image differ from epoch
+        to epoch; none: every sample's image is the same each time it is drawn."""
+        draws = {
+            "horizontal_flip": self.horizontal_flip,
+            "random_resized_crop": self.random_resized_crop,
+            "color_jitter": self.color_jitter > 0,
+            "rotation": self.rotation > 0,
+            "shift": self.shift > 0,
+            "scale": list(self.scale) != [1.0, 1.0],
+            "grayscale": self.grayscale > 0,
+            "blur": self.blur > 0,
+            "random_erasing": self.random_erasing > 0,
+        }
+        return [f"data.augment.{key}" for key, random in draws.items() if random]
+
 
 @dataclass
 class DataConfig:

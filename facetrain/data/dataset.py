@@ -153,3 +153,18 @@ class FaceDataset(Dataset):
                 continue
             return self.transform(image), int(self.table.labels[candidate])
         raise DataError(f"every image of dataset {self.table.description} is unreadable; check data.path")
+
+
+class KeyedSamples(Dataset):
+    """`dataset`'s `(image, label)` with the sample's index appended, `(image, label, index)`: for what
+    keeps something per training image across epochs (`loss.teacher_cache`). The index is the key's
+    `int`, the same each epoch, while its augmentation seed is not."""
+
+    def __init__(self, dataset: FaceDataset):
+        self.dataset = dataset
+
+    def __len__(self) -> int:
+        return len(self.dataset)
+
+    def __getitem__(self, key: int | SampleKey) -> tuple[torch.Tensor, int, int]:
+        return (*self.dataset[key], int(key))

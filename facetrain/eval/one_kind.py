@@ -22,6 +22,7 @@ from torch import nn
 from facetrain.data.transforms import RESIZE_AREA
 from facetrain.errors import FacetrainError
 from facetrain.eval.embedding import compute_embeddings
+from facetrain.eval.norm_summary import NormSummary, summarize_norms
 from facetrain.eval.pair_set import PairSet
 from facetrain.eval.set_names import report_name
 from facetrain.files import atomic_write_text
@@ -71,6 +72,7 @@ class OneKindResult:
     xnorm: float
     flip: bool
     skipped_pairs: int
+    norms: NormSummary | None = None  # of the set's images, before normalisation (`eval.norm_summary`)
 
     @property
     def name(self) -> str:
@@ -112,6 +114,7 @@ class OneKindResult:
             "threshold_source": self.threshold_source,
             self.rate_name.lower(): None if accepted is None else accepted / num_pairs,
             "xnorm": self.xnorm,
+            **({} if self.norms is None else {"norms": self.norms.as_dict()}),
         }
 
 
@@ -139,7 +142,7 @@ def score_one_kind(
     scores = np.einsum("ij,ij->i", vectors[pairs.left], vectors[pairs.right]).astype(np.float64)
     return OneKindResult(
         pairs.source, bool(pairs.num_matched), scores, threshold, threshold_source, embeddings.xnorm, flip,
-        pairs.skipped_pairs,
+        pairs.skipped_pairs, summarize_norms(embeddings.norms),
     )  # fmt: skip
 
 
@@ -168,6 +171,8 @@ def one_kind_table(result: OneKindResult) -> str:
             )
         )
     rows.append(("XNorm", f"{result.xnorm:.3f}"))
+    if result.norms is not None:
+        rows.append(("norms", result.norms.describe()))
     width = max(len(label) for label, _ in rows)
     return "\n".join(f"{label:<{width}}  {value}" for label, value in rows)
 

@@ -1,5 +1,5 @@
 """Evaluation reports: a table for the terminal and files for later (JSON, per-fold CSV, ROC and
-score-histogram plot).
+score-histogram plot, the histogram of the embedding norms).
 
 Files are named after what was evaluated (`lfw_pairs.json`, `lfw_pairs_folds.csv`,
 `lfw_pairs_roc.png`, `market1501.json`, `market1501_cmc.png`), so several pair sets can share one report folder; the CLI
@@ -20,6 +20,7 @@ from matplotlib.axes import Axes
 from matplotlib.figure import Figure
 
 from facetrain.eval.metrics import VerificationMetrics, score_counts
+from facetrain.eval.norm_summary import PairNorms
 from facetrain.eval.retrieval import RetrievalResult
 from facetrain.eval.verify_pairs import VerificationResult
 from facetrain.files import atomic_target
@@ -57,6 +58,7 @@ def verification_table(result: VerificationResult) -> str:
         ("EER", f"{100 * metrics.eer:.2f}%"),
         *((f"TAR @ FAR={far:g}", f"{100 * tar:.2f}%") for far, tar in metrics.tar_at_far.items()),
         ("XNorm", f"{result.xnorm:.3f}"),
+        *([] if result.norms is None else [("norms", result.norms.summary().describe())]),
     ]
     if result.missing_images:
         rows.append(("missing images", f"{len(result.missing_images)}, e.g. {result.missing_images[0]}"))
@@ -74,6 +76,7 @@ def retrieval_table(result: RetrievalResult) -> str:
         *((f"rank-{rank}", f"{100 * rate:.2f}%") for rank, rate in metrics.cmc.items()),
         ("mAP", f"{100 * metrics.mean_ap:.2f}%"),
         ("XNorm", f"{result.xnorm:.3f}"),
+        *((f"norms ({split})", summary.describe()) for split, summary in (result.norms or {}).items()),
     ]
     return _table(rows)
 
@@ -84,8 +87,8 @@ def write_verification_report(
     extra: dict[str, Any] | None = None,
     name: str | None = None,
 ) -> list[Path]:
-    """`<name>.json`, `<name>_folds.csv` and `<name>_roc.png` in `out_dir`; `extra` joins the JSON, and
-    its `model` and `step` title the plot.
+    """`<name>.json`, `<name>_folds.csv`, `<name>_roc.png` and, where the norms were measured,
+    `<name>_norms.png` in `out_dir`; `extra` joins the JSON, and its `model` and `step` title the plots.
 
     `name` defaults to the set's own name; `facetrain eval` passes one no other pairs file shares."""
     out_dir = Path(out_dir)
@@ -93,12 +96,21 @@ def write_verification_report(
     paths = verification_report_paths(out_dir, name or result.name)
     write_json(paths[0], {**(extra or {}), **result.as_dict()})
     _write_bytes(paths[1], _folds_csv(result).encode())
-    _write_bytes(paths[2], _png(roc_figure(result, (extra or {}).get("model"), (extra or {}).get("step"))))
+    model, step = (extra or {}).get("model"), (extra or {}).get("step")
+    _write_bytes(paths[2], _png(roc_figure(result, model, step)))
+    if result.norms is None:
+        return paths[:3]
+    _write_bytes(paths[3], _png(norms_figure(result.norms, result.name, model, step)))
     return paths
 
 
 def verification_report_paths(out_dir: Path, name: str) -> list[Path]:
-    return [out_dir / f"{name}.json", out_dir / f"{name}_folds.csv", out_dir / f"{name}_roc.png"]
+    return [
+        out_dir / f"{name}.json",
+        out_dir / f"{name}_folds.csv",
+        out_dir / f"{name}_roc.png",
+        out_dir / f"{name}_norms.png",
+    ]
 
 
 def retrieval_report_paths(out_dir: Path, name: str) -> list[Path]:
@@ -247,3 +259,38 @@ def _draw_score_histogram(axes: Axes, metrics: VerificationMetrics) -> None:
     axes.set(xlabel="cosine similarity", ylabel="density", title="scores of genuine and impostor pairs")
     axes.grid(True, alpha=0.3)
     axes.legend(loc="best", fontsize="small")
+
+
+def norms_figure(norms: PairNorms, name: str, model: str | None = None, step: int | None = None) -> Figure:
+    """The lower embedding norm (before normalisation) of each matched and each mismatched pair, as
+    densities: where matched pairs with a low norm pile up, a quality threshold on the norm would drop
+    pairs the model gets wrong. A model that normalises inside says so in the title."""
+    summary = norms.summary()
+    figure = Figure(figsize=(5, 4), dpi=100, layout="constrained")
+    axes = figure.add_subplot()
+    low, high = float(norms.lower.min()), float(norms.lower.max())
+    bins = np.linspace(low, high, HISTOGRAM_BINS + 1) if high > low else HISTOGRAM_BINS
+    for kind, label, colour in ((True, "matched", "tab:green"), (False, "mismatched", "tab:red")):
+        values = norms.lower[norms.issame == kind]
+        if values.size:
+            axes.hist(
+                values,
+                bins,
+                density=True,
+                histtype="stepfilled",
+                alpha=0.4,
+                color=colour,
+                label=f"{label} ({values.size} pairs)",
+            )
+    quantiles = summary.quantiles
+    axes.axvline(quantiles["p5"], color="black", linestyle=":", label=f"5% of images {quantiles['p5']:.2f}")
+    axes.set(xlabel="lower embedding norm of the pair", ylabel="density")
+    axes.set_title(
+        "normalised inside the model: every norm is 1"
+        if summary.unit
+        else "embedding norms before normalisation"
+    )
+    axes.grid(True, alpha=0.3)
+    axes.legend(loc="best", fontsize="small")
+    figure.suptitle(", ".join([name, *_model_words(model, step)]), fontsize="medium")
+    return figure

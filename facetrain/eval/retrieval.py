@@ -25,6 +25,7 @@ from facetrain.data.market1501 import load_market1501_split
 from facetrain.data.reid_images import load_reid_selection
 from facetrain.errors import FacetrainError
 from facetrain.eval.embedding import compute_embeddings
+from facetrain.eval.norm_summary import NormSummary, summarize_norms
 from facetrain.eval.rerank import RerankSettings, k_reciprocal_distances
 
 JUNK_PID = -1
@@ -55,6 +56,8 @@ class RetrievalResult:
     xnorm: float
     flip: bool
     name: str = REPORT_NAME
+    # the query's and the gallery's embedding norms before normalisation (`eval.norm_summary`)
+    norms: dict[str, NormSummary] | None = None
 
     def as_dict(self) -> dict[str, Any]:
         metrics = self.metrics
@@ -69,6 +72,7 @@ class RetrievalResult:
             "mAP": metrics.mean_ap,
             "xnorm": self.xnorm,
             "cmc": list(metrics.cmc_curve),
+            **({} if self.norms is None else {"norms": {k: v.as_dict() for k, v in self.norms.items()}}),
         }
 
 
@@ -192,4 +196,5 @@ def _score(module, query, gallery, embedding: dict, rerank, where: str, name: st
         gallery["camid"].to_numpy(),
         rerank=rerank,
     )
-    return RetrievalResult(where, metrics, embedded["query"].xnorm, embedding["flip"], name)
+    norms = {split: summarize_norms(result.norms) for split, result in embedded.items()}
+    return RetrievalResult(where, metrics, embedded["query"].xnorm, embedding["flip"], name, norms)

@@ -20,6 +20,7 @@ from torch import nn
 from facetrain.data.transforms import RESIZE_AREA
 from facetrain.eval.embedding import compute_embeddings, embed_images
 from facetrain.eval.metrics import VerificationMetrics, verification_metrics
+from facetrain.eval.norm_summary import PairNorms
 from facetrain.eval.one_kind import require_both_kinds
 from facetrain.eval.pair_set import PairSet
 from facetrain.eval.pairs import load_pairs
@@ -41,7 +42,8 @@ __all__ = [
 
 @dataclass(frozen=True)
 class VerificationResult:
-    """Metrics of one pair set plus what shaped them (flip test, folds, skipped pairs, XNorm)."""
+    """Metrics of one pair set plus what shaped them (flip test, folds, skipped pairs, XNorm) and the
+    embedding norms before normalisation (`facetrain.eval.norm_summary`), None where not measured."""
 
     pairs_file: str
     metrics: VerificationMetrics
@@ -50,6 +52,7 @@ class VerificationResult:
     skipped_pairs: int
     missing_images: list[str]
     folds_source: str
+    norms: PairNorms | None = None
 
     @property
     def name(self) -> str:
@@ -89,6 +92,7 @@ class VerificationResult:
             "eer": metrics.eer,
             "tar_at_far": {f"{far:g}": tar for far, tar in metrics.tar_at_far.items()},
             "xnorm": self.xnorm,
+            **({} if self.norms is None else {"norms": self.norms.summary().as_dict()}),
         }
 
 
@@ -128,6 +132,7 @@ def verify(
     )
     folds, folds_source = pairs.cross_validation_folds()
     metrics = verification_metrics(pair_scores(embeddings.vectors, pairs), pairs.issame, folds)
+    norms = PairNorms.of_pairs(embeddings.norms, pairs.left, pairs.right, pairs.issame)
     return VerificationResult(
-        pairs.source, metrics, embeddings.xnorm, flip, pairs.skipped_pairs, pairs.missing, folds_source
+        pairs.source, metrics, embeddings.xnorm, flip, pairs.skipped_pairs, pairs.missing, folds_source, norms
     )

@@ -12,12 +12,20 @@ The term, weighted by `loss.teacher_weight`, is added to the margin loss (the lo
   (equal to twice the cosine term; kept for users who think of it as a regression).
 
 Both compare directions only, which is what verification uses, so the student keeps its own norm. The
-sizes of the two embeddings must match (no learned projection yet), and teacher embeddings are computed
-afresh every step (no per-image cache).
+sizes of the two embeddings must match (no learned projection yet).
+
+With `loss.teacher_cache: true` each sample's teacher embedding is kept, keyed by its dataset index,
+after its first draw, and later epochs read it instead of running the teacher: a run whose images
+repeat then pays for the teacher once per image, not once per draw. That is exact only when the
+teacher's input is the same at every draw, so the config check refuses it with any random
+augmentation on (`data.augment.random_keys`). The cache is one fp32 row per training image, allocated
+on the device when the run starts (so a cache that does not fit fails then, not mid-run) and named
+with its size in the run's log; each data-parallel rank fills its own from the samples it draws.
 """
 
 from __future__ import annotations
 
+import numpy as np
 import torch
 from torch import nn
 from torch.nn import functional
@@ -38,12 +46,61 @@ def distillation_loss(student: torch.Tensor, teacher: torch.Tensor, kind: str) -
     return (student - teacher).pow(2).sum(1).mean()
 
 
-class Distillation:
-    """What the step adds to the loss: `weight x distillation_loss(student's embeddings, teacher's)`."""
+class TeacherCache:
+    """The teacher's embedding of each of `num_samples` training images once computed, on `device`.
 
-    def __init__(self, teacher: nn.Module, image_size: tuple[int, int], kind: str, weight: float):
+    Which rows are filled is kept on the host, where the batch's indices are, so a lookup never waits
+    for the device; only the missing rows of a batch go through the teacher."""
+
+    def __init__(self, num_samples: int, embedding_size: int, device: torch.device):
+        self.table = torch.empty(num_samples, embedding_size, dtype=torch.float32, device=device)
+        self.filled = np.zeros(num_samples, dtype=bool)
+        self.computed = self.served = 0  # teacher embeddings computed, and read from the table
+
+    @property
+    def bytes(self) -> int:
+        return self.table.numel() * self.table.element_size()
+
+    def describe(self) -> str:
+        rows, size = self.table.shape
+        return (
+            f"loss.teacher_cache: up to {rows} teacher embeddings of size {size} kept, "
+            f"{self.bytes / 2**20:.1f} MiB of {self.table.device} per rank"
+        )
+
+    def embeddings(self, indices: torch.Tensor, images: torch.Tensor, teacher) -> torch.Tensor:
+        """The teacher's embeddings of the batch's samples (`indices`, on the host), `teacher(images)`
+        run on the samples not seen before only."""
+        host = indices.numpy()
+        missing = np.flatnonzero(~self.filled[host])
+        # a sample drawn twice in one batch (the identity sampler repeats a small identity's images) once
+        missing = missing[np.sort(np.unique(host[missing], return_index=True)[1])]
+        device_indices = indices.to(self.table.device, non_blocking=True)
+        if missing.size:
+            rows = torch.from_numpy(missing).to(images.device)
+            computed = teacher(images if missing.size == len(host) else images.index_select(0, rows))
+            self.table.index_copy_(0, device_indices.index_select(0, rows), computed.float())
+            self.filled[host[missing]] = True
+        self.computed += int(missing.size)
+        self.served += len(host) - int(missing.size)
+        return self.table.index_select(0, device_indices)
+
+
+class Distillation:
+    """What the step adds to the loss: `weight x distillation_loss(student's embeddings, teacher's)`,
+    the teacher's read from `cache` where it holds them."""
+
+    def __init__(
+        self,
+        teacher: nn.Module,
+        image_size: tuple[int, int],
+        kind: str,
+        weight: float,
+        cache: TeacherCache | None = None,
+    ):
         self.teacher = teacher.eval().requires_grad_(False)
         self.image_size, self.kind, self.weight = tuple(image_size), kind, weight
+        self.cache = cache
 
     def teacher_embeddings(self, images: torch.Tensor) -> torch.Tensor:
         with torch.no_grad():
@@ -54,17 +111,32 @@ class Distillation:
             return self.teacher(images)
 
     def __call__(
-        self, images: torch.Tensor, outputs: torch.Tensor | tuple[torch.Tensor, ...]
+        self,
+        images: torch.Tensor,
+        outputs: torch.Tensor | tuple[torch.Tensor, ...],
+        indices: torch.Tensor | None = None,
     ) -> torch.Tensor:
+        """`indices`: the samples' dataset indices (on the host), which the cache needs."""
         student = (
             outputs[0] if isinstance(outputs, tuple) else outputs
         )  # margin_triplet: (embeddings, features)
-        return self.weight * distillation_loss(student, self.teacher_embeddings(images), self.kind)
+        if self.cache is None:
+            teacher = self.teacher_embeddings(images)
+        elif indices is None:
+            raise ValueError(
+                "a cached teacher needs the batch's sample indices (build_train_loader with_indices)"
+            )
+        else:
+            teacher = self.cache.embeddings(indices, images, self.teacher_embeddings)
+        return self.weight * distillation_loss(student, teacher, self.kind)
 
 
-def build_distillation(cfg: LossConfig, embedding_size: int, device: torch.device) -> Distillation | None:
+def build_distillation(
+    cfg: LossConfig, embedding_size: int, device: torch.device, num_samples: int = 0
+) -> Distillation | None:
     """The run's distillation, None without `loss.teacher`; a teacher that cannot be loaded or whose
-    embedding size is not the student's is one line."""
+    embedding size is not the student's is one line, and so is a cache (`loss.teacher_cache`, one row
+    for each of the `num_samples` training images) that does not fit on `device`."""
     if cfg.teacher is None:
         return None
     try:
@@ -77,4 +149,16 @@ def build_distillation(cfg: LossConfig, embedding_size: int, device: torch.devic
             f"{embedding_size}-d; set model.embedding_size={loaded.embedding_size} (a projection between "
             "sizes is not supported)"
         )
-    return Distillation(loaded.module.to(device), loaded.image_size, cfg.teacher_loss, cfg.teacher_weight)
+    cache = None
+    if cfg.teacher_cache:
+        try:
+            cache = TeacherCache(num_samples, embedding_size, device)
+        except torch.OutOfMemoryError:
+            size = num_samples * embedding_size * 4 / 2**30
+            raise EveryRankError(
+                f"loss.teacher_cache: {num_samples} teacher embeddings of size {embedding_size} "
+                f"({size:.1f} GiB) do not fit on {device}; set loss.teacher_cache: false"
+            ) from None
+    return Distillation(
+        loaded.module.to(device), loaded.image_size, cfg.teacher_loss, cfg.teacher_weight, cache
+    )

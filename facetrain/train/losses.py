@@ -49,6 +49,7 @@ class LossConfig:
     teacher: str | None = setting(None, NotEmpty(), path=True)  # a model to distil from (load_model)
     teacher_loss: str = setting("cosine", OneOf(("cosine", "l2")))
     teacher_weight: float = setting(1.0, above(0))
+    teacher_cache: bool = False  # keep each sample's teacher embedding (distillation.TeacherCache)
 
 
 def batch_hard_triplet_loss(

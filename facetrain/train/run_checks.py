@@ -94,6 +94,15 @@ def rule_problems(cfg: Config, world_size: int | None, device_type: str | None) 
             cfg.loss.name,
             "must be 'margin' when parallel.pipeline_stages > 1 (stages pass one tensor, not the features)",
         )
+    if cfg.loss.teacher_cache and cfg.loss.teacher is None:
+        yield "loss.teacher_cache", True, "needs loss.teacher (there is no teacher to cache)"
+    if cfg.loss.teacher_cache and (random := data.augment.random_keys()):
+        yield (
+            "loss.teacher_cache",
+            True,
+            "needs the teacher's input to be the same each time a sample is drawn; turn off "
+            f"{', '.join(random)} or set loss.teacher_cache: false",
+        )
     if cfg.loss.teacher is not None and stages > 1:
         yield (
             "loss.teacher",

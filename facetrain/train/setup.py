@@ -113,10 +113,13 @@ def build_training_run(
     head = build_head(cfg, dataset.num_classes, dims, backbone) if dims.is_last_stage else None
     loss = build_loss(cfg.loss, head, local) if head is not None else None
     # before the per-rank seed: building the teacher draws initial weights, which a resume must not redo
-    distillation = build_distillation(cfg.loss, cfg.model.embedding_size, dims.device)
+    distillation = build_distillation(cfg.loss, cfg.model.embedding_size, dims.device, len(dataset))
+    if distillation is not None and distillation.cache is not None and dims.is_primary:
+        tqdm.write(distillation.cache.describe())
     loader, sampler = build_train_loader(
-        dataset, cfg.data, cfg.train.batch_size, dims.dp_rank, dims.dp, cfg.train.seed, accumulation
-    )
+        dataset, cfg.data, cfg.train.batch_size, dims.dp_rank, dims.dp, cfg.train.seed, accumulation,
+        with_indices=cfg.loss.teacher_cache,
+    )  # fmt: skip
     optimizer = build_optimizer(cfg.optim, local, head, grad_scaling=cfg.train.precision == "fp16")
     scaler = torch.amp.GradScaler(dims.device.type, enabled=cfg.train.precision == "fp16")
     torch.manual_seed(cfg.train.seed + 7919 * (dims.rank + 1))  # per-rank streams: dropout, Partial FC

@@ -58,7 +58,8 @@ class StepParts:
     (embeddings, labels) to (loss, accuracy), None on pipeline stages that do not hold it; `loss` does
     the same from the model's outputs when that is more than the head (`facetrain.train.losses`, e.g.
     the head plus a triplet loss), None: the head; `distillation` adds a frozen teacher's term from the
-    images and the model's outputs (`facetrain.train.distillation`, `loss.teacher`), None: none."""
+    images, the model's outputs and, when the batch carries them, the samples' dataset indices (which
+    its cache needs; `facetrain.train.distillation`, `loss.teacher`), None: none."""
 
     model: nn.Module | None
     head: nn.Module | None
@@ -67,15 +68,15 @@ class StepParts:
     settings: StepSettings
     pipeline: PipelineRuntime | None = None
     loss: Callable[..., tuple[torch.Tensor, torch.Tensor]] | None = None
-    distillation: Callable[[torch.Tensor, object], torch.Tensor] | None = None
+    distillation: Callable[[torch.Tensor, object, torch.Tensor | None], torch.Tensor] | None = None
 
 
 def train_step(
-    batches: Iterator[tuple[torch.Tensor, torch.Tensor]], parts: StepParts, train_backbone: bool = True
+    batches: Iterator[tuple[torch.Tensor, ...]], parts: StepParts, train_backbone: bool = True
 ) -> StepResult:
-    """Consume `settings.accumulation` batches and take one optimizer step. With `train_backbone=False`
-    (fine-tuning's first steps, optim.head_only_steps) the backbone runs without autograd, so only the
-    head learns."""
+    """Consume `settings.accumulation` batches, (images, labels) or (images, labels, sample indices),
+    and take one optimizer step. With `train_backbone=False` (fine-tuning's first steps,
+    optim.head_only_steps) the backbone runs without autograd, so only the head learns."""
     settings, optimizer, scaler, pipeline = parts.settings, parts.optimizer, parts.scaler, parts.pipeline
     criterion = parts.head if parts.loss is None else parts.loss
     ddp = isinstance(parts.model, DistributedDataParallel)
@@ -85,7 +86,7 @@ def train_step(
     loss_sum = torch.zeros((), device=settings.device)
     accuracy_sum = torch.zeros((), device=settings.device)
     for micro_step in range(settings.accumulation):
-        images, labels = next(batches)
+        images, labels, *indices = next(batches)
         images = images.to(settings.device, non_blocking=True, memory_format=settings.memory_format)
         labels = labels.to(settings.device, non_blocking=True)
         if pipeline is not None:
@@ -99,7 +100,7 @@ def train_step(
                         outputs = parts.model(images)
                     loss, accuracy = criterion(outputs, labels)
                     if parts.distillation is not None:
-                        loss = loss + parts.distillation(images, outputs)
+                        loss = loss + parts.distillation(images, outputs, *indices)
                 scaler.scale(loss / settings.accumulation).backward()
         loss_sum += loss.detach()
         accuracy_sum += accuracy.detach()

@@ -306,9 +306,9 @@ class Trainer:
         state, dataset, control = self.state, self.data.dataset, self.dims.control_group
         while True:
             self.data.sampler.set_epoch(state.epoch, state.consumed)
-            for images, labels in self.data.loader:
+            for batch in self.data.loader:  # (images, labels[, sample indices: loss.teacher_cache])
                 state.consumed += self.global_batch
-                yield images, labels
+                yield batch
             if state.consumed == 0:  # not one batch this epoch, nor before a resume within it
                 raise EveryRankError(
                     "the training set gives no full batch per rank; lower train.batch_size or add images"
