@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import signal
 import time
 
 import pytest
@@ -32,6 +33,7 @@ from facetrain.parallel.failures import (
     key_line,
 )
 from facetrain.train.run_config import load_config
+from facetrain.train.step_gate import STOP_SIGNALS
 from tests.distributed import run_distributed
 from tests.train_helpers import tiny_config
 
@@ -331,6 +333,7 @@ def test_an_nccl_error_is_reported_with_its_key_line_and_a_silent_peer_as_lost()
 
 def test_an_unexpected_error_in_a_rank_leaves_its_traceback_in_the_error_file(tmp_path, monkeypatch):
     import facetrain.train.trainer as trainer
+    from facetrain.train.rank import train_rank
 
     def broken(*args, **kwargs):
         raise RuntimeError("CUDA error: an illegal memory access was encountered")
@@ -338,8 +341,13 @@ def test_an_unexpected_error_in_a_rank_leaves_its_traceback_in_the_error_file(tm
     error_file = tmp_path / "error.json"
     monkeypatch.setenv("TORCHELASTIC_ERROR_FILE", str(error_file))
     monkeypatch.setattr(trainer, "init_parallel", broken)
-    with pytest.raises(RuntimeError, match="illegal memory access"):
-        trainer.train(load_config(tiny_config(tmp_path)))
+    handlers = {sig: signal.getsignal(sig) for sig in STOP_SIGNALS}  # the rank's own, for its life
+    try:
+        with pytest.raises(RuntimeError, match="illegal memory access"):
+            train_rank(load_config(tiny_config(tmp_path)), None, print)
+    finally:
+        for sig, handler in handlers.items():
+            signal.signal(sig, handler)
     recorded = json.loads(error_file.read_text())["message"]
     assert recorded["message"] == "RuntimeError: CUDA error: an illegal memory access was encountered"
     assert "in broken" in recorded["extraInfo"]["py_callstack"]
