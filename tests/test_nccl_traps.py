@@ -331,6 +331,26 @@ def test_an_nccl_error_is_reported_with_its_key_line_and_a_silent_peer_as_lost()
         assert "lost" not in message and "\n" not in message and ".cpp" not in message
 
 
+def two_survivors_worker(rank: int, world_size: int) -> tuple[str, str] | None:
+    """Rank 2 is gone; ranks 0 and 1 both see their collective fail. Whichever claims the failure
+    first, neither is blamed: both name the rank that never checked in."""
+    store = failures._check_in_store[0]
+    _fresh_check_in(store, "two_survivors")
+    report = None
+    if rank < 2:
+        error = collective_failure_error(RuntimeError(GLOO_CLOSED), rank, 3, step=5, wait_s=2.0)
+        report = (type(error).__name__, str(error))
+    collectives.barrier()
+    failures.keep_check_in_store(store)
+    return report
+
+
+def test_every_survivor_names_the_lost_rank_whichever_claimed_the_failure_first():
+    rank_0, rank_1, _ = run_distributed(two_survivors_worker, 3)
+    for report in (rank_0, rank_1):
+        assert report[0] == "PeerLost" and report[1].startswith("lost rank 2 at step 5: it died or stopped")
+
+
 def test_an_unexpected_error_in_a_rank_leaves_its_traceback_in_the_error_file(tmp_path, monkeypatch):
     import facetrain.train.trainer as trainer
     from facetrain.train.rank import train_rank
