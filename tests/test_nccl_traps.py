@@ -4,7 +4,8 @@
    checkpoint) waits on the CPU control group, never in a device collective; NCCL joins with its device
    set first and bound (`device_id`).
 2. A failed collective keeps its real cause: NCCL's key line, the rank and the collective; a rank is
-   called lost only when it never checks in; `@record` leaves the traceback of an unexpected error.
+   called lost only when it never checks in, the cause is the rank that claimed the failure first at the
+   store, never a reading of the message; `@record` leaves the traceback of an unexpected error.
 3. With nccl, more ranks on a node than visible GPUs are refused in one line, at the launcher and at init.
 
 NCCL itself cannot run here: its errors are the messages torch builds from NCCL's results, raised as the
@@ -15,6 +16,8 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import signal
+import time
 
 import pytest
 import torch
@@ -22,9 +25,15 @@ import torch.distributed as dist
 
 from facetrain.errors import CollectiveError, EveryRankError, FacetrainError, PeerLost
 from facetrain.heads import collectives
-from facetrain.parallel import dims, launch
-from facetrain.parallel.failures import collective_failure_error, collective_name, is_own_failure, key_line
+from facetrain.parallel import dims, failures, launch
+from facetrain.parallel.failures import (
+    collective_failure_error,
+    collective_name,
+    is_collective_failure,
+    key_line,
+)
 from facetrain.train.run_config import load_config
+from facetrain.train.step_gate import STOP_SIGNALS
 from tests.distributed import run_distributed
 from tests.train_helpers import tiny_config
 
@@ -246,18 +255,39 @@ def test_key_lines_keep_the_backends_reason_without_paths_or_boilerplate():
     )
     assert key_line(RuntimeError(GLOO_CLOSED)) == "Connection closed by peer [127.0.0.1]:47490"
     assert collective_name(dist.DistBackendError(WATCHDOG)) == "allreduce"
-    assert [is_own_failure(dist.DistBackendError(m)) for m in (SOCKET_INTERFACE, DUPLICATE_GPU)] == [True] * 2
-    assert not any(is_own_failure(dist.DistBackendError(m)) for m in (REMOTE_EXITED, WATCHDOG, GLOO_CLOSED))
+
+
+def test_a_collective_failure_is_told_by_type_or_by_facetrains_tag_never_by_its_text():
+    backend_errors = (SOCKET_INTERFACE, DUPLICATE_GPU, REMOTE_EXITED, WATCHDOG)
+    assert all(is_collective_failure(dist.DistBackendError(m)) for m in backend_errors)
+    assert is_collective_failure(dist.DistNetworkError("Connection reset by peer"))
+    assert is_collective_failure(dist.DistStoreError("Socket Timeout"))
+    assert not is_collective_failure(RuntimeError(GLOO_CLOSED))  # gloo's text alone decides nothing
+    with pytest.raises(RuntimeError) as raised, collectives.naming("all_reduce"):
+        raise RuntimeError(GLOO_CLOSED)  # as gloo raises it inside a facetrain collective
+    assert is_collective_failure(raised.value) and collective_name(raised.value) == "all_reduce"
+
+
+def _fresh_check_in(store: dist.Store, name: str) -> None:
+    """A check-in of its own for each failure the worker plays (a process fails once; the pool's ranks
+    serve many tests)."""
+    prefix = [f"{name}/{time.time_ns()}"]
+    dist.broadcast_object_list(prefix, src=0)
+    failures.keep_check_in_store(dist.PrefixStore(prefix[0], store))
 
 
 def failure_report_worker(rank: int, world_size: int) -> dict:
     """First rank 1 is silent while rank 0's gloo collective fails; then rank 1's NCCL all-reduce fails
-    on its own (its interface) while rank 0 sees the peer go away."""
+    on its own (its interface) and rank 0 sees the peer go away after it, as a peer's failure follows its
+    cause."""
     reports = {}
+    store = failures._check_in_store[0]
+    _fresh_check_in(store, "silent_peer")
     if rank == 0:
         lost = collective_failure_error(RuntimeError(GLOO_CLOSED), 0, 2, step=3, wait_s=1.0)
         reports["silent_peer"] = (type(lost).__name__, str(lost))
     collectives.barrier()
+    _fresh_check_in(store, "own_failure")
     if rank == 1:
         real = dist.all_reduce
 
@@ -272,9 +302,11 @@ def failure_report_worker(rank: int, world_size: int) -> dict:
         finally:
             dist.all_reduce = real
     else:
+        failures._check_in_store[0].wait([failures.FIRST_FAILURE_KEY])  # rank 1 failed first
         failed = dist.DistBackendError(REMOTE_EXITED)
     report = collective_failure_error(failed, rank, 2, step=7)
     reports["own_failure"] = (type(report).__name__, str(report))
+    failures.keep_check_in_store(store)
     return reports
 
 
@@ -299,8 +331,29 @@ def test_an_nccl_error_is_reported_with_its_key_line_and_a_silent_peer_as_lost()
         assert "lost" not in message and "\n" not in message and ".cpp" not in message
 
 
+def two_survivors_worker(rank: int, world_size: int) -> tuple[str, str] | None:
+    """Rank 2 is gone; ranks 0 and 1 both see their collective fail. Whichever claims the failure
+    first, neither is blamed: both name the rank that never checked in."""
+    store = failures._check_in_store[0]
+    _fresh_check_in(store, "two_survivors")
+    report = None
+    if rank < 2:
+        error = collective_failure_error(RuntimeError(GLOO_CLOSED), rank, 3, step=5, wait_s=2.0)
+        report = (type(error).__name__, str(error))
+    collectives.barrier()
+    failures.keep_check_in_store(store)
+    return report
+
+
+def test_every_survivor_names_the_lost_rank_whichever_claimed_the_failure_first():
+    rank_0, rank_1, _ = run_distributed(two_survivors_worker, 3)
+    for report in (rank_0, rank_1):
+        assert report[0] == "PeerLost" and report[1].startswith("lost rank 2 at step 5: it died or stopped")
+
+
 def test_an_unexpected_error_in_a_rank_leaves_its_traceback_in_the_error_file(tmp_path, monkeypatch):
     import facetrain.train.trainer as trainer
+    from facetrain.train.rank import train_rank
 
     def broken(*args, **kwargs):
         raise RuntimeError("CUDA error: an illegal memory access was encountered")
@@ -308,8 +361,13 @@ def test_an_unexpected_error_in_a_rank_leaves_its_traceback_in_the_error_file(tm
     error_file = tmp_path / "error.json"
     monkeypatch.setenv("TORCHELASTIC_ERROR_FILE", str(error_file))
     monkeypatch.setattr(trainer, "init_parallel", broken)
-    with pytest.raises(RuntimeError, match="illegal memory access"):
-        trainer.train(load_config(tiny_config(tmp_path)))
+    handlers = {sig: signal.getsignal(sig) for sig in STOP_SIGNALS}  # the rank's own, for its life
+    try:
+        with pytest.raises(RuntimeError, match="illegal memory access"):
+            train_rank(load_config(tiny_config(tmp_path)), None, print)
+    finally:
+        for sig, handler in handlers.items():
+            signal.signal(sig, handler)
     recorded = json.loads(error_file.read_text())["message"]
     assert recorded["message"] == "RuntimeError: CUDA error: an illegal memory access was encountered"
     assert "in broken" in recorded["extraInfo"]["py_callstack"]

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import functools
 import os
 import shlex
 import sys
@@ -103,6 +104,12 @@ def train(
     if config_path is None and os.environ.get("RANK", "0") == "0":
         _say_what_the_defaults_do(config)
     resume_command = _resume_command(config_path, overrides, output_dir, nproc if launching else 1)
+    # every rank's entry point: training under torch elastic's @record, reporting here
+    from facetrain.train.rank import train_rank
+
+    report = functools.partial(
+        _say_how_to_resume, resume_command=resume_command, run_dir=config.train.output_dir
+    )
     if launching:
         from facetrain.parallel.launch import launch_local
         from facetrain.train.run_dir import check_run_dir_free
@@ -112,20 +119,12 @@ def train(
         check_run_dir_free(Path(config.train.output_dir))
         backend = config.parallel.backend  # more nccl ranks than GPUs are refused before any starts
         timeout_s = config.parallel.timeout_s
-        code = launch_local(
-            nproc, train_rank, config, resume, resume_command, backend=backend, timeout_s=timeout_s
-        )
+        code = launch_local(nproc, train_rank, config, resume, report, backend=backend, timeout_s=timeout_s)
         _ignore_stop_signals()
         sys.exit(code)
-    _defer_stop_signals()
+    _defer_stop_signals()  # during start-up too
     try:
-        if "TORCHELASTIC_RUN_ID" in os.environ:  # a rank under torchrun's agent, which may be killed
-            from facetrain.parallel.launcher_watch import run_watched
-
-            timeout_s = config.parallel.timeout_s
-            run_watched(_train_and_report, os.getppid(), timeout_s, config, resume, resume_command)
-        else:
-            _train_and_report(config, resume, resume_command)
+        train_rank(config, resume, report)
     finally:
         _ignore_stop_signals()
 
@@ -138,39 +137,9 @@ def _say_what_the_defaults_do(config) -> None:
     click.echo(no_config_note(config, "cuda" if torch.cuda.is_available() else "cpu"))
 
 
-def _train_and_report(config, resume: str | None, resume_command: str) -> None:
-    from facetrain.train.trainer import train as run_training
-
-    _say_how_to_resume(run_training(config, resume), resume_command, config.train.output_dir)
-
-
-def train_rank(config, resume: str | None, resume_command: str) -> None:
-    """One rank of a `--nproc` run: its share of the cores, training, and user errors as one line."""
-    import torch
-
-    from facetrain.cli.user_errors import report_user_error
-    from facetrain.errors import FacetrainError
-    from facetrain.parallel.launch import local_threads
-    from facetrain.train.trainer import train as run_training
-
-    _defer_stop_signals()
-    if "OMP_NUM_THREADS" not in os.environ:
-        torch.set_num_threads(local_threads(int(os.environ["LOCAL_WORLD_SIZE"])))
-    try:
-        summary = run_training(config, resume)
-    except FacetrainError as error:
-        sys.exit(report_user_error(error))
-    finally:
-        _ignore_stop_signals()
-    _say_how_to_resume(summary, resume_command, config.train.output_dir)
-
-
 def _defer_stop_signals() -> None:
-    """A stop signal is caught for the rank's whole life, start-up included, and the training loop
-    stops at its next step boundary (before the first step, when it came during start-up). A
-    scheduler's stop may come at any moment; and under a launcher's agent, SIGTERM is how it stops the
-    other ranks once one failed: caught, it lets this rank finish reporting why it stops instead of
-    dying silently."""
+    """A stop signal is caught from start-up on, so the training loop stops before its first step when
+    one came while the config loaded (`facetrain.train.rank` keeps it caught for the rank's life)."""
     from facetrain.train.step_gate import StopSignals
 
     StopSignals().install()

@@ -8,7 +8,7 @@ import sys
 
 import click
 
-from facetrain.errors import EveryRankError, FacetrainError, PeerFailed, PeerLost
+from facetrain.errors import EveryRankError, FacetrainError, PeerFailed
 
 # What the machine, not facetrain, refused: a full disk, a read-only or unwritable folder, a name the
 # file system cannot hold. Any command can meet them on any file; each is a line naming the file.
@@ -39,22 +39,16 @@ def report_user_error(error: FacetrainError) -> int:
 
     Printed once for errors every rank sees alike, never for a rank that only stopped because another
     failed, and not at all by ranks of a `--nproc` run, whose launcher prints the first cause last.
-    Each rank also records it for the launcher or torchrun (`facetrain.parallel.launch`).
+    Each rank also records it for the launcher or torchrun (`facetrain.parallel.launch.record_user_error`).
     """
     rank = os.environ.get("RANK", "0")
-    if isinstance(error, (PeerFailed, PeerLost)):
-        kind = "peer"
-    elif isinstance(error, EveryRankError):
-        kind = "every_rank"
-    else:
-        kind = "cause"
     if "TORCHELASTIC_ERROR_FILE" in os.environ:
-        from facetrain.parallel.launch import launched_locally, record_failure
+        from facetrain.parallel.launch import launched_locally, record_user_error
 
-        record_failure(str(error), kind)
+        record_user_error(error)
         if launched_locally():
             return 2
-    if isinstance(error, PeerFailed) or (rank != "0" and kind == "every_rank"):
+    if isinstance(error, PeerFailed) or (rank != "0" and isinstance(error, EveryRankError)):
         return 2  # the rank that failed, or rank 0, prints it
     prefix = f"[rank {rank}] " if rank != "0" else ""
     fresh_line = "\n" if rank != "0" and sys.stderr.isatty() else ""  # rank 0's progress bar may be mid-line

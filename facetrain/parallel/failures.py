@@ -1,22 +1,31 @@
 """When a collective fails: which rank, in which collective, and the backend's own reason, in one line.
 
-Two kinds of failure look alike in a traceback and call for opposite reports:
+A failed collective looks alike on every rank that was in it, and nothing in it says whether this rank
+is the cause or a bystander: gloo raises a plain `RuntimeError` ("Connection closed by peer", a receive
+timeout), NCCL a `DistBackendError` for its own faults (interface, InfiniBand, a GPU two ranks share)
+and for a peer's exit alike, the watchdog a timeout naming no rank. Its text is not read to decide.
+What counts as a collective failure is told by type: torch's `DistError`s, and any error facetrain's
+own collectives (`heads.collectives.naming`) or the training step's gradient all-reduce tagged on its
+way out. Whose failure it is, the ranks settle among themselves at the rendezvous store (the one
+`dims.init_parallel` joined through, independent of the failed process group, so it still answers):
 
-- This rank's own: NCCL cannot use the network interface or InfiniBand, two ranks share a GPU, a CUDA
-  call inside NCCL failed (`NCCL error in: ..., unhandled system error`, `invalid usage`, ...). The rank
-  reports a `CollectiveError` with NCCL's key line (its reason and its `Last error:` line) and leaves
-  that line at the rendezvous store, where the other ranks read it.
-- A peer's: gloo's "Connection reset/closed by peer" or receive timeout, NCCL's "remote process exited",
-  the watchdog's timeout. None of them names the rank. The rank checks in at the store and waits a few
-  seconds: a rank that left its reason there is named with it, ranks that never check in are the lost
-  ones. The store (the one `dims.init_parallel` joined through) is independent of the failed process
-  group, so it still answers. torch's agent cannot do this: ranks may run without one, and it names
-  the first rank to exit, often a bystander, not the peer a live rank lost.
+- Each failing rank leaves its reason at the store and claims the first failure there (an atomic
+  compare-and-set). A peer's failure follows its cause, so the claim goes to the rank whose own call
+  failed, or to a survivor when the cause died or hung.
+- Each then waits a few seconds for the others to check in. Ranks that never do are the lost ones,
+  named as lost. When every rank answered, the claimant reports the failure as its own, with its key
+  line, and every other rank names the claimant with the reason it left.
 
-A failure of neither kind is also checked in, so a lost rank is still named; when every rank answered,
-it is reported as this rank's own, with its key line. NCCL's watchdog may instead abort the process after
+torch's agent cannot do this: ranks may run without one, and it names the first rank to exit, often a
+bystander, not the peer a live rank lost. A rank whose own call fails while its peers still wait for it
+inside a collective cannot tell them from hung ranks within the check-in; it names them as not
+answering, with its own reason in the same line. NCCL's watchdog may instead abort the process after
 `parallel.timeout_s` before Python sees an exception; torchrun's agent then names the rank, and NCCL's
 flight recorder (docs/training.md, "NCCL errors") says which collective each rank was in.
+
+Reading the message is left to formatting alone: `key_line` cuts the backend's reason to one line
+(NCCL's `Last error:` line names the interface, device or peer at fault) and `collective_name` takes the
+OpType the watchdog names when no facetrain collective did.
 """
 
 from __future__ import annotations
@@ -30,26 +39,14 @@ import torch.distributed as dist
 from facetrain.errors import CollectiveError, FacetrainError, PeerLost
 from facetrain.heads.collectives import named_collective
 
-# what a backend says when the other side of a collective is gone or silent
-_PEER_GONE_MARKERS = (
-    "Connection reset by peer",
-    "Connection closed by peer",
-    "pair closure",
-    "Timed out waiting",
-    "remote process exited",
-    "ncclRemoteError",
-    "Watchdog caught collective operation timeout",
-)
-_COLLECTIVE_FAILURE_MARKERS = (*_PEER_GONE_MARKERS, "gloo", "NCCL")
 CHECK_IN_SECONDS = 5.0
-_FAILED = "failed:"
+FIRST_FAILURE_KEY = "facetrain/after_failure/first"  # the rank that claimed the failure first
 _HINT = "NCCL_DEBUG=INFO prints NCCL's own account (docs/training.md, NCCL errors)"
 
 
 def is_collective_failure(error: BaseException) -> bool:
-    if isinstance(error, dist.DistError):
-        return True
-    return isinstance(error, RuntimeError) and any(m in str(error) for m in _COLLECTIVE_FAILURE_MARKERS)
+    """torch's distributed errors, and any error a facetrain collective tagged (gloo raises RuntimeError)."""
+    return isinstance(error, dist.DistError) or named_collective(error) is not None
 
 
 def collective_name(error: BaseException) -> str | None:
@@ -85,12 +82,6 @@ def key_line(error: BaseException) -> str:
     return head
 
 
-def is_own_failure(error: BaseException) -> bool:
-    """NCCL failed on this rank for a reason of its own, not because a peer went away."""
-    text = str(error)
-    return "NCCL error" in text and not any(m in text for m in _PEER_GONE_MARKERS)
-
-
 _check_in_store: list[dist.Store] = []  # the rendezvous store this process joined through
 
 
@@ -102,22 +93,25 @@ def _key(of_rank: int) -> str:  # the store is this attempt's (attempt_store.py)
     return f"facetrain/after_failure/{of_rank}"
 
 
-def _check_in(rank: int, world_size: int, status: str, wait_s: float) -> dict[int, str | None] | None:
-    """Leave `status` at the store and wait up to `wait_s` (0: not at all) for the other ranks' statuses;
-    rank -> its status, None for a rank that did not check in; None when the store is gone too."""
+def _check_in(
+    rank: int, world_size: int, reason: str, wait_s: float
+) -> tuple[int, dict[int, str | None]] | None:
+    """Leave `reason` at the store, claim the first failure unless another rank did, and wait up to
+    `wait_s` for the other ranks' reasons. Returns the first failure's rank and rank -> its reason (None
+    for a rank that did not check in); None when the store is gone too."""
     try:
         store = _check_in_store[0]
         store.set_timeout(timedelta(seconds=max(wait_s, 1.0)))
-        store.set(_key(rank), status)
+        store.set(_key(rank), reason)
+        first = int(store.compare_set(FIRST_FAILURE_KEY, "", str(rank)).decode())
         missing = set(range(world_size)) - {rank}
         deadline = time.monotonic() + wait_s
         while missing and time.monotonic() < deadline:
             missing = {r for r in missing if not store.check([_key(r)])}
             if missing:
                 time.sleep(0.1)
-        return {
-            r: None if r in missing else store.get(_key(r)).decode() for r in range(world_size) if r != rank
-        }
+        reasons = {r: None if r in missing else store.get(_key(r)).decode() for r in range(world_size)}
+        return first, reasons
     except (RuntimeError, ValueError, IndexError):  # no store, or its host (rank 0 without an agent) is gone
         return None
 
@@ -130,24 +124,15 @@ def collective_failure_error(
     collective = collective_name(error)
     what = f"{collective} failed" if collective else "a collective failed"
     reason = key_line(error)
-    hint = f"; {_HINT}" if "NCCL" in str(error) else ""
-    own = CollectiveError(
-        f"rank {rank} of {world_size}: {what}{where}: {reason}{hint}; once fixed, resume with --resume auto"
-    )
-    if is_own_failure(error):
-        _check_in(rank, world_size, f"{_FAILED}{what}{where}: {reason}", wait_s=0)
-        return own
-    statuses = _check_in(rank, world_size, "alive", wait_s)
-    if statuses is None:
+    hint = f"; {_HINT}" if "NCCL" in str(error) else ""  # the advice only: NCCL's own log explains it
+    checked_in = _check_in(rank, world_size, f"{what}{where}: {reason}", wait_s)
+    if checked_in is None:
         return PeerLost(
             f"lost the rank hosting the rendezvous store (rank 0 without torchrun's agent){where}: it died "
             f"or stopped answering ({reason}); once fixed, resume with --resume auto"
         )
-    failed = {r: s.removeprefix(_FAILED) for r, s in statuses.items() if s and s.startswith(_FAILED)}
-    lost = [r for r, status in sorted(statuses.items()) if status is None]
-    if failed:
-        first = min(failed)
-        return PeerLost(f"rank {first} failed, and this rank stopped with it: {failed[first]}")
+    first, reasons = checked_in
+    lost = [r for r, left in sorted(reasons.items()) if left is None]
     if lost:
         ranks = ", ".join(str(r) for r in lost)
         return PeerLost(
@@ -155,7 +140,11 @@ def collective_failure_error(
             f"answering ({reason}); its own output says why if it could still print; once fixed, "
             "resume with --resume auto"
         )
-    return own
+    if first != rank:
+        return PeerLost(f"rank {first} failed, and this rank stopped with it: {reasons[first]}")
+    return CollectiveError(
+        f"rank {rank} of {world_size}: {what}{where}: {reason}{hint}; once fixed, resume with --resume auto"
+    )
 
 
 def join_failure_error(error: BaseException, rank: int, world_size: int, backend: str) -> CollectiveError:

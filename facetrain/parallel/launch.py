@@ -4,13 +4,15 @@ It is torchrun's own machinery (the same environment, rendezvous and failure han
 started with `--nproc` and one started under torchrun take one path. The function receives its
 arguments as Python objects, not argv strings.
 
-When ranks fail, the user sees one cause, last. Each rank that fails with a user error records its
-one-line message with a kind: `cause` (this rank's own problem), `every_rank` (the same on every rank)
-or `peer` (this rank stopped because another failed), in torch elastic's error file for the rank
-(`TORCHELASTIC_ERROR_FILE`), so torchrun's own summary shows the message too. The launcher reads every
-rank's file after all have exited: torch's agent keeps only the first failure it sees, which is often a
-bystander. The launcher prints the first `cause` after a one-line summary, and a `peer` message only
-when nothing better explains the failure, so a bystander is never blamed.
+When ranks fail, the user sees one cause, last. Each rank runs under torch elastic's `@record`
+(`facetrain.train.rank.train_rank`), which leaves an unexpected error's traceback in the rank's error
+file (`TORCHELASTIC_ERROR_FILE`); a rank that fails with a user error records its one-line message there
+instead (`record_user_error`), with a kind: `cause` (this rank's own problem), `every_rank` (the same on
+every rank) or `peer` (this rank stopped because another failed), so torchrun's own summary shows the
+message too. The launcher reads every rank's file after all have exited: torch's agent keeps only the
+first failure it sees, which is often a bystander. The launcher prints the first `cause` after a
+one-line summary, and a `peer` message only when nothing better explains the failure, so a bystander is
+never blamed.
 
 With nccl (`parallel.backend` nccl, or auto on a machine with GPUs) more ranks than visible GPUs are
 refused in one line before any rank starts: NCCL cannot put two ranks on one GPU.
@@ -41,6 +43,7 @@ from torch.distributed.elastic.multiprocessing import DefaultLogsSpecs
 from torch.distributed.elastic.multiprocessing.errors import ChildFailedError, ProcessFailure
 from torch.distributed.launcher.api import LaunchConfig, elastic_launch
 
+from facetrain.errors import EveryRankError, FacetrainError, PeerFailed, PeerLost
 from facetrain.parallel.dims import check_backend, visible_gpus
 from facetrain.parallel.launcher_watch import run_watched
 
@@ -59,16 +62,29 @@ def launched_locally() -> bool:
     return LAUNCHED_ENV in os.environ
 
 
-def record_failure(message: str, kind: str) -> None:
-    """Leave this rank's one-line error in its error file, where the launcher (or torchrun) looks for it."""
+def _failure_kind(error: FacetrainError) -> str:
+    """`peer` for a rank that stopped because another failed, `every_rank` for an error every rank sees
+    alike, else `cause`: how the launcher weighs the rank's line against the others'."""
+    if isinstance(error, (PeerFailed, PeerLost)):
+        return "peer"
+    if isinstance(error, EveryRankError):
+        return "every_rank"
+    return "cause"
+
+
+def record_user_error(error: FacetrainError) -> None:
+    """Leave this rank's one-line error and its kind in its error file, where the launcher (or torchrun)
+    looks for it, in place of the traceback `@record` left there; nothing outside torch elastic."""
+    if "TORCHELASTIC_ERROR_FILE" not in os.environ:
+        return
     record = {
-        "message": message,
+        "message": str(error),
         "timestamp": int(time.time()),
-        "facetrain": {"kind": kind, "time": time.time()},
+        "facetrain": {"kind": _failure_kind(error), "time": time.time()},
     }
     try:
         Path(os.environ["TORCHELASTIC_ERROR_FILE"]).write_text(json.dumps(record))
-    except (KeyError, OSError):
+    except OSError:
         pass  # the launcher then reports the exit code alone
 
 

@@ -20,6 +20,7 @@ from torch import nn
 from torch.nn.parallel import DistributedDataParallel
 
 from facetrain.errors import EveryRankError
+from facetrain.heads import collectives
 from facetrain.parallel.data_parallel import unwrap
 from facetrain.parallel.pipeline import PipelineRuntime
 from facetrain.train.optim import head_learning_rate
@@ -90,7 +91,8 @@ def train_step(
         images = images.to(settings.device, non_blocking=True, memory_format=settings.memory_format)
         labels = labels.to(settings.device, non_blocking=True)
         if pipeline is not None:
-            loss, accuracy = pipeline.step(images, labels, criterion)
+            with collectives.naming("pipeline send/recv"):  # the stages' point-to-point transfers
+                loss, accuracy = pipeline.step(images, labels, criterion)
         else:
             # DDP all-reduces gradients on the last micro-step only; earlier ones accumulate locally
             accumulating = ddp and micro_step < settings.accumulation - 1
@@ -101,7 +103,12 @@ def train_step(
                     loss, accuracy = criterion(outputs, labels)
                     if parts.distillation is not None:
                         loss = loss + parts.distillation(images, outputs, *indices)
-                scaler.scale(loss / settings.accumulation).backward()
+                # DDP all-reduces the gradients inside; gloo fails it as a plain RuntimeError, so it is
+                # tagged as a collective's failure for `parallel/failures.py`
+                with (
+                    collectives.naming("all_reduce") if ddp and not accumulating else contextlib.nullcontext()
+                ):
+                    scaler.scale(loss / settings.accumulation).backward()
         loss_sum += loss.detach()
         accuracy_sum += accuracy.detach()
 

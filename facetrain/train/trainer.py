@@ -19,7 +19,6 @@ import time
 from collections.abc import Iterator
 
 import torch
-from torch.distributed.elastic.multiprocessing.errors import record
 
 from facetrain import run_lock, run_log
 from facetrain.checkpoint import load_ema_weights, save_checkpoint
@@ -44,7 +43,6 @@ from facetrain.train.step_gate import StepGate, StopSignals
 from facetrain.train.trackers import check_installed
 
 
-@record  # every rank's entry point: an error other than a user error leaves its traceback for torchrun
 def train(cfg: Config, resume: str | None = None) -> dict:
     """Train with the config; `resume` is None, "auto" or a checkpoint path. Returns the summary."""
     owns_group = not is_initialized()  # a caller that set up the group keeps it
