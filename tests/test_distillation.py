@@ -11,7 +11,7 @@ import pytest
 import torch
 from torch import nn
 
-from facetrain.checkpoint import load_backbone
+from facetrain.interop import load_model
 from facetrain.train.distillation import Distillation
 from facetrain.train.step import StepParts, StepSettings, train_step
 from tests.train_helpers import logged_losses, run_cli, tiny_config, trained_tiny_run
@@ -116,8 +116,8 @@ def test_a_distilled_run_logs_the_term_leaves_its_teacher_and_resumes_exactly(te
     assert result.returncode == 0, result.stderr
     assert logged_losses(tmp_path / "halves") == pytest.approx(distilled["straight"], abs=1e-6)
     expected, resumed = (
-        load_backbone(tmp_path / "straight")[0].state_dict(),
-        load_backbone(tmp_path / "halves")[0].state_dict(),
+        load_model(tmp_path / "straight").module.state_dict(),
+        load_model(tmp_path / "halves").module.state_dict(),
     )
     for key, value in expected.items():
         torch.testing.assert_close(resumed[key], value, rtol=0, atol=1e-6, msg=key)
