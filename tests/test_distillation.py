@@ -11,7 +11,7 @@ import pytest
 import torch
 from torch import nn
 
-from facetrain.checkpoint import load_backbone
+from facetrain.interop import load_model
 from facetrain.train.distillation import Distillation, TeacherCache
 from facetrain.train.step import StepParts, StepSettings, train_step
 from tests.train_helpers import logged_losses, run_cli, tiny_config, trained_tiny_run
@@ -116,8 +116,8 @@ def test_a_distilled_run_logs_the_term_leaves_its_teacher_and_resumes_exactly(te
     assert result.returncode == 0, result.stderr
     assert logged_losses(tmp_path / "halves") == pytest.approx(distilled["straight"], abs=1e-6)
     expected, resumed = (
-        load_backbone(tmp_path / "straight")[0].state_dict(),
-        load_backbone(tmp_path / "halves")[0].state_dict(),
+        load_model(tmp_path / "straight").module.state_dict(),
+        load_model(tmp_path / "halves").module.state_dict(),
     )
     for key, value in expected.items():
         torch.testing.assert_close(resumed[key], value, rtol=0, atol=1e-6, msg=key)
@@ -200,7 +200,7 @@ def test_a_cached_run_equals_the_uncached_one(teacher_run, tmp_path):
     assert "loss.teacher_cache: up to 96 teacher embeddings of size 32 kept, 0.0 MiB of cpu" in runs["cached"]
     assert "loss.teacher_cache" not in runs["computed"]
     assert logged_losses(tmp_path / "cached") == logged_losses(tmp_path / "computed")
-    computed, cached = (load_backbone(tmp_path / name)[0].state_dict() for name in ("computed", "cached"))
+    computed, cached = (load_model(tmp_path / name).module.state_dict() for name in ("computed", "cached"))
     for key, value in computed.items():
         assert torch.equal(cached[key], value), key
 

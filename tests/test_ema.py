@@ -1,5 +1,5 @@
 """model.ema_decay: the weight average against a plain reference, and in training: verified, checkpointed
-as the backbone (the trained weights beside it) and read back as the model (`load_backbone`, what
+as the backbone (the trained weights beside it) and read back as the model (`load_model`, what
 export and eval use). That it resumes exactly is tests/test_resume_exact.py's."""
 
 from __future__ import annotations
@@ -10,9 +10,10 @@ import pytest
 import torch
 from torch import nn
 
-from facetrain.checkpoint import load_backbone, resolve_checkpoint
+from facetrain.checkpoint import resolve_checkpoint
 from facetrain.checkpoint.names import BACKBONE, EMA
 from facetrain.eval.verify_pairs import load_pairs, verify
+from facetrain.interop import load_model
 from facetrain.train.ema import WeightEma
 from facetrain.train.run_config import checkpoint_config
 from tests.fault_helpers import checkpoint_tensors
@@ -64,12 +65,12 @@ def test_training_verifies_and_reads_back_the_average(tmp_path):
     result = run_cli("train", "-c", str(config), "--nproc", "2")
     assert result.returncode == 0, result.stderr
 
-    # the checkpoint's backbone is the average, and it is what was verified and what load_backbone reads
+    # the checkpoint's backbone is the average, and it is what was verified and what load_model reads
     run = tmp_path / "run"
     average, trained = checkpoint_tensors(run, EMA), checkpoint_tensors(run, BACKBONE)
     assert any(not torch.equal(average[k], trained[k]) for k in average if average[k].is_floating_point())
     config = checkpoint_config(resolve_checkpoint(run))
-    backbone, _ = load_backbone(run)
+    backbone = load_model(run).module
     for name, tensor in backbone.state_dict().items():
         assert torch.equal(tensor, average[name]), name
     evaluation = json.loads((run / "summary.json").read_text())["evaluation"]

@@ -14,7 +14,7 @@ import torch
 from click.testing import CliRunner
 from safetensors.torch import load_file
 
-from facetrain.checkpoint import TrainState, load_backbone, save_checkpoint
+from facetrain.checkpoint import TrainState, save_checkpoint
 from facetrain.cli import main
 from facetrain.eval.set_names import report_file_name
 from facetrain.heads import ShardedMarginHead
@@ -76,7 +76,7 @@ def exported(run_dir: tuple[Path, torch.Tensor], tmp_path_factory: pytest.TempPa
 
 def test_every_format_embeds_like_the_checkpoint_backbone(run_dir, exported: Path) -> None:
     onnxruntime = pytest.importorskip("onnxruntime")
-    reference, _ = load_backbone(run_dir[0])
+    reference = load_model(run_dir[0]).module
     batch = images(4, seed=5)
     with torch.no_grad():
         expected = reference(batch)

@@ -20,8 +20,9 @@ from pathlib import Path
 
 import pytest
 
-from facetrain.checkpoint import find_damage, find_resume_point, load_backbone
+from facetrain.checkpoint import find_damage, find_resume_point
 from facetrain.errors import FacetrainError
+from facetrain.interop import load_model
 from facetrain.train.run_dir import (
     RUN_CONFIG_HEADER,
     check_run_dir,
@@ -81,7 +82,7 @@ def test_a_truncated_distcp_is_named_in_one_line_and_auto_resume_falls_back(fini
     damage = f"data file {newest / '__0_0.distcp'} is cut short"
     assert find_damage(newest).startswith(damage)
     with pytest.raises(FacetrainError) as caught:
-        load_backbone(newest)
+        load_model(newest)
     assert str(caught.value) == (
         f"cannot read checkpoint data {newest / '__0_0.distcp'} (EOFError): the file is damaged; "
         "use another checkpoint"
@@ -120,7 +121,7 @@ def test_a_malicious_distcp_is_refused_in_one_line_without_running_it(finished_r
     data[: len(payload)] = payload  # the first tensor's bytes become a pickle that runs a command
     data_file.write_bytes(bytes(data))
     with pytest.raises(FacetrainError) as caught:
-        load_backbone(data_file.parent)
+        load_model(data_file.parent)
     assert str(caught.value) == (
         f"refusing checkpoint data {data_file}: it holds something other than plain tensors "
         "(tampered or not written by facetrain); use another checkpoint"

@@ -9,13 +9,14 @@ from pathlib import Path
 import pytest
 import torch
 
-from facetrain.checkpoint import load_backbone, load_full_head
+from facetrain.checkpoint import load_full_head
+from facetrain.interop import load_model
 from facetrain.train.optim import OptimConfig, build_lr_scheduler, build_optimizer
 from tests.train_helpers import run_cli, tiny_config, trained_tiny_run
 
 
 def backbone_state(run: Path) -> dict[str, torch.Tensor]:
-    backbone, _ = load_backbone(run)
+    backbone = load_model(run).module
     return backbone.state_dict()
 
 

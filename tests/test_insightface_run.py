@@ -12,10 +12,11 @@ import pytest
 import torch
 from torch import nn
 
-from facetrain.checkpoint import load_backbone, load_full_head, read_entries, read_rows, resolve_checkpoint
+from facetrain.checkpoint import load_full_head, read_entries, read_rows, resolve_checkpoint
 from facetrain.checkpoint.names import HEAD_STATE, HEAD_WEIGHT, OPTIM_STATE
 from facetrain.errors import FacetrainError
 from facetrain.heads.partition import all_class_ranges
+from facetrain.interop import load_model
 from facetrain.interop.insightface_run import import_insightface_run
 from facetrain.models import build_backbone
 from facetrain.models.config import ModelConfig
@@ -91,7 +92,7 @@ def test_the_checkpoint_holds_backbone_head_and_counters(insightface_run, import
     assert json.loads((imported / "classes.json").read_text()) == []  # arcface_torch keeps no names
     assert json.loads((imported / "meta.json").read_text())["num_classes"] == CLASSES
     assert torch.equal(load_full_head(imported), torch.cat(heads))
-    loaded, _ = load_backbone(imported)
+    loaded = load_model(imported).module
     config = checkpoint_config(resolve_checkpoint(imported))
     assert config.model.backbone == ARCH and config.optim.name == "sgd"
     for key, value in backbone.state_dict().items():

@@ -17,7 +17,7 @@ import torch
 from click.testing import CliRunner
 from torch import nn
 
-from facetrain.checkpoint import load_backbone, resolve_checkpoint
+from facetrain.checkpoint import read_meta, resolve_checkpoint
 from facetrain.cli import main
 from facetrain.errors import FacetrainError
 from facetrain.eval.embedding import embed_images
@@ -90,7 +90,8 @@ def test_help_shows_examples():
 
 def test_trained_backbone_pth_imports_back_to_identical_embeddings(trained, imported, face_images):
     original, source = trained
-    backbone, meta = load_backbone(imported)
+    backbone = load_model(imported).module
+    meta = read_meta(resolve_checkpoint(imported))
     config = checkpoint_config(resolve_checkpoint(imported))
     assert (config.model.backbone, config.model.embedding_size, config.data.image_size) == (
         ARCH,

@@ -4,7 +4,8 @@ from __future__ import annotations
 
 import pytest
 
-from facetrain.checkpoint import load_backbone, load_full_head, read_meta, resolve_checkpoint
+from facetrain.checkpoint import load_full_head, read_meta, resolve_checkpoint
+from facetrain.interop import load_model
 from facetrain.train.run_config import checkpoint_config
 from tests.train_helpers import logged_losses, run_cli, tiny_config
 
@@ -23,7 +24,8 @@ def test_two_stages_two_replicas_train_checkpoint_and_resume_without_pipeline(tm
     assert len(losses) == 3 and all(loss > 0 for loss in losses)
 
     # every stage wrote its part: the whole backbone and head load without a process group
-    backbone, meta = load_backbone(tmp_path / "run")
+    load_model(tmp_path / "run")
+    meta = read_meta(resolve_checkpoint(tmp_path / "run"))
     cfg = checkpoint_config(resolve_checkpoint(tmp_path / "run"))
     assert meta["world_size"] == 4 and cfg.parallel.pipeline_stages == 2
     assert load_full_head(tmp_path / "run").shape == (12, 32)

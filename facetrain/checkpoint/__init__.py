@@ -7,7 +7,9 @@
 Read `app_state` (what a checkpoint holds) first, then `writer`, `reader`, `layout` (finding one and
 its small files), `storage` (DCP with a safe index reader), `names` (the keys) and `legacy`. The ranks
 are known through `ranks.RankRoles` (what `parallel.ParallelDims` answers), so checkpoint/ does not
-import parallel/; `facetrain.interop.load_model` loads a checkpoint's backbone for inference.
+import parallel/. checkpoint/ knows the model and data sections of a saved config.yaml
+(`saved_model_config`), not the run's whole tree (train/'s); `facetrain.interop.load_model`, the one way
+to load a model, builds a checkpoint's backbone from them and fills it with `load_backbone_weights`.
 """
 
 from facetrain.checkpoint.layout import (
@@ -20,25 +22,26 @@ from facetrain.checkpoint.layout import (
     resolve_checkpoint,
 )
 from facetrain.checkpoint.reader import (
-    load_backbone,
+    check_config_describes_weights,
     load_backbone_weights,
     load_checkpoint,
     load_ema_weights,
     load_full_head,
     read_entries,
     read_rows,
+    saved_model_config,
 )
 from facetrain.checkpoint.storage import check_row_shards_supported, stored
 from facetrain.checkpoint.writer import TrainState, save_checkpoint
 
 __all__ = [
     "TrainState",
+    "check_config_describes_weights",
     "check_row_shards_supported",
     "complete_checkpoints",
     "find_damage",
     "find_resume_point",
     "holds_checkpoints",
-    "load_backbone",
     "load_backbone_weights",
     "load_checkpoint",
     "load_ema_weights",
@@ -48,6 +51,7 @@ __all__ = [
     "read_meta",
     "read_rows",
     "resolve_checkpoint",
+    "saved_model_config",
     "save_checkpoint",
     "stored",
 ]

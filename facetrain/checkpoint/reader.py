@@ -1,5 +1,9 @@
 """Reading a checkpoint back: a run resuming (collective), and everything after training without a group
-(eval, export, embed, `--init`), from a checkpoint written by any number of ranks."""
+(eval, export, embed, `--init`), from a checkpoint written by any number of ranks.
+
+Loading a checkpoint's model for inference is `facetrain.interop.load_model`, the one way to load any
+model; it builds the backbone from `saved_model_config`, checks it with `check_config_describes_weights`
+and fills it with `load_backbone_weights`."""
 
 from __future__ import annotations
 
@@ -18,7 +22,6 @@ from facetrain.config.loader import from_dict
 from facetrain.data.config import DataConfig
 from facetrain.errors import FacetrainError
 from facetrain.heads import ShardedMarginHead
-from facetrain.models import build_backbone
 from facetrain.models.config import ModelConfig
 
 
@@ -151,25 +154,17 @@ def saved_model_config(checkpoint: Path) -> tuple[ModelConfig, DataConfig]:
     """The model and data sections of a checkpoint's config.yaml: what its backbone was built from.
     The whole tree is the run's to read (`facetrain.train.run_config.checkpoint_config`)."""
     raw, source = read_config_yaml(checkpoint), str(checkpoint / "config.yaml")
+    if not isinstance(raw, dict):
+        raise FacetrainError(f"config {source}: the top level must be a mapping")
     model = from_dict(ModelConfig, raw.get("model", {}), source, "model.")
     data = from_dict(DataConfig, raw.get("data", {}), source, "data.")
     return model, data
 
 
-def load_backbone(path: str | Path, device: str | torch.device = "cpu") -> tuple[nn.Module, dict]:
-    """The trained backbone of any checkpoint (any number of ranks), in eval mode, without a group, and
-    its meta.json."""
-    checkpoint = resolve_checkpoint(path)
-    model, data = saved_model_config(checkpoint)
-    backbone = build_backbone(model, tuple(data.image_size))
-    _check_config_describes_weights(checkpoint, stored(checkpoint), backbone)
-    load_backbone_weights(checkpoint, backbone)
-    return backbone.to(device).eval(), read_meta(checkpoint)
-
-
-def _check_config_describes_weights(checkpoint: Path, index: dict, backbone: nn.Module) -> None:
+def check_config_describes_weights(checkpoint: Path, backbone: nn.Module) -> None:
     """The backbone a checkpoint's own config.yaml builds must take its stored weights; when it does
     not (an edited embedding_size), loading was a size-mismatch traceback."""
+    index = stored(checkpoint)
     prefix = EMA if any(key.startswith(EMA) for key in index) else BACKBONE
     for name, tensor in backbone.state_dict().items():
         entry = index.get(prefix + name)

@@ -8,19 +8,21 @@ the false-accept rate that threshold gave on the evaluation's mismatched pairs.
 
 from __future__ import annotations
 
+import dataclasses
 import json
+from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
 from torch import nn
 
 from facetrain import __version__
-from facetrain.config import from_dict, to_dict
+from facetrain.config import from_dict
 from facetrain.data.transforms import RESIZE_AREA, RESIZE_INTERPOLATIONS, RESIZE_LINEAR
 from facetrain.errors import FacetrainError
 from facetrain.files import atomic_write_text
+from facetrain.models.config import ModelConfig
 from facetrain.pixels import PIXEL_MEAN, PIXEL_SCALE
-from facetrain.train.run_config import Config
 
 CARD_NAME = "model.json"
 CARD_FORMAT = "facetrain-model"
@@ -28,16 +30,23 @@ CARD_VERSION = 1
 
 
 def build_card(
-    module: nn.Module, config: Config, meta: dict[str, Any], image_size: tuple[int, int], source: Path
+    module: nn.Module, config: Any, meta: dict[str, Any], image_size: tuple[int, int], source: Path
 ) -> dict[str, Any]:
-    """The card of a backbone trained with `config`; `meta` is the checkpoint's meta.json."""
+    """The card of a backbone trained with `config`; `meta` is the checkpoint's meta.json.
+
+    `config` is a tree of config sections with a model section: a run's whole config, an import's
+    sections (`facetrain.interop.imported_config`), or a checkpoint's config.yaml as the mapping
+    `load_model` read, its model section checked. The card records it whole and needs only its model.
+    """
+    training_config = dict(config) if isinstance(config, Mapping) else dataclasses.asdict(config)
+    model = training_config.get("model") or {}
     evaluation = normalized_evaluation(meta.get("evaluation") or {})
-    embedding_size = int(getattr(module, "embedding_size", config.model.embedding_size))
+    embedding_size = int(getattr(module, "embedding_size", model.get("embedding_size")))
     return {
         "format": CARD_FORMAT,
         "format_version": CARD_VERSION,
         "facetrain_version": __version__,
-        "architecture": config.model.backbone,
+        "architecture": model.get("backbone"),
         "embedding_size": embedding_size,
         "input": {
             "name": "images",
@@ -63,7 +72,7 @@ def build_card(
             "step": meta.get("step"),
             "world_size": meta.get("world_size"),
             "num_classes": meta.get("num_classes"),
-            "config": to_dict(config),
+            "config": training_config,
         },
         "evaluation": evaluation,
         **threshold_fields(evaluation),
@@ -141,13 +150,15 @@ def threshold_fields(evaluation: dict[str, Any]) -> dict[str, float | None]:
     }
 
 
-def card_config(card: dict[str, Any], where: Path) -> Config:
-    """The training config stored in a card, from which the backbone is rebuilt."""
+def card_model_config(card: dict[str, Any], where: Path) -> ModelConfig:
+    """The model section of the training config stored in a card, from which the backbone is rebuilt."""
     try:
         raw = card["training"]["config"]
     except (KeyError, TypeError):
         raise FacetrainError(f"model card {where} has no training.config; re-export the model") from None
-    return from_dict(Config, raw, source=str(where))
+    if not isinstance(raw, dict):
+        raise FacetrainError(f"{where}: training.config must be a mapping")
+    return from_dict(ModelConfig, raw.get("model", {}), str(where), "model.")
 
 
 def card_image_size(card: dict[str, Any], where: Path) -> tuple[int, int]:

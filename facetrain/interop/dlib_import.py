@@ -11,7 +11,6 @@ and dlib's own input convention (150x150 RGB chips, (pixel - mean) / 256), which
 
 from __future__ import annotations
 
-import dataclasses
 from collections.abc import Callable
 from pathlib import Path
 
@@ -22,6 +21,7 @@ from torch import nn
 from facetrain.align.dlib_models import model_file
 from facetrain.errors import FacetrainError
 from facetrain.interop.dlib_format import DlibLayer, DlibNetwork, read_dlib_network
+from facetrain.interop.imported_config import ImportedConfig, backbone_config
 from facetrain.interop.insightface_import import (
     ImportResult,
     check_destination,
@@ -31,7 +31,6 @@ from facetrain.interop.insightface_import import (
 from facetrain.models import Backbone, build_backbone
 from facetrain.models.dlib_resnet import DLIB_PIXEL_SCALE, dlib_layer_sequence
 from facetrain.progress import ProgressBar
-from facetrain.train.run_config import Config
 
 ARCHITECTURE = "dlib_resnet"
 DLIB_MODEL_FILE = "dlib_face_recognition_resnet_model_v1.dat"
@@ -96,14 +95,9 @@ def dlib_backbone(network: DlibNetwork, path: Path) -> Backbone:
     return backbone.eval()
 
 
-def dlib_config(embedding_size: int, input_size: tuple[int, int]) -> Config:
+def dlib_config(embedding_size: int, input_size: tuple[int, int]) -> ImportedConfig:
     """The config an imported dlib network is rebuilt from: its chip size, no dropout."""
-    config = Config()
-    data = dataclasses.replace(config.data, image_size=list(input_size))
-    model = dataclasses.replace(
-        config.model, backbone=ARCHITECTURE, embedding_size=embedding_size, dropout=0.0
-    )
-    return dataclasses.replace(config, data=data, model=model)
+    return backbone_config(ARCHITECTURE, embedding_size, input_size)
 
 
 def dlib_input_convention(network: DlibNetwork) -> dict:

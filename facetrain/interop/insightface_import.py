@@ -9,15 +9,15 @@ checked against facetrain's model before anything is written, and the first diff
 in one line.
 
 The output is a facetrain checkpoint directory without a head: the backbone's tensors under
-`app.model.backbone.` (the layout of `facetrain.checkpoint.names`), `config.yaml` naming the architecture, an
-empty `classes.json` and a `meta.json` that records where the weights came from. `eval`, `export`,
-`embed` and `compare` take it as is, and `facetrain.checkpoint.load_backbone` reads the backbone and
-its config with one call, which is what a later fine-tuning run starts from.
+`app.model.backbone.` (the layout of `facetrain.checkpoint.names`), a `config.yaml` of the model and data
+sections (`facetrain.interop.imported_config`), an empty `classes.json` and a `meta.json` that records
+where the weights came from. `eval`, `export`, `embed` and `compare` take it as is, and
+`facetrain.interop.load_model` reads the backbone with one call, which is what a later fine-tuning run
+starts from.
 """
 
 from __future__ import annotations
 
-import dataclasses
 import hashlib
 import json
 import os
@@ -41,13 +41,12 @@ from facetrain.config import save_config
 from facetrain.errors import FacetrainError
 from facetrain.files import refuse_to_overwrite
 from facetrain.input_files import open_regular
+from facetrain.interop.imported_config import ImportedConfig, backbone_config, backbone_model
 from facetrain.interop.insightface_onnx import read_iresnet_onnx
 from facetrain.models import Backbone, build_backbone
-from facetrain.models.config import ModelConfig
 from facetrain.models.iresnet import IRESNET_DEPTHS, IRESNET_INPUT_SIZE
 from facetrain.models.state_match import first_state_mismatch
 from facetrain.progress import ProgressBar
-from facetrain.train.run_config import Config
 
 SOURCE_FORMAT = "insightface arcface_torch backbone.pth"
 ONNX_SOURCE_FORMAT = "insightface ONNX model (torch2onnx)"
@@ -190,7 +189,7 @@ def imported_backbone(state: Mapping[str, torch.Tensor], architecture: str, path
         )
     if fc_weight.shape[0] == 0:
         raise FacetrainError(f"{path}: {key!r} has 0 rows, so the backbone would embed into 0 numbers")
-    backbone = build_backbone(_model_config(architecture, int(fc_weight.shape[0])), IRESNET_INPUT_SIZE)
+    backbone = build_backbone(backbone_model(architecture, int(fc_weight.shape[0])), IRESNET_INPUT_SIZE)
     check_state_matches(state, backbone.state_dict(), architecture, path)
     check_weight_values(state, backbone.state_dict(), path)
     backbone.load_state_dict(state, strict=True)
@@ -205,15 +204,17 @@ def check_state_matches(
         raise FacetrainError(f"{path}: {mismatch}{_depth_hint(state, architecture)}")
 
 
-def imported_config(architecture: str, embedding_size: int) -> Config:
+def imported_config(architecture: str, embedding_size: int) -> ImportedConfig:
     """The config an imported backbone is rebuilt from: insightface's 112x112 input, no dropout."""
-    config = Config()
-    data = dataclasses.replace(config.data, image_size=list(IRESNET_INPUT_SIZE))
-    return dataclasses.replace(config, data=data, model=_model_config(architecture, embedding_size))
+    return backbone_config(architecture, embedding_size, IRESNET_INPUT_SIZE)
 
 
 def write_backbone_checkpoint(
-    backbone: Backbone, config: Config, out_dir: Path, imported_from: dict, source_format: str = SOURCE_FORMAT
+    backbone: Backbone,
+    config: ImportedConfig,
+    out_dir: Path,
+    imported_from: dict,
+    source_format: str = SOURCE_FORMAT,
 ) -> None:
     """Write a head-less checkpoint beside `out_dir` and move it into place only once it is complete."""
     entries = {BACKBONE + key: value.detach().cpu() for key, value in backbone.state_dict().items()}
@@ -225,7 +226,11 @@ def write_backbone_checkpoint(
 
 
 def write_imported_checkpoint(
-    entries: dict[str, torch.Tensor], meta: dict, config: Config, class_names: list[str], out_dir: Path
+    entries: dict[str, torch.Tensor],
+    meta: dict,
+    config: ImportedConfig,
+    class_names: list[str],
+    out_dir: Path,
 ) -> None:
     """A checkpoint of `entries` (facetrain's tensor layout), written beside `out_dir` and moved into
     place only once complete; `meta` overrides the step-0, one-rank, head-less defaults."""
@@ -399,12 +404,6 @@ def unwrap_state(loaded: object, path: Path) -> dict[str, object]:
     raise FacetrainError(
         f"{path} holds no state dict: expected tensors by name, or a dict of them under "
         f"{' or '.join(repr(key) for key in WRAPPER_KEYS)} (keys found: {found})"
-    )
-
-
-def _model_config(architecture: str, embedding_size: int) -> ModelConfig:
-    return dataclasses.replace(
-        Config().model, backbone=architecture, embedding_size=embedding_size, dropout=0.0
     )
 
 

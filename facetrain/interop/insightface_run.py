@@ -15,7 +15,6 @@ file is read weights-only; nothing in them runs.
 
 from __future__ import annotations
 
-import dataclasses
 import re
 from collections.abc import Mapping
 from dataclasses import dataclass
@@ -25,7 +24,9 @@ import torch
 
 from facetrain.checkpoint.names import BACKBONE, HEAD_STATE, HEAD_WEIGHT, OPTIM_STATE
 from facetrain.errors import FacetrainError
+from facetrain.heads.config import HeadConfig
 from facetrain.heads.partition import class_range
+from facetrain.interop.imported_config import ImportedConfig, ImportedRunConfig
 from facetrain.interop.insightface_import import (
     SOURCE_FORMAT,
     backbone_state,
@@ -38,7 +39,6 @@ from facetrain.interop.insightface_import import (
     write_imported_checkpoint,
 )
 from facetrain.progress import ProgressBar
-from facetrain.train.run_config import Config
 
 RUN_FORMAT = "insightface arcface_torch checkpoint_gpu_N.pt"
 SHARD_NAME = re.compile(r"checkpoint_gpu_(\d+)\.pt")
@@ -210,9 +210,9 @@ def _tensor(value: object) -> torch.Tensor:
     return (value if torch.is_tensor(value) else torch.tensor(value)).detach().cpu()
 
 
-def _run_config(config: Config, optimizer: str | None) -> Config:
+def _run_config(config: ImportedConfig, optimizer: str | None) -> ImportedRunConfig:
     """arcface_torch's defaults where facetrain's differ: ArcFace at scale 64 and margin 0.5, and the
     optimizer whose state came along (a resumed run with another keeps the weights, not the state)."""
-    head = dataclasses.replace(config.head, margin="arcface", scale=64.0, margin_params={"m": 0.5})
-    optim = dataclasses.replace(config.optim, name=optimizer or config.optim.name)
-    return dataclasses.replace(config, head=head, optim=optim)
+    head = HeadConfig(margin="arcface", scale=64.0, margin_params={"m": 0.5})
+    optim = {"name": optimizer} if optimizer else {}
+    return ImportedRunConfig(data=config.data, model=config.model, head=head, optim=optim)

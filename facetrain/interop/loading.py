@@ -16,13 +16,27 @@ from typing import Any
 import torch
 from torch import nn
 
-from facetrain.checkpoint import load_backbone, resolve_checkpoint
+from facetrain.checkpoint import (
+    check_config_describes_weights,
+    load_backbone_weights,
+    read_meta,
+    resolve_checkpoint,
+    saved_model_config,
+)
+from facetrain.checkpoint.layout import read_config_yaml
+from facetrain.config import to_dict
 from facetrain.errors import FacetrainError
-from facetrain.interop.card import CARD_NAME, build_card, card_config, card_image_size, parse_card, read_card
+from facetrain.interop.card import (
+    CARD_NAME,
+    build_card,
+    card_image_size,
+    card_model_config,
+    parse_card,
+    read_card,
+)
 from facetrain.interop.safetensors_format import SAFETENSORS_NAME, read_safetensors_into
 from facetrain.interop.torchscript_format import TORCHSCRIPT_NAME, read_torchscript
 from facetrain.models import build_backbone
-from facetrain.train.run_config import checkpoint_config
 
 
 @dataclass
@@ -69,11 +83,19 @@ def load_model(
 
 
 def _load_checkpoint(path: Path, device: torch.device | str) -> LoadedModel:
-    config = checkpoint_config(resolve_checkpoint(path))
-    module, meta = load_backbone(path, device=device)
-    image_size = tuple(getattr(module, "input_size", config.data.image_size))
-    card = build_card(module, config, meta, image_size, path)
-    return LoadedModel(module.eval(), image_size, card, path, "checkpoint")
+    """The backbone its config.yaml's model and data sections build, filled with its weights (the
+    weight average when the run kept one), from however many ranks wrote it, without a group. The
+    card records the config.yaml whole; only those two sections are read, so a checkpoint that `facetrain
+    import` wrote with them alone loads as a run's does."""
+    checkpoint = resolve_checkpoint(path)
+    model, data = saved_model_config(checkpoint)
+    module = build_backbone(model, tuple(data.image_size))
+    check_config_describes_weights(checkpoint, module)
+    load_backbone_weights(checkpoint, module)
+    image_size = tuple(getattr(module, "input_size", data.image_size))
+    saved = {**read_config_yaml(checkpoint), "model": to_dict(model), "data": to_dict(data)}
+    card = build_card(module, saved, read_meta(checkpoint), image_size, path)
+    return LoadedModel(module.to(device).eval(), image_size, card, path, "checkpoint")
 
 
 def _load_export_dir(directory: Path, device: torch.device | str, trust_torchscript: bool) -> LoadedModel:
@@ -102,9 +124,9 @@ def _load_safetensors(
     path: Path, card: dict[str, Any], device: torch.device | str, card_path: Path | None = None
 ) -> LoadedModel:
     card_path = card_path or path.parent / CARD_NAME
-    config = card_config(card, card_path)
+    model = card_model_config(card, card_path)
     image_size = card_image_size(card, card_path)
-    module = build_backbone(config.model, image_size=image_size)
+    module = build_backbone(model, image_size=image_size)
     read_safetensors_into(module, path, device)
     return LoadedModel(module.to(device).eval(), image_size, card, path, "safetensors")
 

@@ -19,13 +19,14 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from facetrain.checkpoint import load_backbone, load_full_head, read_classes, resolve_checkpoint, stored
+from facetrain.checkpoint import load_full_head, read_classes, resolve_checkpoint, stored
 from facetrain.checkpoint.names import HEAD_WEIGHT
 from facetrain.data.dataset import EncodedImageReader
 from facetrain.data.sources import SOURCES
 from facetrain.errors import FacetrainError
 from facetrain.eval.embedding import compute_embeddings
 from facetrain.files import atomic_target
+from facetrain.interop import load_model
 from facetrain.train.run_config import checkpoint_config
 
 DEFAULT_MAX_ANGLE = 75.0  # degrees from the dominant sub-center, the sub-center paper's noise threshold
@@ -200,8 +201,8 @@ def find_outliers(
             f"{unknown[0]!r}); pass the run that trained on this data"
         )
     rows = np.array([row_of[name] for name in table.class_names], dtype=np.int64)[table.labels]
-    backbone, _meta = load_backbone(checkpoint, device)
-    image_size = tuple(getattr(backbone, "input_size", config.data.image_size))
+    loaded = load_model(checkpoint, device)
+    backbone, image_size = loaded.module, loaded.image_size
     embedded = compute_embeddings(
         backbone, _EncodedImages(table.reader), image_size, batch_size, flip=False, device=device,
         progress=progress, num_workers=workers, label="training images", skip_unreadable=True,

@@ -72,6 +72,8 @@ def nothing_left_to_train(step: int, steps: int) -> str | None:
 
 
 def load_initial_backbone(path: str | Path, backbone: nn.Module, backbone_name: str) -> None:
+    """Fill this run's `backbone` from `model.init` as `load_model` loads it, refusing in one line (on
+    every rank) a model whose keys or shapes differ, which a partial load would hide."""
     try:
         loaded = load_model(path)
     except FacetrainError as error:
