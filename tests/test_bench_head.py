@@ -9,11 +9,12 @@ import pytest
 import torch
 from click.testing import CliRunner
 
-from facetrain.bench.common import PeakRss, mean_of_max_over_ranks, timed_repeats
+from facetrain.bench.common import mean_of_max_over_ranks, timed_repeats
 from facetrain.bench.head_capacity_report import OUTPUT_NAMES as CAPACITY_OUTPUT_NAMES
 from facetrain.bench.head_report import OUTPUT_NAMES
-from facetrain.bench.workers import WorkerError, WorkerPool
 from facetrain.cli import main
+from facetrain.parallel.workers import WorkerError, WorkerPool
+from facetrain.process_memory import PeakRss
 
 CLASSES, WORLD_SIZES, BATCH, DIM = (1000, 5000), (1, 2), 16, 32
 TINY = [

@@ -1,7 +1,7 @@
 """`facetrain bench head`: the sharded head against the dense (DDP-replicated) and naive model-parallel FC.
 
 Every (C, N, head) configuration runs in N spawned processes: on the CPU joined by gloo, on CUDA by nccl
-when each rank has a GPU of its own and by gloo when they share one (`bench/workers.py`). The sharded head's
+when each rank has a GPU of its own and by gloo when they share one (`parallel/workers.py`). The sharded head's
 claims are measured, not assumed: its step time (untiled, and tiled with its fused update) against the
 three GEMMs of the untiled step alone, the balance of peak memory over ranks, and bytes per step that
 do not depend on the class count. `--capacity` (facetrain/bench/head_capacity.py) measures memory
@@ -31,10 +31,10 @@ from facetrain.bench.head_measure import measure_case
 from facetrain.bench.head_peers import PEER_HEADS, PEERS
 from facetrain.bench.head_report import OUTPUT_NAMES, evaluate_targets, write_outputs
 from facetrain.bench.peer_sources import check_peers_dir, install_wheels
-from facetrain.bench.workers import WorkerError, WorkerPool
 from facetrain.devices import resolve_device
 from facetrain.errors import FacetrainError
 from facetrain.files import refuse_to_overwrite
+from facetrain.parallel.workers import WorkerError, WorkerPool
 from facetrain.progress import ProgressBar
 from facetrain.train.device_defaults import tile_classes as device_tile_classes
 
@@ -53,7 +53,7 @@ METHODS = {
     "(memory_method vmhwm-reset), or /proc/self/statm sampled every 1 ms (statm-sampling); on CUDA "
     "torch.cuda.max_memory_allocated, reset before the head is built, minus what was allocated then "
     "(cuda-max-allocated)",
-    "bytes_sent": "per rank per step, counted by facetrain.bench.traffic around the last step (ring model: all-gather sends "
+    "bytes_sent": "per rank per step, counted by facetrain.parallel.traffic around the last step (ring model: all-gather sends "
     "(N-1)/N of the result, all-reduce twice its buffer's (N-1)/N)",
 }
 

@@ -6,7 +6,7 @@ loading. The replicated FC is what plain DDP training does: every rank holds all
 normalize + linear + margin + cross_entropy on its local batch, and all-reduces the C x D gradient.
 The `linear` head is the floor: the backbone under a plain nn.Linear softmax over --linear-classes.
 On CUDA a step is timed until its kernels finish and peak memory is the GPU's allocated bytes; ranks
-that share a GPU join with gloo (`bench/workers.py`), which the report states.
+that share a GPU join with gloo (`parallel/workers.py`), which the report states.
 """
 
 from __future__ import annotations
@@ -28,7 +28,6 @@ from facetrain.bench.common import (
     peak_memory,
     timed_repeats,
 )
-from facetrain.bench.workers import WorkerPool
 from facetrain.devices import resolve_device
 from facetrain.files import write_atomic
 from facetrain.heads import DenseMarginHead, HeadOutput, HeadPlan, ShardedMarginHead, collectives
@@ -39,6 +38,7 @@ from facetrain.parallel.config import ParallelConfig
 from facetrain.parallel.data_parallel import wrap_data_parallel
 from facetrain.parallel.dims import ParallelDims, init_parallel
 from facetrain.parallel.parallelize import parallelize_backbone
+from facetrain.parallel.workers import WorkerPool
 from facetrain.registry import Registry
 from facetrain.train.device_defaults import tile_classes
 from facetrain.train.optim import OptimConfig, build_fused_optimizer, build_optimizer
