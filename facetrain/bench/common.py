@@ -7,7 +7,6 @@ Benchmarks that compare ranks run in the worker pool of `facetrain.parallel.work
 from __future__ import annotations
 
 import datetime
-import json
 import os
 import platform
 import time
@@ -18,7 +17,6 @@ from typing import Any
 import torch
 
 from facetrain.errors import FacetrainError
-from facetrain.files import write_atomic
 from facetrain.process_memory import PeakRss
 
 
@@ -186,31 +184,6 @@ def machine_info() -> dict[str, Any]:
         "platform": platform.platform(),
         "date": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
     }
-
-
-def write_report_files(
-    out: Path, report: dict, table: str, names: dict[str, str], plots: dict[str, Callable[[dict, Path], None]]
-) -> str:
-    """A benchmark's JSON report, its plots and its markdown table, each written atomically into `out`
-    under `names` ("json", each plot's key, "table"); returns the table."""
-    write_atomic(out / names["json"], lambda tmp: tmp.write_text(json.dumps(report, indent=2) + "\n"))
-    for key, draw in plots.items():
-        write_atomic(out / names[key], lambda tmp, draw=draw: draw(report, tmp))
-    write_atomic(out / names["table"], lambda tmp: tmp.write_text(table))
-    return table
-
-
-def report_footer(report: dict) -> list[str]:
-    """The closing lines of a benchmark's markdown: each target's verdict, then the machine."""
-    machine = report["machine"]
-    load = " ".join(f"{x:.2f}" for x in machine["load_average_1_5_15"])
-    return [
-        "",
-        *(f"- {t['status']}: {t['name']} {t['threshold']}: {t['detail']}" for t in report["targets"]),
-        "",
-        f"{machine['cpu_model']}, {machine['cores']} cores, torch {machine['torch']}, {machine['date']}, "
-        f"load average {load}",
-    ]
 
 
 def parse_int_list(text: str, option: str, minimum: int = 1) -> list[int]:

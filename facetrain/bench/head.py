@@ -16,6 +16,7 @@ from pathlib import Path
 
 import click
 
+from facetrain.bench import head_capacity_report, head_report
 from facetrain.bench.common import (
     gpu_info,
     machine_info,
@@ -24,13 +25,12 @@ from facetrain.bench.common import (
     parse_name_list,
 )
 from facetrain.bench.head_capacity import CapacitySettings, run_capacity_benchmark
-from facetrain.bench.head_capacity_report import OUTPUT_NAMES as CAPACITY_OUTPUT_NAMES
-from facetrain.bench.head_capacity_report import write_outputs as write_capacity_outputs
 from facetrain.bench.head_cases import BENCH_HEADS, HeadCase
 from facetrain.bench.head_measure import measure_case
 from facetrain.bench.head_peers import PEER_HEADS, PEERS
-from facetrain.bench.head_report import OUTPUT_NAMES, evaluate_targets, write_outputs
+from facetrain.bench.head_report import evaluate_targets
 from facetrain.bench.peer_sources import check_peers_dir, install_wheels
+from facetrain.bench.report import write_report
 from facetrain.devices import resolve_device
 from facetrain.errors import FacetrainError
 from facetrain.files import refuse_to_overwrite
@@ -249,7 +249,7 @@ def run(
             device=device,
         )
         settings.validate()
-        names = CAPACITY_OUTPUT_NAMES
+        outputs = head_capacity_report
     else:
         peer_names = parse_name_list(peers, "--peers", PEERS) if peers else []
         peer_heads = [head for name in peer_names for head in PEERS[name]]
@@ -274,14 +274,11 @@ def run(
             peers_dir=str(peers_dir.resolve()) if peer_heads else "",
         )
         settings.validate()
-        names = OUTPUT_NAMES
+        outputs = head_report
     if not overwrite:
-        refuse_to_overwrite([out / name for name in names.values()])
+        refuse_to_overwrite([out / name for name in outputs.FILES.names.values()])
     if not capacity and peer_heads:
         install_wheels(peers_dir, peer_names)
-    if capacity:
-        table = write_capacity_outputs(run_capacity_benchmark(settings), out)
-    else:
-        table = write_outputs(run_head_benchmark(settings), out)
-    click.echo(table)
-    click.echo(f"wrote {', '.join(str(out / name) for name in names.values())}")
+    report = run_capacity_benchmark(settings) if capacity else run_head_benchmark(settings)
+    click.echo(write_report(out, report, outputs.table(report), outputs.FILES))
+    click.echo(f"wrote {', '.join(str(out / name) for name in outputs.FILES.names.values())}")
