@@ -35,7 +35,7 @@ from facetrain.errors import FacetrainError
 from facetrain.parallel.dims import check_backend
 from facetrain.parallel.workers import WorkerPool
 from facetrain.process_memory import PeakRss
-from tests.train_helpers import REPO
+from tests.support.train_helpers import REPO
 
 CUDA = torch.device("cuda", 0)
 

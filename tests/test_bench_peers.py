@@ -16,7 +16,7 @@ from click.testing import CliRunner
 from facetrain.bench.head_cases import HeadCase
 from facetrain.bench.head_report import FILES, peer_table
 from facetrain.cli import main
-from tests.distributed import run_distributed
+from tests.support.distributed import run_distributed
 
 PEERS_DIR = Path(__file__).resolve().parents[1].parent / "shared" / "peers"
 

@@ -25,8 +25,8 @@ from facetrain.heads import collectives
 from facetrain.parallel import dims, launch
 from facetrain.parallel.failures import collective_failure_error, collective_name, is_own_failure, key_line
 from facetrain.train.run_config import load_config
-from tests.distributed import run_distributed
-from tests.train_helpers import tiny_config
+from tests.support.distributed import run_distributed
+from tests.support.train_helpers import tiny_config
 
 SOCKET_INTERFACE = (
     "NCCL error in: /pytorch/torch/csrc/distributed/c10d/ProcessGroupNCCL.cpp:3356, unhandled system error "

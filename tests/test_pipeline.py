@@ -27,7 +27,7 @@ from facetrain.parallel.pipeline_split import (
 from facetrain.train.config import TrainConfig
 from facetrain.train.run_checks import validate
 from facetrain.train.run_config import Config
-from tests.distributed import run_distributed
+from tests.support.distributed import run_distributed
 
 SIZE = (16, 16)
 BATCH = 8
