@@ -7,7 +7,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from tests.train_helpers import trained_tiny_run
+from tests.support.train_helpers import trained_tiny_run
 
 # Without a GPU, Triton's kernels (tests/test_head_triton.py) run through its interpreter. Triton reads
 # the variable when a function is decorated, its own library's included, so it is set before anything

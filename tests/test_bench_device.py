@@ -23,18 +23,19 @@ from facetrain.bench.common import (
     CudaClock,
     CudaPeak,
     HostClock,
-    PeakRss,
     clock_for,
     peak_memory,
     timed_repeats,
 )
 from facetrain.bench.pipeline_cases import PipelineBenchSettings, check_settings
-from facetrain.bench.workers import WorkerPool, collective_backend
 from facetrain.cli import main
 from facetrain.cli.bench_train import train_command
 from facetrain.devices import resolve_device
 from facetrain.errors import FacetrainError
-from tests.train_helpers import REPO
+from facetrain.parallel.dims import check_backend
+from facetrain.parallel.workers import WorkerPool
+from facetrain.process_memory import PeakRss
+from tests.support.train_helpers import REPO
 
 CUDA = torch.device("cuda", 0)
 
@@ -121,10 +122,11 @@ def test_peak_memory_is_gpu_allocated_bytes_on_cuda_and_rss_on_the_host():
     assert FakeCuda.calls[-1] == ("synchronize", CUDA)  # the peak is read after the GPU finished
 
 
-def test_nccl_only_when_every_rank_has_its_own_gpu():
-    assert collective_backend("cuda", 2, gpu_count=2) == "nccl"
-    assert collective_backend("cuda", 2, gpu_count=1) == "gloo"
-    assert collective_backend("cpu", 2, gpu_count=8) == "gloo"
+def test_the_pools_ranks_use_nccl_only_when_every_rank_has_its_own_gpu():
+    """The worker pool's choice (a CPU pool sees no GPUs): ranks that share a GPU join with gloo."""
+    assert check_backend("auto", 2, gpus=2, share_gpus=True) == "nccl"
+    assert check_backend("auto", 2, gpus=1, share_gpus=True) == "gloo"
+    assert check_backend("auto", 2, gpus=0, share_gpus=True) == "gloo"
 
 
 def visible_devices(rank, world_size):

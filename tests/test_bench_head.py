@@ -9,11 +9,12 @@ import pytest
 import torch
 from click.testing import CliRunner
 
-from facetrain.bench.common import PeakRss, mean_of_max_over_ranks, timed_repeats
-from facetrain.bench.head_capacity_report import OUTPUT_NAMES as CAPACITY_OUTPUT_NAMES
-from facetrain.bench.head_report import OUTPUT_NAMES
-from facetrain.bench.workers import WorkerError, WorkerPool
+from facetrain.bench.common import mean_of_max_over_ranks, timed_repeats
+from facetrain.bench.head_capacity_report import FILES as CAPACITY_FILES
+from facetrain.bench.head_report import FILES
 from facetrain.cli import main
+from facetrain.parallel.workers import WorkerError, WorkerPool
+from facetrain.process_memory import PeakRss
 
 CLASSES, WORLD_SIZES, BATCH, DIM = (1000, 5000), (1, 2), 16, 32
 TINY = [
@@ -46,7 +47,7 @@ def tiny_run(tmp_path_factory) -> tuple[Path, dict, str]:
     out = tmp_path_factory.mktemp("bench_head")
     code, output = bench(*TINY, "--out", str(out))
     assert code == 0, output
-    return out, json.loads((out / OUTPUT_NAMES["json"]).read_text()), output
+    return out, json.loads((out / FILES.names["json"]).read_text()), output
 
 
 def rows_of(report: dict, head: str, world_size: int) -> dict[int, dict]:
@@ -75,8 +76,8 @@ def test_report_has_every_configuration_and_figure(tiny_run):
         if row["head"] in ("sharded", "tiled"):
             assert row["step_over_gemm"] == pytest.approx(row["step_ms"] / row["gemm_ms"])
     assert [t["status"] in ("PASS", "MISS", "N/A") for t in report["targets"]] == [True] * 4
-    assert (out / OUTPUT_NAMES["plot"]).read_bytes().startswith(b"\x89PNG")
-    table = (out / OUTPUT_NAMES["table"]).read_text()
+    assert (out / FILES.names["plot"]).read_bytes().startswith(b"\x89PNG")
+    table = (out / FILES.names["table"]).read_text()
     assert table in output and table.count("| sharded |") == len(CLASSES) * len(WORLD_SIZES)
 
 
@@ -125,7 +126,7 @@ def test_capacity_reports_memory_against_classes_and_the_largest_fit(tmp_path):
         "--memory-limit-gb", "0.7", "--out", str(tmp_path),
     )  # fmt: skip
     assert code == 0, output
-    report = json.loads((tmp_path / CAPACITY_OUTPUT_NAMES["json"]).read_text())
+    report = json.loads((tmp_path / CAPACITY_FILES.names["json"]).read_text())
     sweep = [row for row in report["results"] if not row.get("largest_attempt")]
     assert {(r["head"], r["num_classes"]) for r in sweep} == {
         (h, c) for h in ("sharded", "tiled", "tiled_bf16", "dense") for c in (2000, 20000)
@@ -142,7 +143,7 @@ def test_capacity_reports_memory_against_classes_and_the_largest_fit(tmp_path):
     assert largest and largest[-1]["status"] == "ok" and largest[-1]["num_classes"] > 20000
     assert [t["status"] for t in report["targets"]][2] == "N/A"
     assert {t["status"] for t in report["targets"][:2]} <= {"PASS", "MISS"}
-    assert (tmp_path / CAPACITY_OUTPUT_NAMES["plot"]).read_bytes().startswith(b"\x89PNG")
+    assert (tmp_path / CAPACITY_FILES.names["plot"]).read_bytes().startswith(b"\x89PNG")
     assert "classes/GiB" in output
 
 
@@ -155,7 +156,7 @@ def test_existing_outputs_need_overwrite(tiny_run):
 def test_configurations_over_the_memory_limit_are_skipped(tmp_path):
     code, output = bench(*TINY, "--memory-limit-gb", "0.001", "--out", str(tmp_path))
     assert code == 0, output
-    report = json.loads((tmp_path / OUTPUT_NAMES["json"]).read_text())
+    report = json.loads((tmp_path / FILES.names["json"]).read_text())
     assert {row["status"] for row in report["results"]} == {"skipped"}
     assert all(row["estimated_total_bytes"] > 0.001 * 2**30 for row in report["results"])
     assert [t["status"] for t in report["targets"]] == ["N/A"] * 4

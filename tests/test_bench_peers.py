@@ -14,9 +14,9 @@ import torch
 from click.testing import CliRunner
 
 from facetrain.bench.head_cases import HeadCase
-from facetrain.bench.head_report import OUTPUT_NAMES, peer_table
+from facetrain.bench.head_report import FILES, peer_table
 from facetrain.cli import main
-from tests.distributed import run_distributed
+from tests.support.distributed import run_distributed
 
 PEERS_DIR = Path(__file__).resolve().parents[1].parent / "shared" / "peers"
 
@@ -65,7 +65,7 @@ def test_bench_runs_the_peers_beside_facetrains_heads_on_the_cpu(peers_dir, tmp_
          "--peers", "insightface,liger", "--peers-dir", str(peers_dir), "--out", str(tmp_path)],
     )  # fmt: skip
     assert result.exit_code == 0, result.output
-    report = json.loads((tmp_path / OUTPUT_NAMES["json"]).read_text())
+    report = json.loads((tmp_path / FILES.names["json"]).read_text())
     rows = {(row["head"], row["world_size"]): row for row in report["results"]}
     for world_size in (1, 2):
         for head in ("sharded", "insightface", "insightface_0.3"):
@@ -78,7 +78,7 @@ def test_bench_runs_the_peers_beside_facetrains_heads_on_the_cpu(peers_dir, tmp_
     )
     assert rows["liger", 2]["reason"] == "one device only (no class sharding)"
     assert "Partial FC 0.3: a different loss" in rows["insightface_0.3", 1]["computes"]
-    table = (tmp_path / OUTPUT_NAMES["table"]).read_text()
+    table = (tmp_path / FILES.names["table"]).read_text()
     assert "| 2,000 | 2 | insightface |" in table and "facetrain faster" in table
 
 

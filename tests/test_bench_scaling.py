@@ -18,7 +18,7 @@ from facetrain.bench.scaling_model import (
     memory_bytes,
     wire_bytes,
 )
-from facetrain.bench.scaling_report import OUTPUT_NAMES
+from facetrain.bench.scaling_report import FILES
 from facetrain.cli import main
 from facetrain.heads.memory import estimate_head_memory
 
@@ -107,7 +107,7 @@ def test_validation_at_tiny_size_compares_every_configuration(tmp_path):
         ],
     )  # fmt: skip
     assert result.exit_code == 0, result.output
-    report = json.loads((tmp_path / OUTPUT_NAMES["json"]).read_text())
+    report = json.loads((tmp_path / FILES.names["json"]).read_text())
     rows = report["validation"]["rows"]
     assert [(row["head"], row["world_size"]) for row in rows] == [
         ("sharded", 1), ("tiled", 1), ("sharded", 2), ("tiled", 2)
@@ -125,5 +125,5 @@ def test_validation_at_tiny_size_compares_every_configuration(tmp_path):
     assert [t["status"] for t in report["targets"]][1] == "PASS"  # bytes
     assert len(report["cases"]) == 14
     for name in ("validation_plot", "world_size_plot", "classes_plot"):
-        assert (tmp_path / OUTPUT_NAMES[name]).read_bytes().startswith(b"\x89PNG")
+        assert (tmp_path / FILES.names[name]).read_bytes().startswith(b"\x89PNG")
     assert "| sharded | 2 | 64 |" in result.output

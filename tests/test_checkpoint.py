@@ -21,7 +21,7 @@ from facetrain.heads import ShardedMarginHead
 from facetrain.parallel.dims import init_parallel
 from facetrain.train.optim import build_optimizer
 from facetrain.train.run_config import Config
-from tests.distributed import run_distributed
+from tests.support.distributed import run_distributed
 
 NUM_CLASSES, DIM = 11, 6
 

@@ -9,8 +9,8 @@ from pathlib import Path
 import pytest
 
 from facetrain.checkpoint import find_resume_point, stored
-from tests.fault_helpers import error_lines
-from tests.train_helpers import run_cli, tiny_config
+from tests.support.fault_helpers import error_lines
+from tests.support.train_helpers import run_cli, tiny_config
 
 
 def copied_checkpoint(finished_run: Path, tmp_path: Path) -> Path:

@@ -14,8 +14,8 @@ from facetrain.parallel.dims import init_parallel
 from facetrain.train.ema import WeightEma
 from facetrain.train.optim import build_fused_optimizer, build_optimizer
 from facetrain.train.run_config import Config
-from tests.distributed import run_distributed
-from tests.head_plans import head_plan
+from tests.support.distributed import run_distributed
+from tests.support.head_plans import head_plan
 
 DATA = Path(__file__).parent / "data" / "checkpoint_v1"
 NUM_CLASSES, DIM = 11, 6

@@ -17,7 +17,7 @@ from click.testing import CliRunner
 from facetrain.cli import main
 from facetrain.cli.train_cmd import _resume_command
 from facetrain.progress import QUIET_ENV
-from tests.train_helpers import tiny_config
+from tests.support.train_helpers import tiny_config
 
 MODEL_COMMANDS = ("eval", "export", "embed", "compare")
 # commands that show no progress bar, so have no -q/--quiet

@@ -18,7 +18,7 @@ from facetrain.errors import FacetrainError
 from facetrain.models import BACKBONES
 from facetrain.train.run_checks import validate
 from facetrain.train.run_config import Config, load_config
-from tests.train_helpers import run_cli
+from tests.support.train_helpers import run_cli
 
 REPO = Path(__file__).resolve().parents[1]
 

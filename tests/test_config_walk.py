@@ -8,7 +8,7 @@ import json
 import subprocess
 import sys
 
-from tests.train_helpers import REPO, tiny_config
+from tests.support.train_helpers import REPO, tiny_config
 from tools.import_contract import LAYERS
 
 LIBRARIES = set(LAYERS[1])

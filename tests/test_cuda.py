@@ -17,12 +17,12 @@ import numpy as np
 import pytest
 import torch
 
-from facetrain.bench.workers import WorkerPool
 from facetrain.heads import ShardedMarginHead
 from facetrain.models.config import ModelConfig
-from tests.head_plans import head_plan
+from facetrain.parallel.workers import WorkerPool
+from tests.support.head_plans import head_plan
+from tests.support.train_helpers import logged_losses, run_cli, tiny_config
 from tests.test_head import dense_reference, local_rows, make_problem
-from tests.train_helpers import logged_losses, run_cli, tiny_config
 
 pytestmark = [
     pytest.mark.cuda,

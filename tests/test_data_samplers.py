@@ -11,7 +11,7 @@ from facetrain.data import build_train_dataset, build_train_loader
 from facetrain.data.config import DataConfig
 from facetrain.data.samplers import IdentitySampler, ResumableDistributedSampler
 from facetrain.errors import EveryRankError, FacetrainError
-from tests.distributed import run_distributed
+from tests.support.distributed import run_distributed
 from tests.test_data_sources import random_rgb, write_image
 
 

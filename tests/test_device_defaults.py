@@ -34,7 +34,7 @@ from facetrain.train.device_defaults import (
 )
 from facetrain.train.run_checks import validate
 from facetrain.train.run_config import Config, load_config
-from tests.distributed import run_distributed
+from tests.support.distributed import run_distributed
 
 GiB = 2**30
 

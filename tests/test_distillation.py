@@ -14,7 +14,7 @@ from torch import nn
 from facetrain.interop import load_model
 from facetrain.train.distillation import Distillation, TeacherCache
 from facetrain.train.step import StepParts, StepSettings, train_step
-from tests.train_helpers import logged_losses, run_cli, tiny_config, trained_tiny_run
+from tests.support.train_helpers import logged_losses, run_cli, tiny_config, trained_tiny_run
 
 
 def tiny_model(seed: int, size: int = 8) -> nn.Module:

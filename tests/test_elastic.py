@@ -23,7 +23,7 @@ from facetrain.train.resume import hold_global_batch, membership_line
 from facetrain.train.run_checks import validate
 from facetrain.train.run_config import Config
 from facetrain.train.step_gate import StepGate, StopSignals
-from tests.distributed import run_distributed
+from tests.support.distributed import run_distributed
 from tests.test_elastic_nodes import free_port
 
 IMAGES, BATCH, GLOBAL = 100, 4, 16

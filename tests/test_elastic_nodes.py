@@ -21,8 +21,8 @@ from pathlib import Path
 import pytest
 
 from facetrain.checkpoint import read_meta, resolve_checkpoint
-from tests.fault_helpers import ENV, assert_same_weights, wait_for_step
-from tests.train_helpers import REPO, tiny_config
+from tests.support.fault_helpers import ENV, assert_same_weights, wait_for_step
+from tests.support.train_helpers import REPO, tiny_config
 
 AGENT_TIMEOUT_S = 240
 

@@ -16,8 +16,8 @@ from facetrain.eval.verify_pairs import load_pairs, verify
 from facetrain.interop import load_model
 from facetrain.train.ema import WeightEma
 from facetrain.train.run_config import checkpoint_config
-from tests.fault_helpers import checkpoint_tensors
-from tests.train_helpers import run_cli, tiny_config
+from tests.support.fault_helpers import checkpoint_tensors
+from tests.support.train_helpers import run_cli, tiny_config
 
 
 def small_net() -> nn.Module:

@@ -29,7 +29,7 @@ from facetrain.interop.card import build_card
 from facetrain.interop.loading import LoadedModel, load_model
 from facetrain.models import build_backbone
 from facetrain.train.run_config import Config
-from tests.ijb_set import write_ijb_set
+from tests.support.ijb_set import write_ijb_set
 
 SIZE = (112, 112)
 

@@ -25,7 +25,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from tests.distributed import run_distributed
+from tests.support.distributed import run_distributed
 
 REPO = Path(__file__).resolve().parents[1]
 EXAMPLES = REPO / "examples"

@@ -20,7 +20,7 @@ from facetrain.eval.set_names import report_file_name
 from facetrain.heads import ShardedMarginHead
 from facetrain.interop.loading import load_model
 from facetrain.parallel.dims import init_parallel
-from tests.distributed import run_distributed
+from tests.support.distributed import run_distributed
 from tests.test_export_formats import IMAGE_SIZE, fresh_backbone, images, small_config
 
 NUM_CLASSES = 10

@@ -29,14 +29,14 @@ from facetrain.train.run_dir import (
     find_checkpoint_to_resume,
     restarted_job,
 )
-from tests.fault_helpers import (
+from tests.support.fault_helpers import (
     ENV,
     assert_same_checkpoint,
     error_lines,
     start,
     wait_for_step,
 )
-from tests.train_helpers import REPO, run_cli, tiny_config, trained_tiny_run
+from tests.support.train_helpers import REPO, run_cli, tiny_config, trained_tiny_run
 
 STEPS = 6
 
@@ -258,7 +258,7 @@ def test_a_full_disk_during_a_checkpoint_is_one_line_and_the_earlier_ones_resume
 ):
     config = tiny_config(tmp_path, "run", train={"steps": STEPS, "checkpoint_every": 2})
     result = subprocess.run(
-        [sys.executable, "-m", "tests.fault_injection", "disk-full", "2", "train", "-c", str(config)],
+        [sys.executable, "-m", "tests.support.fault_injection", "disk-full", "2", "train", "-c", str(config)],
         capture_output=True, text=True, cwd=REPO, env=ENV, timeout=300,
     )  # fmt: skip
     assert result.returncode == 2

@@ -2,7 +2,7 @@
 one, pruning never removes the last good one first, and `--resume auto` ends exactly where a run that
 was never killed ends.
 
-One process, killed by `tests/fault_injection.py` at the named point of its second checkpoint write
+One process, killed by `tests/support/fault_injection.py` at the named point of its second checkpoint write
 (step 4 of 6, checkpoints every 2 steps, `train.keep_checkpoints=1` so that every write also prunes).
 """
 
@@ -16,8 +16,8 @@ from pathlib import Path
 import pytest
 
 from facetrain.checkpoint import complete_checkpoints, find_resume_point
-from tests.fault_helpers import ENV, assert_same_checkpoint
-from tests.train_helpers import REPO, run_cli, tiny_config
+from tests.support.fault_helpers import ENV, assert_same_checkpoint
+from tests.support.train_helpers import REPO, run_cli, tiny_config
 
 STEPS, EVERY = 6, 2
 
@@ -35,7 +35,7 @@ def uninterrupted(tmp_path_factory) -> Path:
 
 
 def killed_at(point: str, save_number: int, *args: str) -> subprocess.CompletedProcess:
-    command = [sys.executable, "-m", "tests.fault_injection", point, str(save_number), "train", *args]
+    command = [sys.executable, "-m", "tests.support.fault_injection", point, str(save_number), "train", *args]
     result = subprocess.run(command, capture_output=True, text=True, cwd=REPO, env=ENV, timeout=300)
     assert result.returncode == -signal.SIGKILL, result.stderr
     return result

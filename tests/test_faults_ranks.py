@@ -2,7 +2,7 @@
 help, and data that turns bad on one rank mid-run. Stop signals to a launcher, an agent or every
 process of a run are in test_stop_signals.py.
 
-Every run here is 2 spawned CPU ranks on the small backbone at 32x32 (tests/train_helpers.py).
+Every run here is 2 spawned CPU ranks on the small backbone at 32x32 (tests/support/train_helpers.py).
 """
 
 from __future__ import annotations
@@ -22,7 +22,7 @@ from facetrain.checkpoint import find_resume_point
 from facetrain.data import SAMPLERS, build_train_dataset
 from facetrain.data.config import DataConfig, SynthConfig
 from facetrain.data.synthetic import generate_synthetic
-from tests.fault_helpers import (
+from tests.support.fault_helpers import (
     ENV,
     assert_same_checkpoint,
     error_lines,
@@ -32,7 +32,7 @@ from tests.fault_helpers import (
     start,
     wait_for_step,
 )
-from tests.train_helpers import REPO, run_cli, tiny_config
+from tests.support.train_helpers import REPO, run_cli, tiny_config
 
 STEPS, EVERY, BATCH = 12, 4, 8
 FOREVER = {"steps": 100000, "checkpoint_every": 100000}

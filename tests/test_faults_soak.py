@@ -10,8 +10,8 @@ import signal
 import pytest
 
 from facetrain.checkpoint import find_resume_point
-from tests.fault_helpers import assert_same_checkpoint, kill_all, signal_group, start, wait_for_step
-from tests.train_helpers import run_cli, tiny_config
+from tests.support.fault_helpers import assert_same_checkpoint, kill_all, signal_group, start, wait_for_step
+from tests.support.train_helpers import run_cli, tiny_config
 
 STEPS, EVERY, KILLS, SEED = 240, 40, 3, 14
 

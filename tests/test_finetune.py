@@ -12,7 +12,7 @@ import torch
 from facetrain.checkpoint import load_full_head
 from facetrain.interop import load_model
 from facetrain.train.optim import OptimConfig, build_lr_scheduler, build_optimizer
-from tests.train_helpers import run_cli, tiny_config, trained_tiny_run
+from tests.support.train_helpers import run_cli, tiny_config, trained_tiny_run
 
 
 def backbone_state(run: Path) -> dict[str, torch.Tensor]:

@@ -14,7 +14,7 @@ from torch.optim.lr_scheduler import LambdaLR
 
 from facetrain.heads import ShardedMarginHead
 from facetrain.heads.fused_optim import FusedAdamW, FusedSGD
-from tests.head_plans import head_plan
+from tests.support.head_plans import head_plan
 
 CLASSES, DIM, BATCH = 17, 6, 8
 

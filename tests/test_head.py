@@ -7,11 +7,11 @@ import math
 import pytest
 import torch
 
-from facetrain.bench.naive_head import NaiveModelParallelHead
-from facetrain.bench.traffic import count_traffic
 from facetrain.errors import FacetrainError
 from facetrain.heads import DenseMarginHead, ShardedMarginHead, all_class_ranges
-from tests.distributed import run_distributed
+from facetrain.heads.naive_model_parallel import NaiveModelParallelHead
+from facetrain.parallel.traffic import count_traffic
+from tests.support.distributed import run_distributed
 
 MARGINS = ["arcface", "cosface", "sphereface", "combined", "softmax"]
 LABEL_PATTERNS = ["spread", "one_rank"]

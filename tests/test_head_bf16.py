@@ -9,7 +9,7 @@ from facetrain.heads import ShardedMarginHead
 from facetrain.heads.class_rows import ClassRows
 from facetrain.heads.fused_optim import FusedSGD
 from facetrain.heads.rounding import stochastic_round_to_bf16
-from tests.head_plans import head_plan
+from tests.support.head_plans import head_plan
 
 ULP_AT_ONE = 2.0**-7  # bf16 spacing in [1, 2)
 

@@ -14,7 +14,7 @@ import torch
 
 from facetrain.heads import ShardedMarginHead
 from facetrain.heads.fused_optim import FusedSGD
-from tests.head_plans import head_plan
+from tests.support.head_plans import head_plan
 
 pytestmark = pytest.mark.slow
 

@@ -15,8 +15,8 @@ import pytest
 import torch
 
 from facetrain.heads import ShardedMarginHead
-from tests.distributed import run_distributed
-from tests.head_plans import head_plan
+from tests.support.distributed import run_distributed
+from tests.support.head_plans import head_plan
 
 IN, DIM, CLASSES = 6, 8, 13
 # rows per rank at each step: equal first, then shrinking, uneven, and one rank without rows

@@ -13,8 +13,8 @@ from facetrain.parallel.dims import init_parallel
 from facetrain.train import head_plan
 from facetrain.train.optim import build_fused_optimizer, build_optimizer, head_learning_rate
 from facetrain.train.run_config import Config
-from tests.distributed import run_distributed
-from tests.train_helpers import logged_losses, run_cli, tiny_config
+from tests.support.distributed import run_distributed
+from tests.support.train_helpers import logged_losses, run_cli, tiny_config
 
 NUM_CLASSES, DIM = 11, 6
 

@@ -16,7 +16,7 @@ import torch
 from facetrain.heads import ShardedMarginHead
 from facetrain.heads import margin_softmax as ms
 from facetrain.heads.logit_gemm import LogitGemm
-from tests.head_plans import head_plan
+from tests.support.head_plans import head_plan
 from tools.head_precision import make_inputs
 
 CLASSES, DIM, BATCH = 3000, 128, 16

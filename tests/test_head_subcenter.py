@@ -13,7 +13,7 @@ from facetrain.parallel.dims import init_parallel
 from facetrain.train.optim import build_optimizer
 from facetrain.train.run_checks import validate
 from facetrain.train.run_config import Config
-from tests.distributed import run_distributed
+from tests.support.distributed import run_distributed
 from tests.test_head import local_rows
 
 CLASSES, CENTRES, DIM, BATCH = 13, 3, 8, 10

@@ -11,13 +11,13 @@ from __future__ import annotations
 import pytest
 import torch
 
-from facetrain.bench.common import PeakRss
 from facetrain.errors import FacetrainError
 from facetrain.heads import DenseMarginHead, HeadPlan, ShardedMarginHead
 from facetrain.heads.fused_optim import FusedAdamW, FusedSGD
 from facetrain.heads.memory import choose_mode, estimate_head_memory
-from tests.distributed import run_distributed
-from tests.head_plans import head_plan
+from facetrain.process_memory import PeakRss
+from tests.support.distributed import run_distributed
+from tests.support.head_plans import head_plan
 from tests.test_head import (
     EMBEDDING,
     LABEL_PATTERNS,

@@ -33,7 +33,7 @@ from facetrain.heads.margins import MARGINS
 from facetrain.parallel.dims import init_parallel
 from facetrain.train.head_plan import describe_plan, resolve_head_plan
 from facetrain.train.run_config import Config
-from tests.distributed import run_distributed
+from tests.support.distributed import run_distributed
 from tests.test_head import dense_reference, local_rows, make_problem
 
 pytest.importorskip("triton")

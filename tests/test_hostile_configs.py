@@ -14,7 +14,7 @@ from facetrain.checkpoint import find_resume_point
 from facetrain.checkpoint.layout import pointer_target, resolve_checkpoint
 from facetrain.errors import FacetrainError
 from facetrain.train.run_config import checkpoint_config
-from tests.hostile_helpers import one_line_error
+from tests.support.hostile_helpers import one_line_error
 
 ALIASES_REFUSED = "aliases (*name) are not read, so that a small file cannot expand to gigabytes"
 

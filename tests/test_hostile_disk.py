@@ -21,10 +21,10 @@ from facetrain.eval.set_names import report_file_name
 from facetrain.interop.insightface_import import write_imported_checkpoint
 from facetrain.models import build_backbone
 from facetrain.models.config import ModelConfig
-from tests.fault_helpers import error_lines
-from tests.hostile_helpers import one_line_error
+from tests.support.fault_helpers import error_lines
+from tests.support.hostile_helpers import one_line_error
+from tests.support.train_helpers import run_cli
 from tests.test_export_formats import EMBEDDING_SIZE, fresh_backbone, small_config
-from tests.train_helpers import run_cli
 
 FULL = "No space left on device; free space, then run it again"
 

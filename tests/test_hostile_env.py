@@ -8,8 +8,8 @@ import pytest
 
 from facetrain.errors import FacetrainError
 from facetrain.parallel.dims import init_parallel
-from tests.fault_helpers import error_lines
-from tests.train_helpers import REPO, run_cli
+from tests.support.fault_helpers import error_lines
+from tests.support.train_helpers import REPO, run_cli
 
 LAUNCH = "start the ranks with torchrun or `facetrain train --nproc N`, or unset WORLD_SIZE to train in one process"
 ENDPOINT = {"MASTER_ADDR": "127.0.0.1", "MASTER_PORT": "29531"}

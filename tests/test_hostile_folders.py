@@ -11,7 +11,7 @@ import cv2
 import numpy as np
 import pytest
 
-from tests.hostile_helpers import one_line_error
+from tests.support.hostile_helpers import one_line_error
 
 
 def image_folder(root: Path) -> Path:

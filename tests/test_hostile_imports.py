@@ -13,7 +13,7 @@ import pytest
 import torch
 
 from facetrain.interop.dlib_format import MAX_FILE_BYTES
-from tests.hostile_helpers import one_line_error
+from tests.support.hostile_helpers import one_line_error
 
 
 def dlib_int(value: int) -> bytes:

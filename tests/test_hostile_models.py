@@ -13,7 +13,7 @@ import torch
 from torch import nn
 
 from facetrain.interop.card import CARD_NAME, card_json
-from tests.hostile_helpers import one_line_error
+from tests.support.hostile_helpers import one_line_error
 from tests.test_export_formats import fresh_model
 
 VICTIM_TEXT = b"untouched victim file\n"

@@ -9,7 +9,7 @@ import pytest
 
 from facetrain.errors import FacetrainError
 from facetrain.interop.onnx_graph import OnnxGraph
-from tests.hostile_helpers import one_line_error
+from tests.support.hostile_helpers import one_line_error
 
 onnx = pytest.importorskip("onnx")
 from onnx import TensorProto, helper  # noqa: E402

@@ -10,9 +10,9 @@ from pathlib import Path
 
 import pytest
 
-from tests.fault_helpers import error_lines
-from tests.hostile_helpers import one_line_error
-from tests.train_helpers import run_cli
+from tests.support.fault_helpers import error_lines
+from tests.support.hostile_helpers import one_line_error
+from tests.support.train_helpers import run_cli
 
 REPO = Path(__file__).resolve().parents[1]
 COMMANDS = {

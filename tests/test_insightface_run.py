@@ -21,7 +21,7 @@ from facetrain.interop.insightface_run import import_insightface_run
 from facetrain.models import build_backbone
 from facetrain.models.config import ModelConfig
 from facetrain.train.run_config import checkpoint_config
-from tests.train_helpers import run_cli, tiny_config
+from tests.support.train_helpers import run_cli, tiny_config
 
 ARCH = "iresnet18"
 EMBEDDING_SIZE = 16

@@ -1,5 +1,5 @@
-"""The import graph keeps its layers: model and data code know nothing of processes, training code
-nothing of benchmarks, and no facetrain modules import each other in a cycle.
+"""The import graph keeps its layers: model and data code know nothing of processes, training code (and the
+tests but the benchmarks') nothing of benchmarks, and no facetrain modules import each other in a cycle.
 
 Module-level imports only (imports inside functions are deliberate late binding, e.g. the CLI's lazy
 commands); followed transitively through facetrain's own modules.
@@ -94,3 +94,27 @@ def test_no_module_imports_itself_through_others():
     """A submodule starting its own package's __init__ is how packages work; any other loop is a cycle."""
     for module in MODULES:
         assert module not in reachable(module, with_parents=False), f"{module} is in an import cycle"
+
+
+def _imports_anywhere(path: Path) -> set[str]:
+    """Modules a file imports at any depth (in functions too)."""
+    names: set[str] = set()
+    for node in ast.walk(ast.parse(path.read_text())):
+        if isinstance(node, ast.Import):
+            names.update(alias.name for alias in node.names)
+        elif isinstance(node, ast.ImportFrom) and node.module and node.level == 0:
+            names.update({node.module, *(f"{node.module}.{alias.name}" for alias in node.names)})
+    return names
+
+
+def test_only_the_benchmarks_tests_import_benchmark_code():
+    """The worker pool, the naive head, traffic counting and peak RSS live below bench/ (parallel/, heads/,
+    process_memory), so a test of anything else needs no benchmark module; test support is tests/support/."""
+    tests = Path(__file__).resolve().parent
+    for path in sorted(tests.rglob("*.py")):
+        if path.name.startswith("test_bench_"):
+            continue
+        bench = sorted(
+            n for n in _imports_anywhere(path) if n == "facetrain.bench" or n.startswith("facetrain.bench.")
+        )
+        assert not bench, f"{path.relative_to(tests)} imports {bench[0]}"

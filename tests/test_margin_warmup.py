@@ -8,7 +8,7 @@ import torch
 
 from facetrain.heads import DenseMarginHead, ShardedMarginHead
 from facetrain.heads.margins import MARGINS, CosFace, Margin, build_margin, margin_at_step
-from tests.distributed import run_distributed
+from tests.support.distributed import run_distributed
 
 COS = torch.linspace(-0.999, 0.999, 201, dtype=torch.float64)
 

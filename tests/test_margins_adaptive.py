@@ -21,7 +21,7 @@ import torch.nn.functional as F
 from facetrain.heads import DenseMarginHead, HeadPlan, ShardedMarginHead
 from facetrain.heads.margins import build_margin, margin_at_step
 from facetrain.heads.margins.elasticface import standard_normals
-from tests.distributed import run_distributed
+from tests.support.distributed import run_distributed
 from tests.test_head import local_rows
 
 ADAPTIVE = ["adaface", "magface", "curricularface", "elasticface_arc", "elasticface_cos"]

@@ -10,7 +10,7 @@ import pytest
 from facetrain.errors import FacetrainError
 from facetrain.train.run_checks import validate
 from facetrain.train.run_config import Config
-from tests.train_helpers import logged_losses, run_cli, tiny_config
+from tests.support.train_helpers import logged_losses, run_cli, tiny_config
 
 
 @pytest.mark.slow

@@ -34,8 +34,8 @@ from facetrain.parallel.failures import (
 )
 from facetrain.train.run_config import load_config
 from facetrain.train.step_gate import STOP_SIGNALS
-from tests.distributed import run_distributed
-from tests.train_helpers import tiny_config
+from tests.support.distributed import run_distributed
+from tests.support.train_helpers import tiny_config
 
 SOCKET_INTERFACE = (
     "NCCL error in: /pytorch/torch/csrc/distributed/c10d/ProcessGroupNCCL.cpp:3356, unhandled system error "

@@ -16,8 +16,8 @@ from pathlib import Path
 import pytest
 
 from facetrain.checkpoint import find_resume_point
-from tests.fault_helpers import ENV, rank_processes, wait_for_step
-from tests.train_helpers import REPO, tiny_config
+from tests.support.fault_helpers import ENV, rank_processes, wait_for_step
+from tests.support.train_helpers import REPO, tiny_config
 
 
 def alive(pid: int) -> bool:

@@ -16,7 +16,7 @@ from click.testing import CliRunner
 
 from facetrain.cli import main
 from facetrain.train.outliers import COLUMNS, FAR, NEARER_OTHER, NON_DOMINANT, score_images
-from tests.train_helpers import run_cli, tiny_config
+from tests.support.train_helpers import run_cli, tiny_config
 
 IDENTITIES, IMAGES = 8, 8
 MISLABELLED = {0: 1, 2: 3, 4: 5}  # the first image of identity A moved into identity B's folder

@@ -6,7 +6,7 @@ import pytest
 
 from facetrain.parallel.config import ParallelConfig
 from facetrain.parallel.dims import init_parallel
-from tests.distributed import run_distributed
+from tests.support.distributed import run_distributed
 from tests.test_pipeline import (
     BATCH,
     SIZE,

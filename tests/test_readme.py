@@ -33,7 +33,7 @@ from facetrain.cli.conventions import UnlistedArgument
 from facetrain.data.config import SynthConfig
 from facetrain.data.synthetic import generate_synthetic
 from facetrain.eval.set_names import report_file_name
-from tests.reid_helpers import write_cuhk03_style
+from tests.support.reid_helpers import write_cuhk03_style
 
 REPO = Path(__file__).resolve().parents[1]
 DOCUMENTS = [REPO / "README.md", *sorted((REPO / "docs").glob("*.md"))]

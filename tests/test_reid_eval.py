@@ -9,9 +9,9 @@ import numpy as np
 import pytest
 
 from facetrain.eval.retrieval import evaluate_reid, retrieval_metrics
-from tests.reid_helpers import reid_config, write_cuhk03_style
+from tests.support.reid_helpers import reid_config, write_cuhk03_style
+from tests.support.train_helpers import run_cli
 from tests.test_eval_support import ColourMean
-from tests.train_helpers import run_cli
 
 
 def test_hand_computed_cross_camera_protocol():

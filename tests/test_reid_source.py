@@ -11,7 +11,7 @@ from facetrain.data import SOURCES
 from facetrain.data.reid_images import load_reid_images, load_reid_selection, scan_reid_train
 from facetrain.data.reid_names import naming_scheme, parse_reid_name
 from facetrain.errors import FacetrainError
-from tests.reid_helpers import write_cuhk03_style
+from tests.support.reid_helpers import write_cuhk03_style
 
 
 @pytest.mark.parametrize(

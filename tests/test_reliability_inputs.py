@@ -19,9 +19,9 @@ import torch
 from facetrain.checkpoint import find_resume_point, load_full_head
 from facetrain.data.decode import BadImageError, decode_image
 from facetrain.data.image_header import MAX_IMAGE_PIXELS
-from tests.fault_helpers import error_lines
-from tests.train_helpers import REPO, run_cli
-from tools import bad_files
+from tests.support import bad_files
+from tests.support.fault_helpers import error_lines
+from tests.support.train_helpers import REPO, run_cli
 
 LIMIT = f"over facetrain's limit of {MAX_IMAGE_PIXELS / 1e6:.0f} megapixels"
 

@@ -16,8 +16,8 @@ import torch
 from safetensors.torch import load_file
 
 from facetrain.checkpoint.names import BACKBONE, EMA
-from tests.fault_helpers import checkpoint_tensors
-from tests.train_helpers import logged_losses, run_cli, tiny_config
+from tests.support.fault_helpers import checkpoint_tensors
+from tests.support.train_helpers import logged_losses, run_cli, tiny_config
 
 HALF = 3
 AUGMENTED_WITH_WORKERS = {

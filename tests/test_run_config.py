@@ -10,7 +10,7 @@ import sys
 
 import yaml
 
-from tests.train_helpers import REPO, tiny_config
+from tests.support.train_helpers import REPO, tiny_config
 
 # `facetrain train` in a fresh interpreter, counting the Config objects alive when the loop starts and
 # when it ends, and checking that the trainer's config is the one the command loaded

@@ -19,8 +19,8 @@ from facetrain.data.synthetic import generate_synthetic
 from facetrain.errors import FacetrainError
 from facetrain.run_lock import LOCK_NAME
 from facetrain.train.run_dir import RUN_MARKER, check_run_dir, is_run_dir
-from tests.fault_helpers import error_lines, kill_all, signal_group, start, wait_for_step
-from tests.train_helpers import run_cli, run_cli_at_once, tiny_config
+from tests.support.fault_helpers import error_lines, kill_all, signal_group, start, wait_for_step
+from tests.support.train_helpers import run_cli, run_cli_at_once, tiny_config
 
 
 def tree(folder: Path) -> dict[str, str]:

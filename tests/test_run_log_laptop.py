@@ -10,7 +10,7 @@ from click.testing import CliRunner
 
 from facetrain import progress, run_log
 from facetrain.cli import main
-from tests.train_helpers import tiny_config
+from tests.support.train_helpers import tiny_config
 
 
 def test_a_laptop_run_leaves_a_readable_train_log(tmp_path, monkeypatch):

@@ -7,7 +7,7 @@ from click.testing import CliRunner
 
 from facetrain.cli import main
 from facetrain.train.metrics import UnderfitWatch
-from tests.train_helpers import tiny_config
+from tests.support.train_helpers import tiny_config
 
 
 def _train(*args: str) -> list[str]:

@@ -1,4 +1,4 @@
-"""tools/slurm/train.sbatch on a real one-node Slurm (tests/slurm_cluster.py): requeued from outside,
+"""tools/slurm/train.sbatch on a real one-node Slurm (tests/support/slurm_cluster.py): requeued from outside,
 stopped by its time-limit warning and requeued by itself, it ends bit for bit where an uninterrupted
 run ends, leaves no process behind, and its output and train.log say what happened. And
 train_multinode.sbatch, on a one-node allocation.
@@ -24,9 +24,9 @@ import pytest
 
 from facetrain.data import prepare_train_data
 from facetrain.train.run_config import load_config
-from tests.fault_helpers import ENV, assert_same_checkpoint, logged_step
-from tests.slurm_cluster import SlurmCluster, job_processes, slurm_cluster  # noqa: F401 (a fixture)
-from tests.train_helpers import REPO, tiny_config
+from tests.support.fault_helpers import ENV, assert_same_checkpoint, logged_step
+from tests.support.slurm_cluster import SlurmCluster, job_processes, slurm_cluster  # noqa: F401 (a fixture)
+from tests.support.train_helpers import REPO, tiny_config
 
 pytestmark = pytest.mark.slow
 

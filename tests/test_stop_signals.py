@@ -21,14 +21,14 @@ from pathlib import Path
 import pytest
 
 from facetrain.checkpoint import find_resume_point
-from tests.fault_helpers import (
+from tests.support.fault_helpers import (
     assert_same_checkpoint,
     error_lines,
     kill_all,
     start,
     wait_for_step,
 )
-from tests.train_helpers import run_cli, tiny_config
+from tests.support.train_helpers import run_cli, tiny_config
 
 STEPS = 8
 WORKERS = {"num_workers": 2}
@@ -188,13 +188,13 @@ def test_sigusr1_to_the_nproc_launcher_with_persistent_workers(tmp_path, uninter
 
 def test_signals_during_the_checkpoint_write_change_nothing(tmp_path):
     """SIGTERM to the process group stops a one-process run with loader workers; while its checkpoint
-    is written, SIGINT, SIGUSR1 and SIGTERM arrive again (tests/fault_injection.py, `signals`): the
+    is written, SIGINT, SIGUSR1 and SIGTERM arrive again (tests/support/fault_injection.py, `signals`): the
     checkpoint is whole, the exit code 0, and the run resumes exactly."""
     final, endless = configs(tmp_path)
     uninterrupted = tiny_config(tmp_path, "uninterrupted", train={"steps": STEPS, "checkpoint_every": 4})
     assert run_cli("train", "-c", str(uninterrupted)).returncode == 0
     endless.write_text(endless.read_text().replace("checkpoint_every: 4", "checkpoint_every: 100000"))
-    process = start("signals", "1", "train", "-c", str(endless), module="tests.fault_injection")
+    process = start("signals", "1", "train", "-c", str(endless), module="tests.support.fault_injection")
     stdout, stderr, tree = stop(process, tmp_path / "run", lambda p: signal_tree(p.pid, signal.SIGTERM))
     assert process.returncode == 0, stderr
     assert error_lines(stderr) == []

@@ -10,7 +10,7 @@ from click.testing import CliRunner
 
 from facetrain.cli import main
 from facetrain.models import timm_backbone
-from tests.train_helpers import tiny_config
+from tests.support.train_helpers import tiny_config
 
 pytest.importorskip("timm")
 

@@ -14,7 +14,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.train_helpers import REPO, run_cli, run_cli_at_once, tiny_config
+from tests.support.train_helpers import REPO, run_cli, run_cli_at_once, tiny_config
 
 
 @pytest.mark.slow

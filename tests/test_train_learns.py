@@ -14,7 +14,7 @@ from facetrain.eval.verify_pairs import load_pairs, verify
 from facetrain.interop.loading import load_model
 from facetrain.models import build_backbone
 from facetrain.train.run_config import load_config
-from tests.train_helpers import REPO, run_cli, tiny_config
+from tests.support.train_helpers import REPO, run_cli, tiny_config
 from tools.ablate_orl import write_orl_split
 
 

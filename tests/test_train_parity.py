@@ -13,7 +13,7 @@ from facetrain.parallel.dims import init_parallel
 from facetrain.parallel.parallelize import parallelize_backbone
 from facetrain.train.optim import OptimConfig, build_lr_scheduler, build_optimizer, lr_factor
 from facetrain.train.step import StepParts, StepSettings, train_step
-from tests.distributed import run_distributed
+from tests.support.distributed import run_distributed
 
 SAMPLES, FEATURES, DIM, CLASSES, GLOBAL_BATCH, STEPS = 96, 48, 16, 10, 8, 12
 OPTIM = OptimConfig(lr=0.2, warmup_steps=3, schedule="polynomial", weight_decay=5e-4, grad_clip=1.0)

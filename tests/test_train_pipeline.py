@@ -7,7 +7,7 @@ import pytest
 from facetrain.checkpoint import load_full_head, read_meta, resolve_checkpoint
 from facetrain.interop import load_model
 from facetrain.train.run_config import checkpoint_config
-from tests.train_helpers import logged_losses, run_cli, tiny_config
+from tests.support.train_helpers import logged_losses, run_cli, tiny_config
 
 
 @pytest.mark.slow

@@ -39,7 +39,7 @@ from pathlib import Path
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
-from tools import bad_files  # noqa: E402
+from tests.support import bad_files  # noqa: E402
 
 TRACEBACK = "Traceback (most recent call last)"
 BAD_VALUES = {  # YAML text, and whether it is certainly refused (a wrong type)

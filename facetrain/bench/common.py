@@ -1,16 +1,14 @@
 """Measurement helpers shared by the benchmarks: timing, peak memory, machine description, parsing.
 
-Benchmarks that compare ranks run in the worker pool of `facetrain.bench.workers`.
+Benchmarks that compare ranks run in the worker pool of `facetrain.parallel.workers`; host peak memory is
+`facetrain.process_memory.PeakRss`.
 """
 
 from __future__ import annotations
 
-import ctypes
 import datetime
-import json
 import os
 import platform
-import threading
 import time
 from collections.abc import Callable, Iterable
 from pathlib import Path
@@ -19,11 +17,7 @@ from typing import Any
 import torch
 
 from facetrain.errors import FacetrainError
-from facetrain.files import write_atomic
-
-PROC_STATUS = Path("/proc/self/status")
-PROC_STATM = Path("/proc/self/statm")
-PROC_CLEAR_REFS = Path("/proc/self/clear_refs")
+from facetrain.process_memory import PeakRss
 
 
 class CudaApi:
@@ -116,82 +110,6 @@ def mean_of_max_over_ranks(per_rank: list[list[float]]) -> float:
     return sum(max(values) for values in zip(*per_rank)) / len(per_rank[0])
 
 
-def _status_kib(field: str) -> int:
-    for line in PROC_STATUS.read_text().splitlines():
-        if line.startswith(field + ":"):
-            return int(line.split()[1])
-    raise FacetrainError(f"{PROC_STATUS} has no {field} line; peak memory needs Linux /proc")
-
-
-def current_rss_bytes() -> int:
-    return int(PROC_STATM.read_text().split()[1]) * os.sysconf("SC_PAGE_SIZE")
-
-
-def release_free_heap() -> None:
-    """Hand memory that glibc keeps after frees back to the OS, so a new window starts from a true RSS."""
-    try:
-        ctypes.CDLL("libc.so.6").malloc_trim(0)
-    except (OSError, AttributeError):
-        pass
-
-
-def _can_reset_high_water_mark() -> bool:
-    try:
-        PROC_CLEAR_REFS.write_text("5")
-    except OSError:
-        return False
-    return True
-
-
-class PeakRss:
-    """Peak growth of this process's resident memory over a `with` block, in bytes.
-
-    Preferred method `vmhwm-reset`: Linux (>= 4.0) resets the kernel's exact high-water mark VmHWM to
-    the current RSS when "5" is written to /proc/self/clear_refs; the peak is VmHWM at the end, so even
-    the shortest spike counts. ru_maxrss cannot be reset, so its delta is zero whenever an earlier
-    phase peaked higher. Where clear_refs is not writable, `statm-sampling` reads /proc/self/statm from
-    a thread every `interval_s` and can miss spikes shorter than that.
-    """
-
-    def __init__(self, interval_s: float = 0.001):
-        self.interval_s = interval_s
-        self.method = ""
-        self.baseline_bytes = 0
-        self.peak_bytes = 0
-        self._stop = threading.Event()
-        self._sampler: threading.Thread | None = None
-
-    @property
-    def growth_bytes(self) -> int:
-        return max(0, self.peak_bytes - self.baseline_bytes)
-
-    def __enter__(self) -> PeakRss:
-        release_free_heap()
-        if _can_reset_high_water_mark():
-            self.method = "vmhwm-reset"
-            self.baseline_bytes = _status_kib("VmRSS") * 1024
-        else:
-            self.method = "statm-sampling"
-            self.baseline_bytes = self.peak_bytes = current_rss_bytes()
-            self._stop.clear()
-            self._sampler = threading.Thread(target=self._sample, daemon=True)
-            self._sampler.start()
-        return self
-
-    def _sample(self) -> None:
-        while not self._stop.wait(self.interval_s):
-            self.peak_bytes = max(self.peak_bytes, current_rss_bytes())
-
-    def __exit__(self, *exc_info) -> None:
-        if self._sampler is None:
-            self.peak_bytes = _status_kib("VmHWM") * 1024
-            return
-        self._stop.set()
-        self._sampler.join()
-        self.peak_bytes = max(self.peak_bytes, current_rss_bytes())
-        self._sampler = None
-
-
 class CudaPeak:
     """Peak growth of memory allocated by tensors on a CUDA device over a `with` block, in bytes.
 
@@ -266,31 +184,6 @@ def machine_info() -> dict[str, Any]:
         "platform": platform.platform(),
         "date": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
     }
-
-
-def write_report_files(
-    out: Path, report: dict, table: str, names: dict[str, str], plots: dict[str, Callable[[dict, Path], None]]
-) -> str:
-    """A benchmark's JSON report, its plots and its markdown table, each written atomically into `out`
-    under `names` ("json", each plot's key, "table"); returns the table."""
-    write_atomic(out / names["json"], lambda tmp: tmp.write_text(json.dumps(report, indent=2) + "\n"))
-    for key, draw in plots.items():
-        write_atomic(out / names[key], lambda tmp, draw=draw: draw(report, tmp))
-    write_atomic(out / names["table"], lambda tmp: tmp.write_text(table))
-    return table
-
-
-def report_footer(report: dict) -> list[str]:
-    """The closing lines of a benchmark's markdown: each target's verdict, then the machine."""
-    machine = report["machine"]
-    load = " ".join(f"{x:.2f}" for x in machine["load_average_1_5_15"])
-    return [
-        "",
-        *(f"- {t['status']}: {t['name']} {t['threshold']}: {t['detail']}" for t in report["targets"]),
-        "",
-        f"{machine['cpu_model']}, {machine['cores']} cores, torch {machine['torch']}, {machine['date']}, "
-        f"load average {load}",
-    ]
 
 
 def parse_int_list(text: str, option: str, minimum: int = 1) -> list[int]:

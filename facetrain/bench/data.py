@@ -11,7 +11,6 @@ being written, as a dataset read every epoch usually is, so disk speed is not me
 
 from __future__ import annotations
 
-import json
 import tempfile
 import time
 from collections.abc import Callable, Iterator
@@ -25,6 +24,7 @@ import torch
 
 from facetrain.bench.common import gpu_info, machine_info, parse_int_list
 from facetrain.bench.data_loader import loader_images_per_second
+from facetrain.bench.report import ReportFiles, markdown_table, write_report
 from facetrain.data.config import AugmentConfig
 from facetrain.data.dataset import FaceDataset, SampleTable
 from facetrain.data.decode import decode_image
@@ -33,7 +33,7 @@ from facetrain.data.recordio import scan_recordio, write_recordio
 from facetrain.data.synthetic_faces import draw_identity_traits, render_face
 from facetrain.data.transforms import build_train_transform
 from facetrain.devices import resolve_device
-from facetrain.files import refuse_to_overwrite, write_atomic
+from facetrain.files import refuse_to_overwrite
 from facetrain.progress import ProgressBar
 
 TARGET_IMAGES_PER_S = 1500.0
@@ -148,28 +148,26 @@ def run_data_benchmark(
     }
 
 
-def format_table(result: dict) -> str:
-    lines = [
-        "| source | read (img/s) | + decode (img/s) | + augment + normalize (img/s) | target | result |",
-        "| --- | ---: | ---: | ---: | ---: | --- |",
-    ]
+def table(result: dict) -> str:
+    rates = ["read (img/s)", "+ decode (img/s)", "+ augment + normalize (img/s)", "target"]
     target = result["target_images_per_s_per_worker"]
-    for row in result["rows"]:
-        rates = [row[stage]["median_images_per_s"] for stage in STAGES]
-        cells = " | ".join(f"{rate:,.0f}" for rate in rates)
-        verdict = "PASS" if row["pass"] else "MISS"
-        lines.append(f"| {row['source']} | {cells} | >= {target:,.0f} | {verdict} |")
+    lines = markdown_table(
+        ["source", *rates, "result"],
+        (
+            [row["source"], *(f"{row[stage]['median_images_per_s']:,.0f}" for stage in STAGES),
+             f">= {target:,.0f}", "PASS" if row["pass"] else "MISS"]
+            for row in result["rows"]
+        ),
+        numeric=rates,
+    )  # fmt: skip
     if result["loader_rows"]:
-        lines += [
-            "",
-            "| source | loader workers | batch | onto | pinned | images/s |",
-            "| --- | ---: | ---: | --- | --- | ---: |",
-        ]
-        for row in result["loader_rows"]:
-            lines.append(
-                f"| {row['source']} | {row['workers']} | {row['batch_size']} | {row['device']} | "
-                f"{'yes' if row['pin_memory'] else 'no'} | {row['images_per_s']:,.0f} |"
-            )
+        loader = ["source", "loader workers", "batch", "onto", "pinned", "images/s"]
+        cells = (
+            [row["source"], str(row["workers"]), str(row["batch_size"]), row["device"],
+             "yes" if row["pin_memory"] else "no", f"{row['images_per_s']:,.0f}"]
+            for row in result["loader_rows"]
+        )  # fmt: skip
+        lines += ["", *markdown_table(loader, cells, numeric=("loader workers", "batch", "images/s"))]
     return "\n".join(lines)
 
 
@@ -189,6 +187,5 @@ def run(
     if not overwrite:
         refuse_to_overwrite([out])
     result = run_data_benchmark(images, identities, repeats, True, workers, loader_batch, device)
-    write_atomic(out, lambda path: path.write_text(json.dumps(result, indent=2)))
-    click.echo(format_table(result))
+    click.echo(write_report(out.parent, result, table(result), ReportFiles(json=out.name)))
     click.echo(f"\nwrote {out}")

@@ -9,7 +9,6 @@ TAR@FAR) on random scores of LFW's size.
 
 from __future__ import annotations
 
-import json
 import statistics
 from pathlib import Path
 from typing import Any
@@ -19,10 +18,11 @@ import numpy as np
 import torch
 
 from facetrain.bench.common import gpu_info, machine_info, timed_repeats
+from facetrain.bench.report import ReportFiles, markdown_table, write_report
 from facetrain.devices import resolve_device
 from facetrain.eval.embedding import compute_embeddings
 from facetrain.eval.metrics import verification_metrics
-from facetrain.files import refuse_to_overwrite, write_atomic
+from facetrain.files import refuse_to_overwrite
 from facetrain.models import build_backbone
 from facetrain.models.config import ModelConfig
 
@@ -86,20 +86,26 @@ def metric_time(num_pairs: int, repeats: int) -> dict[str, Any]:
     }
 
 
-def format_table(result: dict[str, Any]) -> str:
+def table(result: dict[str, Any]) -> str:
     embedding, metrics = result["embedding"], result["metrics"]
     verdict = "PASS" if metrics["pass"] else "MISS"
-    return "\n".join(
+    size = f"{embedding['image_size']}x{embedding['image_size']}"
+    rows = [
         [
-            "| measure | setting | result | target |",
-            "| --- | --- | ---: | --- |",
-            f"| embedding throughput | {embedding['backbone']} {embedding['image_size']}x{embedding['image_size']}, "
-            f"batch {embedding['batch_size']}, {embedding['device']}, {embedding['threads']} threads, no flip | "
-            f"{embedding['images_per_s']:,.1f} img/s ({embedding['ms_per_batch']:,.0f} ms/batch) | |",
-            f"| verification metrics | {metrics['pairs']:,} pairs, {metrics['folds']} folds | "
-            f"{1000 * metrics['median_s']:,.1f} ms | < {metrics['target_s']:g} s: {verdict} |",
-        ]
-    )
+            "embedding throughput",
+            f"{embedding['backbone']} {size}, batch {embedding['batch_size']}, {embedding['device']}, "
+            f"{embedding['threads']} threads, no flip",
+            f"{embedding['images_per_s']:,.1f} img/s ({embedding['ms_per_batch']:,.0f} ms/batch)",
+            "",
+        ],
+        [
+            "verification metrics",
+            f"{metrics['pairs']:,} pairs, {metrics['folds']} folds",
+            f"{1000 * metrics['median_s']:,.1f} ms",
+            f"< {metrics['target_s']:g} s: {verdict}",
+        ],
+    ]
+    return "\n".join(markdown_table(["measure", "setting", "result", "target"], rows, numeric=("result",)))
 
 
 def run(
@@ -127,6 +133,5 @@ def run(
         "metrics": metric_time(pairs, repeats),
         "machine": {**machine_info(), "gpu": gpu_info(device)},
     }
-    write_atomic(out, lambda path: path.write_text(json.dumps(result, indent=2) + "\n"))
-    click.echo(format_table(result))
+    click.echo(write_report(out.parent, result, table(result), ReportFiles(json=out.name)))
     click.echo(f"\nwrote {out}")

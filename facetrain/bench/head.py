@@ -1,7 +1,7 @@
 """`facetrain bench head`: the sharded head against the dense (DDP-replicated) and naive model-parallel FC.
 
 Every (C, N, head) configuration runs in N spawned processes: on the CPU joined by gloo, on CUDA by nccl
-when each rank has a GPU of its own and by gloo when they share one (`bench/workers.py`). The sharded head's
+when each rank has a GPU of its own and by gloo when they share one (`parallel/workers.py`). The sharded head's
 claims are measured, not assumed: its step time (untiled, and tiled with its fused update) against the
 three GEMMs of the untiled step alone, the balance of peak memory over ranks, and bytes per step that
 do not depend on the class count. `--capacity` (facetrain/bench/head_capacity.py) measures memory
@@ -16,6 +16,7 @@ from pathlib import Path
 
 import click
 
+from facetrain.bench import head_capacity_report, head_report
 from facetrain.bench.common import (
     gpu_info,
     machine_info,
@@ -24,17 +25,16 @@ from facetrain.bench.common import (
     parse_name_list,
 )
 from facetrain.bench.head_capacity import CapacitySettings, run_capacity_benchmark
-from facetrain.bench.head_capacity_report import OUTPUT_NAMES as CAPACITY_OUTPUT_NAMES
-from facetrain.bench.head_capacity_report import write_outputs as write_capacity_outputs
 from facetrain.bench.head_cases import BENCH_HEADS, HeadCase
 from facetrain.bench.head_measure import measure_case
 from facetrain.bench.head_peers import PEER_HEADS, PEERS
-from facetrain.bench.head_report import OUTPUT_NAMES, evaluate_targets, write_outputs
+from facetrain.bench.head_report import evaluate_targets
 from facetrain.bench.peer_sources import check_peers_dir, install_wheels
-from facetrain.bench.workers import WorkerError, WorkerPool
+from facetrain.bench.report import write_report
 from facetrain.devices import resolve_device
 from facetrain.errors import FacetrainError
 from facetrain.files import refuse_to_overwrite
+from facetrain.parallel.workers import WorkerError, WorkerPool
 from facetrain.progress import ProgressBar
 from facetrain.train.device_defaults import tile_classes as device_tile_classes
 
@@ -53,7 +53,7 @@ METHODS = {
     "(memory_method vmhwm-reset), or /proc/self/statm sampled every 1 ms (statm-sampling); on CUDA "
     "torch.cuda.max_memory_allocated, reset before the head is built, minus what was allocated then "
     "(cuda-max-allocated)",
-    "bytes_sent": "per rank per step, counted by facetrain.bench.traffic around the last step (ring model: all-gather sends "
+    "bytes_sent": "per rank per step, counted by facetrain.parallel.traffic around the last step (ring model: all-gather sends "
     "(N-1)/N of the result, all-reduce twice its buffer's (N-1)/N)",
 }
 
@@ -249,7 +249,7 @@ def run(
             device=device,
         )
         settings.validate()
-        names = CAPACITY_OUTPUT_NAMES
+        outputs = head_capacity_report
     else:
         peer_names = parse_name_list(peers, "--peers", PEERS) if peers else []
         peer_heads = [head for name in peer_names for head in PEERS[name]]
@@ -274,14 +274,11 @@ def run(
             peers_dir=str(peers_dir.resolve()) if peer_heads else "",
         )
         settings.validate()
-        names = OUTPUT_NAMES
+        outputs = head_report
     if not overwrite:
-        refuse_to_overwrite([out / name for name in names.values()])
+        refuse_to_overwrite([out / name for name in outputs.FILES.names.values()])
     if not capacity and peer_heads:
         install_wheels(peers_dir, peer_names)
-    if capacity:
-        table = write_capacity_outputs(run_capacity_benchmark(settings), out)
-    else:
-        table = write_outputs(run_head_benchmark(settings), out)
-    click.echo(table)
-    click.echo(f"wrote {', '.join(str(out / name) for name in names.values())}")
+    report = run_capacity_benchmark(settings) if capacity else run_head_benchmark(settings)
+    click.echo(write_report(out, report, outputs.table(report), outputs.FILES))
+    click.echo(f"wrote {', '.join(str(out / name) for name in outputs.FILES.names.values())}")

@@ -23,8 +23,8 @@ from facetrain.bench.common import machine_info
 from facetrain.bench.head_capacity_report import evaluate_capacity_targets
 from facetrain.bench.head_cases import BENCH_HEADS, HeadCase
 from facetrain.bench.head_measure import measure_case
-from facetrain.bench.workers import WorkerError, WorkerPool
 from facetrain.errors import FacetrainError
+from facetrain.parallel.workers import WorkerError, WorkerPool
 from facetrain.progress import ProgressBar
 
 GIB = 2**30

@@ -7,14 +7,8 @@ from pathlib import Path
 from matplotlib.backends.backend_agg import FigureCanvasAgg
 from matplotlib.figure import Figure
 
-from facetrain.bench.common import report_footer, write_report_files
-from facetrain.bench.head_report import format_bytes
+from facetrain.bench.report import ReportFiles, format_bytes, markdown_table, report_footer
 
-OUTPUT_NAMES = {
-    "json": "bench_head_capacity.json",
-    "plot": "bench_head_capacity.png",
-    "table": "bench_head_capacity.md",
-}
 # classes per GiB of per-rank peak memory, at the largest C measured for the head
 CLASSES_PER_GIB_TARGETS = {"tiled": 250_000, "tiled_bf16": 450_000}
 LABELS = {
@@ -87,10 +81,9 @@ def _row_cells(row: dict) -> list[str]:
     ]
 
 
-def markdown_table(report: dict) -> str:
-    columns = ["head", "C", "N", "peak memory/rank", "bytes/class", "classes/GiB", "step s"]
-    lines = ["| " + " | ".join(columns) + " |", "|" + "---|" * len(columns)]
-    lines += ["| " + " | ".join(_row_cells(row)) + " |" for row in report["results"]]
+def table(report: dict) -> str:
+    titles = ["head", "C", "N", "peak memory/rank", "bytes/class", "classes/GiB", "step s"]
+    lines = markdown_table(titles, map(_row_cells, report["results"]))
     settings = report["settings"]
     lines += report_footer(report)
     lines[-1] += (
@@ -131,6 +124,8 @@ def plot(report: dict, path: Path) -> None:
     figure.savefig(path, dpi=100)
 
 
-def write_outputs(report: dict, out: Path) -> str:
-    """Write JSON, plot and table atomically into `out`; return the table."""
-    return write_report_files(out, report, markdown_table(report), OUTPUT_NAMES, {"plot": plot})
+FILES = ReportFiles(
+    json="bench_head_capacity.json",
+    table="bench_head_capacity.md",
+    plots={"plot": ("bench_head_capacity.png", plot)},
+)

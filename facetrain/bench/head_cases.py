@@ -13,12 +13,12 @@ from dataclasses import dataclass
 import torch
 from torch import nn
 
-from facetrain.bench.naive_head import NaiveModelParallelHead
 from facetrain.errors import FacetrainError
 from facetrain.heads import DenseMarginHead, HeadPlan, ShardedMarginHead, class_range, collectives
 from facetrain.heads.fused_optim import FusedSGD
 from facetrain.heads.kernel_choice import resolve_kernel
 from facetrain.heads.memory import estimate_head_memory
+from facetrain.heads.naive_model_parallel import NaiveModelParallelHead
 from facetrain.registry import Registry
 from facetrain.train.step import AUTOCAST_DTYPES
 

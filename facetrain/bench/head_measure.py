@@ -14,9 +14,9 @@ import torch
 import facetrain.bench.head_peers  # noqa: F401  (registers the peers in the worker)
 from facetrain.bench.common import peak_memory, timed_repeats
 from facetrain.bench.head_cases import BENCH_HEADS, BenchHead, HeadCase
-from facetrain.bench.traffic import count_traffic
 from facetrain.devices import rank_device
 from facetrain.heads import collectives
+from facetrain.parallel.traffic import count_traffic
 
 
 def _time_shard_gemms(

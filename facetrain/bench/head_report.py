@@ -8,10 +8,9 @@ from pathlib import Path
 from matplotlib.backends.backend_agg import FigureCanvasAgg
 from matplotlib.figure import Figure
 
-from facetrain.bench.common import report_footer, write_report_files
 from facetrain.bench.head_peers import PEER_HEADS
+from facetrain.bench.report import ReportFiles, format_bytes, markdown_table, report_footer
 
-OUTPUT_NAMES = {"json": "bench_head.json", "plot": "bench_head.png", "table": "bench_head.md"}
 STEP_OVER_GEMM_TARGETS = {"sharded": 1.15, "tiled": 1.5}  # the untiled step, the tiled step with its update
 MEMORY_BALANCE_TARGET = 1.1
 GEMM_TARGET_CASE = {"world_size": 1, "num_classes": 100_000}
@@ -73,15 +72,6 @@ def evaluate_targets(rows: list[dict]) -> list[dict]:
     ]
 
 
-def format_bytes(value: float) -> str:
-    units = ["B", "KiB", "MiB", "GiB"]
-    index = 0
-    while abs(value) >= 1024 and index < len(units) - 1:
-        value /= 1024
-        index += 1
-    return f"{value:.0f} B" if index == 0 else f"{value:.1f} {units[index]}"
-
-
 def _bytes_range(values: list[int]) -> str:
     low, high = format_bytes(min(values)), format_bytes(max(values))
     return low if low == high else f"{low} - {high}"
@@ -108,8 +98,8 @@ def _table_row(row: dict) -> list[str]:
     ]
 
 
-def markdown_table(report: dict) -> str:
-    columns = [
+def table(report: dict) -> str:
+    titles = [
         "C",
         "N",
         "head",
@@ -121,8 +111,7 @@ def markdown_table(report: dict) -> str:
         "max/min",
         "sent/rank/step",
     ]
-    lines = ["| " + " | ".join(columns) + " |", "|" + "---|" * len(columns)]
-    lines += ["| " + " | ".join(_table_row(row)) + " |" for row in report["results"]]
+    lines = markdown_table(titles, map(_table_row, report["results"]))
     return "\n".join(lines + _computes(report) + peer_table(report) + report_footer(report)) + "\n"
 
 
@@ -138,12 +127,9 @@ def peer_table(report: dict) -> list[str]:
     """Each peer beside facetrain's fastest and leanest head of the same loss at the same C and N; a
     peer without a margin also beside facetrain's ArcFace heads. Empty without peers."""
     rows = [row for row in report["results"] if row["status"] == "ok"]
-    lines = [
-        "",
-        "| C | N | peer | step ms | peak | facetrain, same loss as | fastest | step ms | leanest | peak | "
-        "facetrain faster | facetrain lower |",
-        "|" + "---|" * 12,
-    ]
+    titles = ["C", "N", "peer", "step ms", "peak", "facetrain, same loss as", "fastest", "step ms", "leanest", "peak",
+              "facetrain faster", "facetrain lower"]  # fmt: skip
+    cells = []
     for peer in (row for row in rows if row["head"] in PEER_HEADS):
         for margin in ("arcface",) if peer["margin"] == "arcface" else ("softmax", "arcface"):
             ours = [
@@ -157,13 +143,15 @@ def peer_table(report: dict) -> list[str]:
             leanest = min(ours, key=lambda row: row["peak_memory_max_bytes"])
             faster = fastest["step_ms"] < peer["step_ms"]
             lower = leanest["peak_memory_max_bytes"] < peer["peak_memory_max_bytes"]
-            lines.append(
-                f"| {peer['num_classes']:,} | {peer['world_size']} | {peer['head']} | {peer['step_ms']:.1f} | "
-                f"{format_bytes(peer['peak_memory_max_bytes'])} | {margin} | {fastest['head']} | "
-                f"{fastest['step_ms']:.1f} | {leanest['head']} | {format_bytes(leanest['peak_memory_max_bytes'])} | "
-                f"{'yes' if faster else 'NO'} | {'yes' if lower else 'NO'} |"
-            )
-    return lines if len(lines) > 3 else []
+            cells.append(
+                [
+                    f"{peer['num_classes']:,}", str(peer["world_size"]), peer["head"], f"{peer['step_ms']:.1f}",
+                    format_bytes(peer["peak_memory_max_bytes"]), margin, fastest["head"],
+                    f"{fastest['step_ms']:.1f}", leanest["head"], format_bytes(leanest["peak_memory_max_bytes"]),
+                    "yes" if faster else "NO", "yes" if lower else "NO",
+                ]
+            )  # fmt: skip
+    return ["", *markdown_table(titles, cells)] if cells else []
 
 
 def plot(report: dict, path: Path) -> None:
@@ -207,6 +195,4 @@ def plot(report: dict, path: Path) -> None:
     figure.savefig(path, dpi=100)
 
 
-def write_outputs(report: dict, out: Path) -> str:
-    """Write JSON, plot and table atomically into `out`; return the table."""
-    return write_report_files(out, report, markdown_table(report), OUTPUT_NAMES, {"plot": plot})
+FILES = ReportFiles(json="bench_head.json", table="bench_head.md", plots={"plot": ("bench_head.png", plot)})

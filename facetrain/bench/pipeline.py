@@ -14,9 +14,10 @@ from pathlib import Path
 
 import click
 
+from facetrain.bench import pipeline_report
 from facetrain.bench.common import parse_int_list
 from facetrain.bench.pipeline_cases import PipelineBenchSettings, check_settings, run_pipeline_benchmark
-from facetrain.bench.pipeline_report import OUTPUT_NAMES, write_outputs
+from facetrain.bench.report import write_report
 from facetrain.devices import resolve_device
 from facetrain.files import refuse_to_overwrite
 
@@ -58,8 +59,8 @@ def run(
     )
     check_settings(settings)
     if not overwrite:
-        refuse_to_overwrite(out / name for name in OUTPUT_NAMES.values())
+        refuse_to_overwrite(out / name for name in pipeline_report.FILES.names.values())
     began = time.perf_counter()
     report = run_pipeline_benchmark(settings)
-    click.echo(write_outputs(report, out))
+    click.echo(write_report(out, report, pipeline_report.table(report), pipeline_report.FILES))
     click.echo(f"wrote {out} in {time.perf_counter() - began:.0f} s")

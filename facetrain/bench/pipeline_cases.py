@@ -18,7 +18,6 @@ import torch
 
 from facetrain.bench.common import gpu_info, machine_info, mean_of_max_over_ranks, timed_repeats
 from facetrain.bench.pipeline_settings import DEFAULTS, PipelineBenchSettings  # noqa: F401 (re-exported)
-from facetrain.bench.workers import WorkerPool
 from facetrain.devices import rank_device
 from facetrain.errors import FacetrainError
 from facetrain.heads import ShardedMarginHead, collectives
@@ -33,6 +32,7 @@ from facetrain.parallel.pipeline_split import (
     measure_unit_costs,
     pipeline_units,
 )
+from facetrain.parallel.workers import WorkerPool
 from facetrain.progress import ProgressBar
 from facetrain.train.optim import OptimConfig, build_optimizer
 from facetrain.train.step import StepParts, StepSettings, train_step

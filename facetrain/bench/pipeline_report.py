@@ -7,38 +7,29 @@ from pathlib import Path
 from matplotlib.backends.backend_agg import FigureCanvasAgg
 from matplotlib.figure import Figure
 
-from facetrain.bench.common import write_report_files
-
-OUTPUT_NAMES = {
-    "json": "bench_pipeline.json",
-    "bars": "bench_pipeline_bars.png",
-    "sweep": "bench_pipeline_split_sizes.png",
-    "table": "bench_pipeline.md",
-}
+from facetrain.bench.report import ReportFiles, markdown_table
 
 
-def markdown_table(report: dict) -> str:
+def _timing_cells(run: dict) -> list[str]:
+    return [f"{run['mean_s']:.3f} ± {run['std_s']:.3f}", f"{run['min_s']:.3f}", f"{run['images_per_s']:.1f}"]
+
+
+def table(report: dict) -> str:
     settings = report["settings"]
-    lines = [
-        "| run | micro-batches | s/step (mean ± std) | best s/step | images/s |",
-        "|---|---|---|---|---|",
-    ]
+    timings = ["s/step (mean ± std)", "best s/step", "images/s"]
     counts = {"model_parallel": 1, "pipelined": settings["microbatches"]}
-    for name, run in report["runs"].items():
-        lines.append(
-            f"| {name.replace('_', ' ')} | {counts.get(name, '-')} | {run['mean_s']:.3f} ± {run['std_s']:.3f} "
-            f"| {run['min_s']:.3f} | {run['images_per_s']:.1f} |"
-        )
-    lines += [
-        "",
-        "| split size | micro-batches | s/step (mean ± std) | best s/step | images/s |",
-        "|---|---|---|---|---|",
+    runs = [
+        [name.replace("_", " "), str(counts.get(name, "-")), *_timing_cells(run)]
+        for name, run in report["runs"].items()
     ]
-    for row in report["sweep"]:
-        lines.append(
-            f"| {row['split_size']} | {row['microbatches']} | {row['mean_s']:.3f} ± {row['std_s']:.3f} "
-            f"| {row['min_s']:.3f} | {row['images_per_s']:.1f} |"
-        )
+    sweep = [
+        [str(row["split_size"]), str(row["microbatches"]), *_timing_cells(row)] for row in report["sweep"]
+    ]
+    lines = [
+        *markdown_table(["run", "micro-batches", *timings], runs),
+        "",
+        *markdown_table(["split size", "micro-batches", *timings], sweep),
+    ]
     target, machine = report["target"], report["machine"]
     lines += [
         "",
@@ -108,7 +99,11 @@ def plot_sweep(report: dict, path: Path) -> None:
     figure.savefig(path, dpi=100, format="png")
 
 
-def write_outputs(report: dict, out: Path) -> str:
-    """Write JSON, the two plots and the table atomically into `out`; return the table."""
-    plots = {"bars": plot_bars, "sweep": plot_sweep}
-    return write_report_files(out, report, markdown_table(report), OUTPUT_NAMES, plots)
+FILES = ReportFiles(
+    json="bench_pipeline.json",
+    table="bench_pipeline.md",
+    plots={
+        "bars": ("bench_pipeline_bars.png", plot_bars),
+        "sweep": ("bench_pipeline_split_sizes.png", plot_sweep),
+    },
+)

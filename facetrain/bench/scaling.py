@@ -12,8 +12,9 @@ from pathlib import Path
 import click
 
 from facetrain.bench.common import machine_info, parse_int_list, parse_name_list
+from facetrain.bench.report import write_report
 from facetrain.bench.scaling_cases import H100, R100, evaluate, user_case_steps
-from facetrain.bench.scaling_report import FIGURES, OUTPUT_NAMES, write_outputs
+from facetrain.bench.scaling_report import FIGURES, FILES, table
 from facetrain.bench.scaling_validation import HEAD_MODES, TOLERANCE, ValidationSettings, compare, measure
 from facetrain.errors import FacetrainError
 from facetrain.files import refuse_to_overwrite
@@ -82,7 +83,8 @@ def run(
         if classes < max(settings.world_sizes):
             raise FacetrainError(f"--classes {classes} is fewer than {max(settings.world_sizes)} ranks")
     if not overwrite:
-        refuse_to_overwrite(out / name for name in OUTPUT_NAMES.values())
+        refuse_to_overwrite(out / name for name in FILES.names.values())
     began = time.perf_counter()
-    click.echo(write_outputs(run_scaling_benchmark(settings), out))
+    report = run_scaling_benchmark(settings)
+    click.echo(write_report(out, report, table(report), FILES))
     click.echo(f"wrote {out} in {time.perf_counter() - began:.0f} s")

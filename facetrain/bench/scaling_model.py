@@ -78,7 +78,7 @@ def _ring_all_reduce(buffer_bytes: float, n: int) -> float:
 
 
 def wire_bytes(step: Step) -> dict[str, float]:
-    """Bytes one rank sends per step by collective (ring model, as facetrain.bench.traffic counts)."""
+    """Bytes one rank sends per step by collective (ring model, as facetrain.parallel.traffic counts)."""
     n, batch, dim = step.world_size, step.global_batch, step.dim
     gradient = batch * dim * FP32
     return {

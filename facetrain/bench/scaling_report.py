@@ -7,17 +7,9 @@ from pathlib import Path
 from matplotlib.backends.backend_agg import FigureCanvasAgg
 from matplotlib.figure import Figure
 
-from facetrain.bench.common import report_footer, write_report_files
-from facetrain.bench.head_report import format_bytes
+from facetrain.bench.report import ReportFiles, format_bytes, markdown_table, report_footer
 from facetrain.bench.scaling_cases import USER_CASES, sweep_classes, sweep_world_sizes
 
-OUTPUT_NAMES = {
-    "json": "bench_scaling.json",
-    "validation_plot": "bench_scaling_validation.png",
-    "world_size_plot": "bench_scaling_world_size.png",
-    "classes_plot": "bench_scaling_classes.png",
-    "table": "bench_scaling.md",
-}
 FIGURES = {"memory": "peak_memory_bytes", "bytes sent": "bytes_sent", "step time": "step_s"}
 
 
@@ -30,46 +22,60 @@ def _validation_lines(validation: dict) -> list[str]:
         "GEMM rate as measured there, the elementwise passes at "
         f"{validation['gemm_flops_per_elementwise_byte']:.1f} GEMM flops a byte (fitted over all rows).",
         "",
-        "| head | N | B | shard | memory model / measured | bytes model / measured | time model / measured |",
-        "|---|---|---|---|---|---|---|",
     ]
-    for row in validation["rows"]:
-        model, measured, error = row["model"], row["measured"], row["relative_error"]
-        lines.append(
-            f"| {row['head']} | {row['world_size']} | {row['global_batch']} | {row['shard_classes']:,} | "
-            f"{format_bytes(model['peak_memory_bytes'])} / {format_bytes(measured['peak_memory_bytes'])} "
-            f"({error['peak_memory_bytes']:+.1%}) | "
-            f"{format_bytes(model['bytes_sent'])} / {format_bytes(measured['bytes_sent'])} "
-            f"({error['bytes_sent']:+.1%}) | "
-            f"{1000 * model['step_s']:.0f} / {1000 * measured['step_s']:.0f} ms "
-            f"({error['step_s']:+.1%}) |"
-        )
-    return lines
+    titles = [
+        "head",
+        "N",
+        "B",
+        "shard",
+        "memory model / measured",
+        "bytes model / measured",
+        "time model / measured",
+    ]
+    return lines + markdown_table(titles, map(_validation_cells, validation["rows"]))
+
+
+def _validation_cells(row: dict) -> list[str]:
+    model, measured, error = row["model"], row["measured"], row["relative_error"]
+    return [
+        row["head"],
+        str(row["world_size"]),
+        str(row["global_batch"]),
+        f"{row['shard_classes']:,}",
+        f"{format_bytes(model['peak_memory_bytes'])} / {format_bytes(measured['peak_memory_bytes'])} "
+        f"({error['peak_memory_bytes']:+.1%})",
+        f"{format_bytes(model['bytes_sent'])} / {format_bytes(measured['bytes_sent'])} ({error['bytes_sent']:+.1%})",
+        f"{1000 * model['step_s']:.0f} / {1000 * measured['step_s']:.0f} ms ({error['step_s']:+.1%})",
+    ]
 
 
 def _case_lines(cases: list[dict]) -> list[str]:
-    lines = [
-        "| GPUs | C | precision | head | tile | memory/GPU (head + r100) | head sent/step (r100 DDP) | "
-        "head ms: GEMM + passes + comm | r100 ms | head / r100 |",
-        "|---|---|---|---|---|---|---|---|---|---|",
+    titles = [
+        "GPUs", "C", "precision", "head", "tile", "memory/GPU (head + r100)", "head sent/step (r100 DDP)",
+        "head ms: GEMM + passes + comm", "r100 ms", "head / r100",
+    ]  # fmt: skip
+    return markdown_table(titles, map(_case_cells, cases))
+
+
+def _case_cells(case: dict) -> list[str]:
+    seconds = case["seconds"]
+    head = case["mode"] + (f", Partial FC {case['sample_rate']:g}" if case["sample_rate"] < 1 else "")
+    fits = "" if case["fits"] else " **does not fit**"
+    return [
+        str(case["world_size"]),
+        f"{case['classes']:,}",
+        case["precision"],
+        head,
+        f"{case['tile']:,}",
+        f"{format_bytes(case['head_memory_bytes'])} + {format_bytes(case['backbone_memory_bytes'])}{fits}",
+        f"{format_bytes(case['head_wire_bytes'])} ({format_bytes(case['backbone_wire_bytes'])})",
+        f"{1000 * seconds['gemm']:.1f} + {1000 * seconds['elementwise']:.1f} + {1000 * seconds['collectives']:.1f}",
+        f"{1000 * case['backbone_s']:.1f}",
+        f"{case['head_over_backbone']:.2f}",
     ]
-    for case in cases:
-        seconds = case["seconds"]
-        head = case["mode"] + (f", Partial FC {case['sample_rate']:g}" if case["sample_rate"] < 1 else "")
-        fits = "" if case["fits"] else " **does not fit**"
-        lines.append(
-            f"| {case['world_size']} | {case['classes']:,} | {case['precision']} | {head} | "
-            f"{case['tile']:,} | {format_bytes(case['head_memory_bytes'])} + "
-            f"{format_bytes(case['backbone_memory_bytes'])}{fits} | {format_bytes(case['head_wire_bytes'])} "
-            f"({format_bytes(case['backbone_wire_bytes'])}) | "
-            f"{1000 * seconds['gemm']:.1f} + {1000 * seconds['elementwise']:.1f} + "
-            f"{1000 * seconds['collectives']:.1f} | {1000 * case['backbone_s']:.1f} | "
-            f"{case['head_over_backbone']:.2f} |"
-        )
-    return lines
 
 
-def markdown_table(report: dict) -> str:
+def table(report: dict) -> str:
     lines = []
     if report.get("validation"):
         lines += _validation_lines(report["validation"]) + [""]
@@ -163,9 +169,12 @@ def plot_classes(report: dict, path: Path) -> None:
     figure.savefig(path, dpi=100)
 
 
-PLOTS = {"validation_plot": plot_validation, "world_size_plot": plot_world_size, "classes_plot": plot_classes}
-
-
-def write_outputs(report: dict, out: Path) -> str:
-    """Write JSON, plots and table atomically into `out`; return the table."""
-    return write_report_files(out, report, markdown_table(report), OUTPUT_NAMES, PLOTS)
+FILES = ReportFiles(
+    json="bench_scaling.json",
+    table="bench_scaling.md",
+    plots={
+        "validation_plot": ("bench_scaling_validation.png", plot_validation),
+        "world_size_plot": ("bench_scaling_world_size.png", plot_world_size),
+        "classes_plot": ("bench_scaling_classes.png", plot_classes),
+    },
+)

@@ -24,7 +24,7 @@ from facetrain.bench.scaling_model import (
     memory_bytes,
     wire_bytes,
 )
-from facetrain.bench.workers import WorkerPool
+from facetrain.parallel.workers import WorkerPool
 from facetrain.progress import ProgressBar
 
 HEAD_MODES = {"sharded": "untiled", "tiled": "tiled"}  # bench head's names for the two modes

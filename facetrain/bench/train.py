@@ -6,13 +6,12 @@ loading. The replicated FC is what plain DDP training does: every rank holds all
 normalize + linear + margin + cross_entropy on its local batch, and all-reduces the C x D gradient.
 The `linear` head is the floor: the backbone under a plain nn.Linear softmax over --linear-classes.
 On CUDA a step is timed until its kernels finish and peak memory is the GPU's allocated bytes; ranks
-that share a GPU join with gloo (`bench/workers.py`), which the report states.
+that share a GPU join with gloo (`parallel/workers.py`), which the report states.
 """
 
 from __future__ import annotations
 
 import itertools
-import json
 from pathlib import Path
 
 import click
@@ -28,9 +27,8 @@ from facetrain.bench.common import (
     peak_memory,
     timed_repeats,
 )
-from facetrain.bench.workers import WorkerPool
+from facetrain.bench.report import ReportFiles, markdown_table, write_report
 from facetrain.devices import resolve_device
-from facetrain.files import write_atomic
 from facetrain.heads import DenseMarginHead, HeadOutput, HeadPlan, ShardedMarginHead, collectives
 from facetrain.heads.kernel_choice import resolve_kernel
 from facetrain.models import build_backbone
@@ -39,6 +37,7 @@ from facetrain.parallel.config import ParallelConfig
 from facetrain.parallel.data_parallel import wrap_data_parallel
 from facetrain.parallel.dims import ParallelDims, init_parallel
 from facetrain.parallel.parallelize import parallelize_backbone
+from facetrain.parallel.workers import WorkerPool
 from facetrain.registry import Registry
 from facetrain.train.device_defaults import tile_classes
 from facetrain.train.optim import OptimConfig, build_fused_optimizer, build_optimizer
@@ -183,7 +182,10 @@ def run_train_benchmark(settings: dict) -> dict:
     }
 
 
-def format_table(result: dict) -> str:
+FILES = ReportFiles(json="train.json")  # the table is printed, not kept
+
+
+def table(result: dict) -> str:
     settings = result["settings"]
     lines = [
         f"{settings['world_size']} ranks on {settings['device']} ({settings['backend']}), "
@@ -192,14 +194,14 @@ def format_table(result: dict) -> str:
         f"{', compiled' if settings.get('compile') else ''}; "
         f"peak memory: {result['rows'][0]['memory_method']}",
         "",
-        "| head | classes | step (s) | images/s | peak memory per rank (MiB) |",
-        "| --- | ---: | ---: | ---: | --- |",
     ]
-    for row in result["rows"]:
-        peaks = ", ".join(f"{p / 2**20:.0f}" for p in row["peak_bytes_per_rank"])
-        lines.append(
-            f"| {row['head']} | {row['classes']} | {row['step_s']:.3f} | {row['images_per_s']:.1f} | {peaks} |"
-        )
+    titles = ["head", "classes", "step (s)", "images/s", "peak memory per rank (MiB)"]
+    cells = (
+        [row["head"], str(row["classes"]), f"{row['step_s']:.3f}", f"{row['images_per_s']:.1f}",
+         ", ".join(f"{p / 2**20:.0f}" for p in row["peak_bytes_per_rank"])]
+        for row in result["rows"]
+    )  # fmt: skip
+    lines += markdown_table(titles, cells, numeric=("classes", "step (s)", "images/s"))
     for name, target in result["targets"].items():
         verdict = "PASS" if target["pass"] else "MISS"
         lines.append(f"\n{name}: {target['value']:.2f} (target {target['target']}) {verdict}")
@@ -230,6 +232,5 @@ def run(
     result = run_train_benchmark(settings)
     out_dir = Path(out)
     out_dir.mkdir(parents=True, exist_ok=True)
-    write_atomic(out_dir / "train.json", lambda p: p.write_text(json.dumps(result, indent=2)))
-    click.echo(format_table(result))
-    click.echo(f"\nwrote {out_dir / 'train.json'}")
+    click.echo(write_report(out_dir, result, table(result), FILES))
+    click.echo(f"\nwrote {out_dir / FILES.json}")

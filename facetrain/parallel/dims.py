@@ -135,15 +135,18 @@ def visible_gpus() -> int:
     return torch.cuda.device_count() if torch.cuda.is_available() else 0
 
 
-def check_backend(backend: str, local_ranks: int, gpus: int) -> str:
+def check_backend(backend: str, local_ranks: int, gpus: int, share_gpus: bool = False) -> str:
     """The backend `parallel.backend` means for `local_ranks` ranks on a node with `gpus` visible GPUs,
-    refused in one line where NCCL cannot run: before any rank starts (the launcher) and at init.
+    refused in one line where NCCL cannot run: before any rank starts (the launcher), at init and for
+    the worker pool (`workers.py`), the one chooser of every local start.
 
     NCCL needs a GPU of its own for every rank; two ranks on one GPU fail in their first collective with
-    "Duplicate GPU detected". gloo may share GPUs (and runs on the CPU).
+    "Duplicate GPU detected". gloo may share GPUs (and runs on the CPU). A training run's auto refuses
+    more ranks than GPUs (the user picks gloo knowingly); with `share_gpus` (the worker pool, whose
+    benchmarks report shared-GPU figures as such) auto picks gloo for them instead.
     """
     if backend == "auto":
-        backend = "nccl" if gpus > 0 else "gloo"
+        backend = "nccl" if gpus > 0 and (local_ranks <= gpus or not share_gpus) else "gloo"
     if backend not in ("gloo", "nccl"):
         raise EveryRankError(f"parallel.backend must be auto, gloo or nccl, got {backend!r}")
     if backend == "nccl" and gpus == 0:

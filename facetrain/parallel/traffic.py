@@ -1,4 +1,4 @@
-"""Bytes each rank sends through collectives, counted during a benchmark by a torch dispatch mode.
+"""Bytes each rank sends through collectives, counted by a torch dispatch mode (benchmarks, tests/test_head.py).
 
 Training code calls the collectives plainly. Every `torch.distributed` collective reaches the c10d
 operators of torch's dispatcher (what `torch.distributed.tensor.debug.CommDebugMode` counts), so inside

@@ -24,7 +24,7 @@ from typing import Any
 import numpy
 import torch
 
-from facetrain.bench.workers import WorkerError, WorkerPool
+from facetrain.parallel.workers import WorkerError, WorkerPool
 
 _POOLS: dict[int, WorkerPool] = {}
 # In each rank: the state it had before its first test (None until then).

@@ -1,8 +1,11 @@
-"""The one way facetrain runs code on several local ranks outside training: a pool of spawned processes.
+"""The one way facetrain runs a function on several local ranks outside training: a pool of spawned
+processes (training's ranks start through torch elastic, `launch.py`).
 
 Each rank is a spawned process joined through a file rendezvous in a temporary directory, so each
 rank's memory is its own process's memory and the collectives are real ones. Benchmarks and the test
-suite both use it. On the CPU the ranks use gloo; on CUDA see `collective_backend`.
+suite (tests/support/distributed.py) both use it. The backend comes from `dims.check_backend`, the
+chooser `launch.py` and `init_parallel` use, and each rank's device from `facetrain.devices` through
+`init_parallel`.
 """
 
 from __future__ import annotations
@@ -20,24 +23,11 @@ from typing import Any
 
 import torch
 
-from facetrain.parallel.dims import destroy_parallel, init_parallel
+from facetrain.parallel.dims import check_backend, destroy_parallel, init_parallel, visible_gpus
 
 
 class WorkerError(RuntimeError):
     """A rank raised, died or timed out; the pool that ran it is closed."""
-
-
-def collective_backend(device: str, world_size: int, gpu_count: int) -> str:
-    """nccl when every CUDA rank has a GPU of its own; gloo on the CPU and when ranks share GPUs.
-
-    NCCL refuses two ranks on one GPU ("Duplicate GPU detected"). gloo takes CUDA tensors for the
-    collectives facetrain's head and DDP use (all-reduce, all-gather, broadcast; its reduce-scatter is an
-    all-reduce), staging them through pinned host memory, so shared-GPU figures include that copy. gloo
-    has no CUDA point-to-point: a pipeline on CUDA needs a GPU per stage (see `bench/pipeline_cases.py`).
-    """
-    if device == "cuda" and world_size <= gpu_count:
-        return "nccl"
-    return "gloo"
 
 
 def _worker_main(
@@ -74,11 +64,14 @@ def _worker_main(
 
 class WorkerPool:
     """`world_size` spawned processes joined through a file rendezvous in a temp dir, on `device`:
-    "cpu" (GPUs hidden from the ranks), "cuda" (rank r on GPU r modulo the GPUs visible, `backend` from
-    `collective_backend`), or None (gloo, each rank where `init_parallel` puts it).
+    "cpu" (GPUs hidden from the ranks), "cuda" (rank r on GPU r modulo the GPUs visible; nccl when every
+    rank has a GPU of its own, else gloo, which takes CUDA tensors for the collectives the head and DDP
+    use, staging them through host memory, so shared-GPU figures include that copy; gloo has no CUDA
+    point-to-point, so a pipeline on CUDA needs a GPU per stage), or None (gloo, each rank where
+    `init_parallel` puts it).
 
     Benchmarks keep one alive across configurations (starting a process that imports torch costs
-    seconds); tests run one function in a fresh pool (tests/distributed.py).
+    seconds); tests keep one per world size (tests/support/distributed.py).
 
     `pool.run(fn, *args)` calls `fn(rank, world_size, *args)` on every rank (fn must be a module-level
     function so that it pickles) and returns the results in rank order. When a rank raises, dies or
@@ -96,11 +89,11 @@ class WorkerPool:
     ):
         self.world_size = world_size
         self.device = device
-        gpus = torch.cuda.device_count() if device == "cuda" else 0
-        self.backend = collective_backend(device or "cpu", world_size, gpus)
+        gpus = visible_gpus() if device == "cuda" else 0
+        self.backend = check_backend("auto", world_size, gpus, share_gpus=True)
         self.timeout_s = timeout_s
         context = mp.get_context("spawn")
-        self._rendezvous_dir = tempfile.TemporaryDirectory(prefix="facetrain-bench-")
+        self._rendezvous_dir = tempfile.TemporaryDirectory(prefix="facetrain-workers-")
         init_method = f"file://{Path(self._rendezvous_dir.name) / 'rendezvous'}"
         self._results = context.Queue()
         self._tasks = [context.Queue() for _ in range(world_size)]

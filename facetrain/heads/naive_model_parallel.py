@@ -1,4 +1,5 @@
-"""The classic model-parallel FC, kept as a benchmark baseline: shard logits are concatenated on rank 0.
+"""The classic model-parallel FC, the baseline the benchmarks and tests/test_head.py measure the sharded
+head against: shard logits are concatenated on rank 0. Training never builds it (no registry names it).
 
 Each rank computes the logits of the global batch against its classes, rank 0 gathers all of them
 (B x C) and computes the loss; the backward scatters the logit gradients back. Rank 0's memory and
@@ -12,8 +13,10 @@ import torch
 import torch.distributed as dist
 import torch.nn.functional as F
 
-from facetrain.heads import HeadOutput, MarginHead, class_range, collectives
+from facetrain.heads import collectives
+from facetrain.heads.base import HeadOutput, MarginHead
 from facetrain.heads.dense import margin_logits
+from facetrain.heads.partition import class_range
 
 
 class NaiveModelParallelHead(MarginHead):

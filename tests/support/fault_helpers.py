@@ -13,7 +13,7 @@ from pathlib import Path
 import torch
 
 from facetrain.checkpoint import read_entries, resolve_checkpoint, stored
-from tests.train_helpers import REPO
+from tests.support.train_helpers import REPO
 
 ENV = {**os.environ, "PYTHONUNBUFFERED": "1", "OMP_NUM_THREADS": "1"}
 

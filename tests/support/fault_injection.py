@@ -1,6 +1,6 @@
 """Run `facetrain` in this process with a fault injected into its checkpoint writes (tests only).
 
-    python -m tests.fault_injection POINT SAVE_NUMBER facetrain-arguments...
+    python -m tests.support.fault_injection POINT SAVE_NUMBER facetrain-arguments...
 
 At checkpoint write number SAVE_NUMBER (1 = the first this process writes) the process is killed with
 SIGKILL at POINT, or, for `disk-full`, the write fails with ENOSPC, or, for `signals`, every process of
