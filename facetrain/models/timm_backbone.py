@@ -55,4 +55,5 @@ def timm_backbone(
     except TypeError:
         body = timm.create_model(name, **options)
     output = nn.Sequential(OrderedDict(features=WeightPrecisionBatchNorm1d(embedding_size)))
-    return Backbone(OrderedDict(body=body, output=output), embedding_size, size)
+    # one stage for the whole timm model, whose inner layout facetrain does not know
+    return Backbone(OrderedDict(body=body, output=output), embedding_size, size, [("body",), ("output",)])
