@@ -10,6 +10,7 @@ import pytest
 import torch
 
 from facetrain.checkpoint import load_backbone, load_full_head
+from facetrain.models.backbone import stage_of
 from facetrain.train.optim import OptimConfig, build_lr_scheduler, build_optimizer
 from tests.train_helpers import run_cli, tiny_config, trained_tiny_run
 
@@ -112,3 +113,37 @@ def test_a_run_without_init_verifies_no_step_0(earlier_run, tmp_path):
     assert [path.name for path in (tmp_path / "scratch" / "eval").glob("step_*.json")] == [
         "step_00000002.json"
     ]
+
+
+FROZEN = {"freeze_stages": 2, "layer_decay": 0.7, "momentum": 0.9}
+
+
+def test_frozen_stages_keep_the_initial_weights_and_statistics_while_the_later_ones_learn(
+    earlier_run, tmp_path
+):
+    config = tiny_config(tmp_path, "finetune", data={"path": str(earlier_run / "synth")}, optim=FROZEN)
+    result = run_cli("train", "-c", str(config), "--init", str(earlier_run / "run"), "--set", "train.steps=3")
+    assert result.returncode == 0, result.stderr
+    backbone, _ = load_backbone(tmp_path / "finetune")
+    initial, tuned = backbone_state(earlier_run / "run"), backbone.state_dict()
+    frozen = [key for key in initial if stage_of(key, backbone.stages) < FROZEN["freeze_stages"]]
+    assert any("running_mean" in key for key in frozen) and any("weight" in key for key in frozen)
+    assert all(torch.equal(initial[key], tuned[key]) for key in frozen)  # weights and BN statistics
+    learning = [key for key in initial if key not in frozen and initial[key].is_floating_point()]
+    assert sum(not torch.equal(initial[key], tuned[key]) for key in learning) > len(learning) // 2
+
+
+def test_a_resume_that_changes_the_freeze_or_the_decay_is_refused_in_one_line(earlier_run, tmp_path):
+    config = tiny_config(
+        tmp_path, "frozen", data={"path": str(earlier_run / "synth")}, optim=FROZEN, train={"steps": 1}
+    )
+    assert run_cli("train", "-c", str(config)).returncode == 0
+    for key, value in (("freeze_stages", "1"), ("layer_decay", "0.5")):
+        result = run_cli(
+            "train", "-c", str(config), "--resume", "auto", "--set", "train.steps=2",
+            "--set", f"optim.{key}={value}",
+        )  # fmt: skip
+        assert result.returncode == 2, result.stderr
+        lines = result.stderr.strip().splitlines()
+        assert len(lines) == 1 and lines[0].startswith(f"error: optim.{key}: checkpoint "), lines
+        assert f"resume with optim.{key}={FROZEN[key]}" in lines[0] and "--init" in lines[0]
