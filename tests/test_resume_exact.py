@@ -16,6 +16,8 @@ import torch
 from safetensors.torch import load_file
 
 from facetrain.checkpoint.names import BACKBONE, EMA, OPTIM_STATE
+from facetrain.models import build_backbone
+from facetrain.train.run_config import load_config
 from tests.fault_helpers import assert_same_checkpoint, checkpoint_tensors
 from tests.train_helpers import logged_losses, run_cli, tiny_config
 
@@ -93,3 +95,27 @@ def test_frozen_and_decayed_stages_resume_to_the_same_checkpoint(tmp_path):
     momentum = checkpoint_tensors(tmp_path / "straight", OPTIM_STATE + "backbone.")  # by parameter name
     assert any(key.startswith("stage3.") for key in momentum)
     assert not any(key.startswith(("stem.", "stage1.")) for key in momentum)  # frozen: never stepped
+
+
+@pytest.mark.slow
+def test_frozen_stages_train_under_ddp_and_stay_frozen_when_two_ranks_resume_on_one(tmp_path):
+    """DDP reads which parameters require gradients when it wraps the backbone, so the freeze comes
+    first; the optimizer state is saved by parameter name, so two ranks' groups reshard onto one."""
+    optim = {"freeze_stages": 2, "layer_decay": 0.7}
+    config = tiny_config(tmp_path, "run", optim=optim, train={"steps": 2, "checkpoint_every": 2})
+    result = run_cli("train", "-c", str(config), "--nproc", "2")
+    assert result.returncode == 0, result.stderr
+    resumed = run_cli("train", "-c", str(config), "--set", "train.steps=4", "--resume", "auto")
+    assert resumed.returncode == 0, resumed.stderr
+    checkpoints = tmp_path / "run" / "checkpoints"
+    two_ranks, one_rank = (
+        checkpoint_tensors(checkpoints / name, BACKBONE) for name in ("step_00000002", "step_00000004")
+    )
+    cfg = load_config(config)
+    torch.manual_seed(cfg.train.seed)  # the initial weights, as the run drew them
+    initial = build_backbone(cfg.model, tuple(cfg.data.image_size)).state_dict()
+    frozen = [key for key in two_ranks if key.startswith(("stem.", "stage1."))]
+    assert any("running_var" in key for key in frozen)
+    for key in frozen:  # weights and BN statistics, through DDP's steps and the resumed ones
+        assert torch.equal(two_ranks[key], initial[key]) and torch.equal(one_rank[key], initial[key]), key
+    assert not torch.equal(two_ranks["stage3.conv.0.weight"], one_rank["stage3.conv.0.weight"])

@@ -5,6 +5,8 @@ tests/test_finetune.py and tests/test_resume_exact.py."""
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import pytest
 import torch
 from torch import nn
@@ -13,7 +15,10 @@ from facetrain.errors import FacetrainError
 from facetrain.models import ModelConfig, build_backbone
 from facetrain.models.backbone import stage_of
 from facetrain.train.optim import OptimConfig, build_lr_scheduler, build_optimizer, head_learning_rate
-from facetrain.train.stage_groups import set_train_mode
+from facetrain.train.run_config import load_config
+from facetrain.train.stage_groups import check_freeze_stages, set_train_mode
+
+REPO = Path(__file__).resolve().parents[1]
 
 
 def small_backbone() -> nn.Module:
@@ -86,3 +91,13 @@ def test_more_frozen_stages_than_lie_below_the_embedding_layer_is_one_line_namin
     message = str(error.value)
     assert "\n" not in message and message.startswith("optim.freeze_stages: 6 is more than")
     assert "use at most 5" in message
+
+
+def test_each_shipped_config_freezes_no_more_stages_than_its_backbone_has():
+    configs = [load_config(path) for path in sorted((REPO / "configs").glob("*.yaml"))]
+    freezing = [cfg for cfg in configs if cfg.optim.freeze_stages or cfg.optim.layer_decay != 1]
+    assert freezing  # configs/finetune_dlib_frozen.yaml at least
+    for cfg in freezing:
+        with torch.device("meta"):
+            backbone = build_backbone(cfg.model, tuple(cfg.data.image_size))
+        check_freeze_stages(cfg.optim.freeze_stages, backbone.stages)
