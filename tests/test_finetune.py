@@ -147,3 +147,15 @@ def test_a_resume_that_changes_the_freeze_or_the_decay_is_refused_in_one_line(ea
         lines = result.stderr.strip().splitlines()
         assert len(lines) == 1 and lines[0].startswith(f"error: optim.{key}: checkpoint "), lines
         assert f"resume with optim.{key}={FROZEN[key]}" in lines[0] and "--init" in lines[0]
+
+
+def test_freezing_more_stages_than_the_backbone_has_is_one_line_naming_the_key(earlier_run, tmp_path):
+    config = tiny_config(
+        tmp_path, "frozen", data={"path": str(earlier_run / "synth")}, optim={"freeze_stages": 6}
+    )
+    result = run_cli("train", "-c", str(config))
+    assert result.returncode == 2
+    assert result.stderr.strip().splitlines() == [
+        "error: optim.freeze_stages: 6 is more than this backbone's 5 stages below its embedding layer "
+        "(stem, stage1, stage2, stage3, squeeze); use at most 5"
+    ]

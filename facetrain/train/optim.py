@@ -100,7 +100,7 @@ def build_optimizer(
     `backbone` is a pipeline stage of it."""
     stages = getattr(backbone, "stages", None) if stages is None else stages
     if cfg.freeze_stages:
-        freeze_stages(backbone, stages, cfg.freeze_stages)  # again: a caller without DDP need not
+        freeze_stages(backbone, stages, cfg.freeze_stages)  # the trainer froze them before DDP already
     lr = cfg.lr * cfg.backbone_lr_scale
     groups = backbone_groups(backbone, stages, lr, cfg.weight_decay, cfg.freeze_stages, cfg.layer_decay)
     if head is not None:
