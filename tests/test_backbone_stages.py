@@ -13,12 +13,14 @@ from facetrain.models import BACKBONES, Backbone, ModelConfig, build_backbone
 from facetrain.models.backbone import stage_of
 from facetrain.models.timm_backbone import timm_installed
 
-TIMM = pytest.param(
-    "timm:resnet18", marks=pytest.mark.skipif(not timm_installed(), reason="timm is not installed")
-)
+# the classifier at the top (resnet18), inside a head (convnext), beside parameters of the model's own (vit)
+TIMM = [
+    pytest.param(name, marks=pytest.mark.skipif(not timm_installed(), reason="timm is not installed"))
+    for name in ("timm:resnet18", "timm:convnext_nano", "timm:vit_tiny_patch16_224")
+]
 
 
-@pytest.mark.parametrize("name", [*BACKBONES.names(), TIMM])
+@pytest.mark.parametrize("name", [*BACKBONES.names(), *TIMM])
 def test_the_stages_cover_every_parameter_once_from_the_stem_to_the_embedding(name):
     with torch.device("meta"):  # the shapes alone: r100 and iresnet200 build in no time
         backbone = build_backbone(ModelConfig(backbone=name, embedding_size=32))
@@ -26,6 +28,8 @@ def test_the_stages_cover_every_parameter_once_from_the_stem_to_the_embedding(na
     assert len(backbone.stages) >= 2
     assert indices == sorted(indices)  # forward order: the stem's parameters first, the embedding's last
     assert set(indices) == set(range(len(backbone.stages)))  # no stage without a parameter
+    if name.startswith("timm:"):  # timm's classifier is the embedding FC: it always trains
+        assert len(backbone.stages) == 2 and backbone.stages[-1][0].startswith("body.")
 
 
 def test_a_backbone_whose_stages_miss_or_repeat_a_parameter_is_refused():
