@@ -14,6 +14,7 @@ from torch import nn
 from facetrain.errors import FacetrainError
 from facetrain.models import ModelConfig, build_backbone
 from facetrain.models.backbone import stage_of
+from facetrain.parallel.pipeline_split import pipeline_units, split_backbone
 from facetrain.train.optim import OptimConfig, build_lr_scheduler, build_optimizer, head_learning_rate
 from facetrain.train.run_config import load_config
 from facetrain.train.stage_groups import check_freeze_stages, set_train_mode
@@ -101,3 +102,19 @@ def test_each_shipped_config_freezes_no_more_stages_than_its_backbone_has():
         with torch.device("meta"):
             backbone = build_backbone(cfg.model, tuple(cfg.data.image_size))
         check_freeze_stages(cfg.optim.freeze_stages, backbone.stages)
+
+
+def test_pipeline_stages_cut_through_a_stage_get_the_rates_of_the_whole_backbones_stages():
+    backbone = small_backbone()
+    units = [unit.name for unit in pipeline_units(backbone)]
+    cuts = [units.index("stage2.conv"), units.index("output.fc")]  # inside stage2 and the output
+    parts = split_backbone(backbone, cuts)
+    cfg = OptimConfig(lr=0.1, layer_decay=0.5)
+    whole = {id(param): group["lr"] for group in build_optimizer(cfg, backbone, None).param_groups
+             for param in group["params"]}  # fmt: skip
+    seen = []
+    for part in parts:
+        for group in build_optimizer(cfg, part, None, stages=backbone.stages).param_groups:
+            assert all(whole[id(param)] == group["lr"] for param in group["params"]), group["name"]
+            seen += [id(param) for param in group["params"]]
+    assert sorted(seen) == sorted(whole)
