@@ -118,6 +118,10 @@ BAD_VALUES = [
     (["optim.grad_clip=0"], "optim.grad_clip", "0.0"),
     (["optim.backbone_lr_scale=0"], "optim.backbone_lr_scale", "0.0"),
     (["optim.head_only_steps=-1"], "optim.head_only_steps", "-1"),
+    (["optim.freeze_stages=-1"], "optim.freeze_stages", "-1"),
+    (["optim.freeze_stages=99999999999999999999"], "optim.freeze_stages", "99999999999999999999"),
+    (["optim.layer_decay=0"], "optim.layer_decay", "0.0"),
+    (["optim.layer_decay=1.5"], "optim.layer_decay", "1.5"),
     # train
     (["train.output_dir=''"], "train.output_dir", "''"),
     (["train.seed=-1"], "train.seed", "-1"),
@@ -148,6 +152,7 @@ BAD_VALUES = [
     (["parallel.pipeline_stages=2", "eval.pairs=p.txt"], "eval.pairs", "'p.txt'"),
     (["parallel.pipeline_stages=2", "parallel.microbatches=3"], "parallel.microbatches", "3"),
     (["parallel.pipeline_stages=2", "optim.head_only_steps=5"], "optim.head_only_steps", "5"),
+    (["parallel.pipeline_stages=2", "optim.freeze_stages=1"], "optim.freeze_stages", "1"),
     (["parallel.pipeline_stages=2", "loss.teacher=."], "loss.teacher", "'.'"),
     (
         ["parallel.pipeline_stages=4", "parallel.microbatches=2", "parallel.schedule=1f1b"],

@@ -11,6 +11,8 @@ import torch
 
 from facetrain.checkpoint import load_full_head
 from facetrain.interop import load_model
+from facetrain.models import ModelConfig, build_backbone
+from facetrain.models.backbone import stage_of
 from facetrain.train.optim import OptimConfig, build_lr_scheduler, build_optimizer
 from tests.support.train_helpers import run_cli, tiny_config, trained_tiny_run
 
@@ -112,4 +114,51 @@ def test_a_run_without_init_verifies_no_step_0(earlier_run, tmp_path):
     assert run_cli("train", "-c", str(config)).returncode == 0
     assert [path.name for path in (tmp_path / "scratch" / "eval").glob("step_*.json")] == [
         "step_00000002.json"
+    ]
+
+
+FROZEN = {"freeze_stages": 2, "layer_decay": 0.7, "momentum": 0.9}
+
+
+def test_frozen_stages_keep_the_initial_weights_and_statistics_while_the_later_ones_learn(
+    earlier_run, tmp_path
+):
+    config = tiny_config(tmp_path, "finetune", data={"path": str(earlier_run / "synth")}, optim=FROZEN)
+    result = run_cli("train", "-c", str(config), "--init", str(earlier_run / "run"), "--set", "train.steps=3")
+    assert result.returncode == 0, result.stderr
+    with torch.device("meta"):  # tiny_config's backbone, for the names of its stages
+        stages = build_backbone(ModelConfig(backbone="small", embedding_size=32), (32, 32)).stages
+    initial, tuned = backbone_state(earlier_run / "run"), backbone_state(tmp_path / "finetune")
+    frozen = [key for key in initial if stage_of(key, stages) < FROZEN["freeze_stages"]]
+    assert any("running_mean" in key for key in frozen) and any("weight" in key for key in frozen)
+    assert all(torch.equal(initial[key], tuned[key]) for key in frozen)  # weights and BN statistics
+    learning = [key for key in initial if key not in frozen and initial[key].is_floating_point()]
+    assert sum(not torch.equal(initial[key], tuned[key]) for key in learning) > len(learning) // 2
+
+
+def test_a_resume_that_changes_the_freeze_or_the_decay_is_refused_in_one_line(earlier_run, tmp_path):
+    config = tiny_config(
+        tmp_path, "frozen", data={"path": str(earlier_run / "synth")}, optim=FROZEN, train={"steps": 1}
+    )
+    assert run_cli("train", "-c", str(config)).returncode == 0
+    for key, value in (("freeze_stages", "1"), ("layer_decay", "0.5")):
+        result = run_cli(
+            "train", "-c", str(config), "--resume", "auto", "--set", "train.steps=2",
+            "--set", f"optim.{key}={value}",
+        )  # fmt: skip
+        assert result.returncode == 2, result.stderr
+        lines = result.stderr.strip().splitlines()
+        assert len(lines) == 1 and lines[0].startswith(f"error: optim.{key}: checkpoint "), lines
+        assert f"resume with optim.{key}={FROZEN[key]}" in lines[0] and "--init" in lines[0]
+
+
+def test_freezing_more_stages_than_the_backbone_has_is_one_line_naming_the_key(earlier_run, tmp_path):
+    config = tiny_config(
+        tmp_path, "frozen", data={"path": str(earlier_run / "synth")}, optim={"freeze_stages": 6}
+    )
+    result = run_cli("train", "-c", str(config))
+    assert result.returncode == 2
+    assert result.stderr.strip().splitlines() == [
+        "error: optim.freeze_stages: 6 is more than this backbone's 5 stages below its embedding layer "
+        "(stem, stage1, stage2, stage3, squeeze); use at most 5"
     ]

@@ -15,8 +15,10 @@ import pytest
 import torch
 from safetensors.torch import load_file
 
-from facetrain.checkpoint.names import BACKBONE, EMA
-from tests.support.fault_helpers import checkpoint_tensors
+from facetrain.checkpoint.names import BACKBONE, EMA, OPTIM_STATE
+from facetrain.models import build_backbone
+from facetrain.train.run_config import load_config
+from tests.support.fault_helpers import assert_same_checkpoint, checkpoint_tensors
 from tests.support.train_helpers import logged_losses, run_cli, tiny_config
 
 HALF = 3
@@ -72,3 +74,48 @@ def test_two_ranks_with_workers_resume_to_the_same_losses_and_weights(tmp_path):
     assert sorted(weights) == sorted(resumed_weights) and "head.weight" in weights
     for name, tensor in weights.items():
         torch.testing.assert_close(resumed_weights[name], tensor, rtol=0, atol=1e-6, msg=name)
+
+
+def test_frozen_and_decayed_stages_resume_to_the_same_checkpoint(tmp_path):
+    """optim.freeze_stages and optim.layer_decay: the parameter groups are rebuilt on resume, each with
+    its own rate inside a warmup and a cosine decay, and the frozen stages have no optimizer state: the
+    resumed run ends bit for bit where the straight one does (weights, BN statistics, momentum, RNG)."""
+    optim = {"freeze_stages": 2, "layer_decay": 0.7, "schedule": "cosine", "warmup_steps": 2}
+    straight = tiny_config(tmp_path, "straight", optim=optim, train={"steps": 2 * HALF})
+    halves = tiny_config(tmp_path, "halves", optim=optim, train={"steps": HALF})
+    for args in (
+        ("-c", str(straight)),
+        ("-c", str(halves)),
+        ("-c", str(halves), "--set", f"train.steps={2 * HALF}", "--resume", "auto"),
+    ):
+        result = run_cli("train", *args)
+        assert result.returncode == 0, result.stderr
+    assert logged_losses(tmp_path / "halves") == logged_losses(tmp_path / "straight")
+    assert_same_checkpoint(tmp_path / "halves", tmp_path / "straight")
+    momentum = checkpoint_tensors(tmp_path / "straight", OPTIM_STATE + "backbone.")  # by parameter name
+    assert any(key.startswith("stage3.") for key in momentum)
+    assert not any(key.startswith(("stem.", "stage1.")) for key in momentum)  # frozen: never stepped
+
+
+@pytest.mark.slow
+def test_frozen_stages_train_under_ddp_and_stay_frozen_when_two_ranks_resume_on_one(tmp_path):
+    """DDP reads which parameters require gradients when it wraps the backbone, so the freeze comes
+    first; the optimizer state is saved by parameter name, so two ranks' groups reshard onto one."""
+    optim = {"freeze_stages": 2, "layer_decay": 0.7}
+    config = tiny_config(tmp_path, "run", optim=optim, train={"steps": 2, "checkpoint_every": 2})
+    result = run_cli("train", "-c", str(config), "--nproc", "2")
+    assert result.returncode == 0, result.stderr
+    resumed = run_cli("train", "-c", str(config), "--set", "train.steps=4", "--resume", "auto")
+    assert resumed.returncode == 0, resumed.stderr
+    checkpoints = tmp_path / "run" / "checkpoints"
+    two_ranks, one_rank = (
+        checkpoint_tensors(checkpoints / name, BACKBONE) for name in ("step_00000002", "step_00000004")
+    )
+    cfg = load_config(config)
+    torch.manual_seed(cfg.train.seed)  # the initial weights, as the run drew them
+    initial = build_backbone(cfg.model, tuple(cfg.data.image_size)).state_dict()
+    frozen = [key for key in two_ranks if key.startswith(("stem.", "stage1."))]
+    assert any("running_var" in key for key in frozen)
+    for key in frozen:  # weights and BN statistics, through DDP's steps and the resumed ones
+        assert torch.equal(two_ranks[key], initial[key]) and torch.equal(one_rank[key], initial[key]), key
+    assert not torch.equal(two_ranks["stage3.conv.0.weight"], one_rank["stage3.conv.0.weight"])

@@ -8,6 +8,7 @@ model runs whole or split.
 from __future__ import annotations
 
 from collections import OrderedDict
+from collections.abc import Sequence
 
 import torch
 from torch import nn
@@ -41,15 +42,30 @@ class ConvStage(nn.Sequential):
         return part
 
 
+Stages = tuple[tuple[str, ...], ...]
+"""A backbone's stages in order, each the module paths it holds: the stem first, the embedding layer
+last. Fine-tuning counts them (optim.freeze_stages, optim.layer_decay)."""
+
+
 class Backbone(nn.Sequential):
-    """Images (B, 3, H, W) to embeddings (B, embedding_size) through named top-level modules."""
+    """Images (B, 3, H, W) to embeddings (B, embedding_size) through named top-level modules.
+
+    `stages` groups the modules by depth (see `Stages`): each backbone names its own beside its code,
+    since only it knows where its stem ends and which layers make the embedding."""
 
     def __init__(
-        self, modules: OrderedDict[str, nn.Module], embedding_size: int, input_size: tuple[int, int]
+        self,
+        modules: OrderedDict[str, nn.Module],
+        embedding_size: int,
+        input_size: tuple[int, int],
+        stages: Sequence[Sequence[str]],
     ):
         super().__init__(modules)
         self.embedding_size = embedding_size
         self.input_size = tuple(input_size)
+        self.stages: Stages = tuple(tuple(paths) for paths in stages)
+        for name, _ in self.named_parameters():
+            stage_of(name, self.stages)  # every parameter in exactly one stage, or a ValueError now
 
     def set_activation_checkpointing(self, enabled: bool) -> None:
         """Trade compute for memory: residual stages keep only their inputs and recompute in backward."""
@@ -72,3 +88,17 @@ class Backbone(nn.Sequential):
         for module in self.modules():
             if isinstance(module, ConvStage):
                 module.channels_last = enabled
+
+
+def stage_of(name: str, stages: Stages) -> int:
+    """The index of the stage holding the parameter or module `name` (as `named_parameters` names it,
+    which a pipeline stage or a compiled backbone keeps)."""
+    found = [
+        index
+        for index, paths in enumerate(stages)
+        for path in paths
+        if name == path or name.startswith(f"{path}.")
+    ]
+    if len(found) != 1:
+        raise ValueError(f"backbone parameter {name} lies in {len(found)} of the stages {stages}, not one")
+    return found[0]

@@ -164,7 +164,9 @@ def dlib_resnet(embedding_size: int, dropout: float, input_size: tuple[int, int]
         )
         in_channels = width
     modules["head"] = DlibHead(in_channels, embedding_size, dropout)
-    return Backbone(modules, embedding_size, input_size)
+    stem = ("input", "stem")  # the input layer holds dlib's mean alone, no parameter
+    levels = [(f"level{index}",) for index in range(1, len(LEVELS) + 1)]
+    return Backbone(modules, embedding_size, input_size, [stem, *levels, ("head",)])
 
 
 def dlib_layer_sequence(backbone: Backbone) -> list[DlibLayerSpec]:

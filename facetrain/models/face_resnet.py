@@ -47,7 +47,7 @@ def face_resnet(
         in_channels = width
     spatial = (downsampled(input_size[0], len(depths)), downsampled(input_size[1], len(depths)))
     modules["output"] = FlattenedEmbedding(in_channels, spatial, embedding_size, dropout)
-    backbone = Backbone(modules, embedding_size, input_size)
+    backbone = Backbone(modules, embedding_size, input_size, [(name,) for name in modules])
     initialize(backbone)
     return backbone
 

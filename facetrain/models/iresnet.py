@@ -84,7 +84,9 @@ def iresnet(
     modules["dropout"] = nn.Dropout(dropout)
     modules["fc"] = WeightPrecisionLinear(in_channels * map_height * map_width, embedding_size)
     modules["features"] = WeightPrecisionBatchNorm1d(embedding_size, eps=BN_EPS)
-    backbone = Backbone(modules, embedding_size, input_size)
+    stem, embedding = ("conv1", "bn1", "prelu"), ("bn2", "flatten", "dropout", "fc", "features")
+    layers = [(f"layer{index}",) for index in range(1, len(depths) + 1)]
+    backbone = Backbone(modules, embedding_size, input_size, [stem, *layers, embedding])
     initialize(backbone)
     return backbone
 

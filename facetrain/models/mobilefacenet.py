@@ -143,7 +143,10 @@ def mobilefacenet(
         conv_sep=FullPrecision(conv_sep.layers),
         features=FullPrecision(gdc),
     )
-    backbone = Backbone(modules, embedding_size, input_size)
+    # the stem and each downsampling with the bottlenecks after it; the GDC and its linear embed
+    stages = [("layers.0", "layers.1"), ("layers.2", "layers.3"), ("layers.4", "layers.5")]
+    stages += [("layers.6", "layers.7"), ("conv_sep",), ("features",)]
+    backbone = Backbone(modules, embedding_size, input_size, stages)
     initialize(backbone)
     return backbone
 

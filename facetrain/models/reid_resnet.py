@@ -30,4 +30,5 @@ def reid_r50(embedding_size: int, dropout: float, input_size: tuple[int, int] | 
     for name in ("layer1", "layer2", "layer3", "layer4"):
         modules[name] = ConvStage(OrderedDict(getattr(net, name).named_children()))
     modules["output"] = PooledEmbedding(net.fc.in_features, embedding_size, dropout)
-    return Backbone(modules, embedding_size, input_size or REID_INPUT_SIZE)
+    stages = [(name,) for name in modules]
+    return Backbone(modules, embedding_size, input_size or REID_INPUT_SIZE, stages)

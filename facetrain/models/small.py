@@ -47,14 +47,14 @@ def small_network(
         )
     if pooled:
         modules["output"] = PooledEmbedding(widths[-1], embedding_size, dropout)
-        return Backbone(modules, embedding_size, input_size)
+        return Backbone(modules, embedding_size, input_size, [(name,) for name in modules])
     modules["squeeze"] = ConvStage(
         OrderedDict(conv=conv_bn_prelu(widths[-1], SQUEEZED, kernel=1)), checkpointable=False
     )
     strides = len(widths)
     spatial = (downsampled(input_size[0], strides), downsampled(input_size[1], strides))
     modules["output"] = FlattenedEmbedding(SQUEEZED, spatial, embedding_size, dropout)
-    return Backbone(modules, embedding_size, input_size)
+    return Backbone(modules, embedding_size, input_size, [(name,) for name in modules])
 
 
 @BACKBONES.register("small")

@@ -55,4 +55,28 @@ def timm_backbone(
     except TypeError:
         body = timm.create_model(name, **options)
     output = nn.Sequential(OrderedDict(features=WeightPrecisionBatchNorm1d(embedding_size)))
-    return Backbone(OrderedDict(body=body, output=output), embedding_size, size)
+    return Backbone(OrderedDict(body=body, output=output), embedding_size, size, _stages(body))
+
+
+def _stages(body: nn.Module) -> list[tuple[str, ...]]:
+    """Two stages: the timm model without its classifier, then that classifier (the embedding FC, which
+    timm's config names) with the BN after it. timm's layout inside a model varies too much to cut
+    further; a model whose config names no single classifier is one stage, the BN the other."""
+    classifier = getattr(body, "pretrained_cfg", {}).get("classifier")
+    if not (isinstance(classifier, str) and classifier and _has_submodule(body, classifier)):
+        return [("body",), ("output",)]
+    rest: list[str] = []
+    module, path = body, "body"
+    for part in classifier.split("."):  # everything beside the path down to the classifier
+        rest += [f"{path}.{name}" for name, _ in module.named_parameters(recurse=False)]
+        rest += [f"{path}.{name}" for name, _ in module.named_children() if name != part]
+        module, path = module.get_submodule(part), f"{path}.{part}"
+    return [tuple(rest), (path, "output")]
+
+
+def _has_submodule(module: nn.Module, path: str) -> bool:
+    try:
+        module.get_submodule(path)
+    except AttributeError:
+        return False
+    return True

@@ -2,8 +2,9 @@
 
 The schedule is a `LambdaLR` whose factor is a pure function of the optimizer step, so a resumed run
 rebuilds it at the step it resumes from and gets exactly the learning rate it would have had. Each
-parameter group keeps its own base learning rate (`initial_lr`); the factor scales them all. The
-`optim` section of a run's config is `OptimConfig`, beside the optimizers and schedules it names.
+parameter group keeps its own base learning rate (`initial_lr`); the factor scales them all, the
+backbone's stages under optim.layer_decay included (`facetrain.train.stage_groups`). The `optim`
+section of a run's config is `OptimConfig`, beside the optimizers and schedules it names.
 """
 
 from __future__ import annotations
@@ -11,6 +12,7 @@ from __future__ import annotations
 import math
 from collections.abc import Iterator
 from dataclasses import dataclass
+from pathlib import Path
 
 import torch
 from torch import nn
@@ -19,8 +21,11 @@ from torch.optim.lr_scheduler import LambdaLR
 from facetrain.config.bounds import FRACTION
 from facetrain.config.checks import Items, Registered, Within, above, at_least, setting
 from facetrain.config.validate import Problem, show
+from facetrain.errors import FacetrainError
 from facetrain.heads.fused_optim import FUSED_OPTIMIZERS, FusedOptimizer
+from facetrain.models.backbone import Stages
 from facetrain.registry import Registry
+from facetrain.train.stage_groups import backbone_groups, freeze_stages
 
 OPTIMIZERS: Registry[torch.optim.Optimizer] = Registry("optimizer")
 LR_SCHEDULES: Registry = Registry("lr schedule")
@@ -45,6 +50,11 @@ class OptimConfig:
     grad_accumulation: int = setting(1, Within(1, 2**16))  # micro-steps a step: 1e20 would never end
     backbone_lr_scale: float = setting(1.0, above(0))  # the backbone's lr is lr x this (fine-tuning: < 1)
     head_only_steps: int = setting(0, at_least(0))  # first steps train the head alone, backbone frozen
+    # fine-tuning by depth (the backbone's stages, stem first): the first N stages never train, their
+    # batch norms keep their statistics; the embedding layer and the head always train
+    freeze_stages: int = setting(0, Within(0, 2**16))
+    # stage k of the n below the embedding layer learns at the backbone's lr x layer_decay^(n-k); 1: off
+    layer_decay: float = setting(1.0, Within(0, 1, "(]"))
 
 
 def lr_problems(cfg: OptimConfig) -> Iterator[Problem]:
@@ -77,13 +87,22 @@ def _adamw(groups, cfg: OptimConfig, **implementation) -> torch.optim.Optimizer:
 
 
 def build_optimizer(
-    cfg: OptimConfig, backbone: nn.Module, head: nn.Module | None, grad_scaling: bool = False
+    cfg: OptimConfig,
+    backbone: nn.Module,
+    head: nn.Module | None,
+    grad_scaling: bool = False,
+    stages: Stages | None = None,
 ) -> torch.optim.Optimizer:
     """One optimizer over both; the head may have its own weight decay (a pipeline stage may have none),
-    and the backbone its own learning rate (optim.backbone_lr_scale, for fine-tuning). `grad_scaling`:
-    the steps go through an enabled GradScaler (fp16)."""
-    lr, decay = cfg.lr * cfg.backbone_lr_scale, cfg.weight_decay
-    groups = [{"params": list(backbone.parameters()), "weight_decay": decay, "lr": lr, "name": "backbone"}]
+    and the backbone its own learning rate (optim.backbone_lr_scale, for fine-tuning), frozen and
+    decayed by stage (optim.freeze_stages, optim.layer_decay). `grad_scaling`: the steps go through an
+    enabled GradScaler (fp16). `stages`: the whole backbone's (default: `backbone.stages`), where
+    `backbone` is a pipeline stage of it."""
+    stages = getattr(backbone, "stages", None) if stages is None else stages
+    if cfg.freeze_stages:
+        freeze_stages(backbone, stages, cfg.freeze_stages)  # the trainer froze them before DDP already
+    lr = cfg.lr * cfg.backbone_lr_scale
+    groups = backbone_groups(backbone, stages, lr, cfg.weight_decay, cfg.freeze_stages, cfg.layer_decay)
     if head is not None:
         # A head that updates itself (head.fused_optimizer) keeps a group without parameters: the
         # schedule still sets its learning rate, which train_step hands to the head.
@@ -93,6 +112,20 @@ def build_optimizer(
     for group in optimizer.param_groups:
         group.setdefault("initial_lr", group["lr"])
     return optimizer
+
+
+def check_resumed_stages(trained: OptimConfig, cfg: OptimConfig, checkpoint: Path) -> None:
+    """A resume keeps the parameter groups its checkpoint trained with: a changed freeze or decay would
+    silently change which weights train and at what rate from this step on. Changing them is a new
+    fine-tune, started from the checkpoint with model.init."""
+    for key in ("freeze_stages", "layer_decay"):
+        was, now = getattr(trained, key), getattr(cfg, key)
+        if was != now:
+            raise FacetrainError(
+                f"optim.{key}: checkpoint {checkpoint} was trained with {show(was)}, this run sets "
+                f"{show(now)}; resume with optim.{key}={show(was)}, or start a new run from it with "
+                f"--init {checkpoint} to change it"
+            )
 
 
 def head_weight_decay(cfg: OptimConfig) -> float:

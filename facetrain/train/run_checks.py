@@ -147,6 +147,12 @@ def rule_problems(cfg: Config, world_size: int | None, device_type: str | None) 
             optim.head_only_steps,
             "must be 0 when parallel.pipeline_stages > 1 (a pipelined backbone cannot be frozen)",
         )
+    if optim.freeze_stages and stages > 1:
+        yield (
+            "optim.freeze_stages",
+            optim.freeze_stages,
+            "must be 0 when parallel.pipeline_stages > 1 (a pipelined backbone cannot be frozen)",
+        )
     if (missing := missing_path(data, evaluation, cfg.model)) is not None:
         yield missing
     if cfg.loss.teacher is not None and not Path(cfg.loss.teacher).exists():

@@ -26,7 +26,7 @@ from facetrain.train.device_defaults import DeviceDefaults
 from facetrain.train.distillation import build_distillation
 from facetrain.train.head_plan import build_head
 from facetrain.train.losses import build_loss
-from facetrain.train.optim import build_lr_scheduler, build_optimizer
+from facetrain.train.optim import build_lr_scheduler, build_optimizer, check_resumed_stages
 from facetrain.train.resume import (
     last_logged_step,
     load_initial_backbone,
@@ -41,6 +41,7 @@ from facetrain.train.run_dir import (
     write_run_config,
 )
 from facetrain.train.schedule_notes import schedule_change_line, schedule_warning
+from facetrain.train.stage_groups import freeze_stages
 from facetrain.train.step import StepParts, StepSettings
 
 
@@ -104,6 +105,7 @@ def build_training_run(
         load_initial_backbone(cfg.model.init, backbone, cfg.model.backbone)
         if dims.is_primary:
             tqdm.write(f"backbone initialised from {cfg.model.init} (model.init); the head starts fresh")
+    freeze_stages(backbone, backbone.stages, cfg.optim.freeze_stages)  # before DDP reads requires_grad
     batch_shape = (cfg.train.batch_size, 3, *cfg.data.image_size)
     local, model, pipeline = parallelize_backbone(
         backbone, dims, cfg.parallel, batch_shape, broadcast_buffers=device_defaults.broadcast_buffers
@@ -120,7 +122,8 @@ def build_training_run(
         dataset, cfg.data, cfg.train.batch_size, dims.dp_rank, dims.dp, cfg.train.seed, accumulation,
         with_indices=cfg.loss.teacher_cache,
     )  # fmt: skip
-    optimizer = build_optimizer(cfg.optim, local, head, grad_scaling=cfg.train.precision == "fp16")
+    fp16 = cfg.train.precision == "fp16"
+    optimizer = build_optimizer(cfg.optim, local, head, grad_scaling=fp16, stages=backbone.stages)
     scaler = torch.amp.GradScaler(dims.device.type, enabled=cfg.train.precision == "fp16")
     torch.manual_seed(cfg.train.seed + 7919 * (dims.rank + 1))  # per-rank streams: dropout, Partial FC
 
@@ -128,6 +131,7 @@ def build_training_run(
     if checkpoint is not None:
         class_rows = None if remap is None else remap.rows
         trained = checkpoint_config(checkpoint)
+        check_resumed_stages(trained.optim, cfg.optim, checkpoint)
         keep_optimizer = trained.optim.name == cfg.optim.name
         if not keep_optimizer and dims.is_primary:
             tqdm.write(optimizer_change_warning(checkpoint, trained.optim.name, cfg.optim.name))

@@ -38,6 +38,7 @@ from facetrain.train.resume import hold_global_batch
 from facetrain.train.run_checks import validate
 from facetrain.train.run_config import Config
 from facetrain.train.setup import build_training_run
+from facetrain.train.stage_groups import set_train_mode
 from facetrain.train.step import StepWindow, train_step
 from facetrain.train.step_gate import StepGate, StopSignals
 from facetrain.train.trackers import check_installed
@@ -146,7 +147,8 @@ class Trainer:
             while state.step < cfg.train.steps and (step_batches := gate.next_step(signals)) is not None:
                 lr = self.scheduler.get_last_lr()[0]
                 train_backbone = state.step >= cfg.optim.head_only_steps
-                self.backbone.train(train_backbone)  # a frozen backbone keeps its batch-norm statistics too
+                # a frozen backbone (or frozen stage, optim.freeze_stages) keeps its batch-norm statistics too
+                set_train_mode(self.backbone, train_backbone)
                 if head is not None and cfg.head.margin_warmup_steps:
                     head.margin = margin_at_step(full_margin, state.step, cfg.head.margin_warmup_steps)
                 result = train_step(iter(step_batches), self.parts, train_backbone)
