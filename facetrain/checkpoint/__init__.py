@@ -29,10 +29,9 @@ from facetrain.checkpoint.reader import (
     read_rows,
 )
 from facetrain.checkpoint.storage import check_row_shards_supported, stored
-from facetrain.checkpoint.writer import TrainState, save_checkpoint
+from facetrain.checkpoint.writer import save_checkpoint
 
 __all__ = [
-    "TrainState",
     "check_row_shards_supported",
     "complete_checkpoints",
     "find_damage",

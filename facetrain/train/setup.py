@@ -14,7 +14,7 @@ from typing import NamedTuple
 import torch
 from torch import nn
 
-from facetrain.checkpoint import TrainState, check_row_shards_supported, load_checkpoint, read_meta
+from facetrain.checkpoint import check_row_shards_supported, load_checkpoint, read_meta
 from facetrain.data import build_train_dataset, build_train_loader, prepare_train_data
 from facetrain.heads import collectives
 from facetrain.models import build_backbone
@@ -26,7 +26,7 @@ from facetrain.train.device_defaults import DeviceDefaults
 from facetrain.train.distillation import build_distillation
 from facetrain.train.head_plan import build_head
 from facetrain.train.losses import build_loss
-from facetrain.train.optim import build_lr_scheduler, build_optimizer
+from facetrain.train.optim import build_optimizer
 from facetrain.train.resume import (
     last_logged_step,
     load_initial_backbone,
@@ -41,6 +41,8 @@ from facetrain.train.run_dir import (
     write_run_config,
 )
 from facetrain.train.schedule_notes import schedule_change_line, schedule_warning
+from facetrain.train.schedulers import LrSchedulers, build_lr_schedulers
+from facetrain.train.state import TrainState
 from facetrain.train.step import StepParts, StepSettings
 
 
@@ -57,7 +59,7 @@ class TrainingRun(NamedTuple):
     data: TrainingData
     backbone: nn.Module  # this rank's backbone (or pipeline stage), unwrapped
     parts: StepParts  # what train_step trains: the parallelized model, the head, the optimizer
-    scheduler: torch.optim.lr_scheduler.LRScheduler
+    scheduler: LrSchedulers
     state: TrainState
     resumed_from: Path | None
 
@@ -128,7 +130,9 @@ def build_training_run(
         keep_optimizer = trained.optim.name == cfg.optim.name
         if not keep_optimizer and dims.is_primary:
             tqdm.write(optimizer_change_warning(checkpoint, trained.optim.name, cfg.optim.name))
-        state = load_checkpoint(checkpoint, dims, local, head, optimizer, scaler, keep_optimizer, class_rows)
+        state.load_state_dict(
+            load_checkpoint(checkpoint, dims, local, head, optimizer, scaler, keep_optimizer, class_rows)
+        )
         if remap is not None:  # the sample position belongs to the data the checkpoint was trained on
             state.consumed = 0
         if dims.is_primary:
@@ -144,7 +148,7 @@ def build_training_run(
                 tqdm.write(note)
             if (note := schedule_change_line(trained, cfg, state.step)) is not None:
                 tqdm.write(note)
-    scheduler = build_lr_scheduler(optimizer, cfg.optim, cfg.train.steps, start_step=state.step)
+    scheduler = build_lr_schedulers(optimizer, head, cfg.optim, cfg.train.steps, start_step=state.step)
     settings = StepSettings(
         dims.device, cfg.train.precision, accumulation, cfg.optim.grad_clip, cfg.model.channels_last
     )

@@ -19,6 +19,7 @@ import time
 from collections.abc import Iterator
 
 import torch
+from torch.distributed.checkpoint.stateful import Stateful
 from torch.distributed.elastic.multiprocessing.errors import record
 
 from facetrain import run_lock, run_log
@@ -107,9 +108,12 @@ def _logged(error: Exception) -> Exception:
     return error
 
 
-class Trainer:
+class Trainer(Stateful):
     """One rank's run: the model parts with their optimizer (`parts`, what `train_step` takes), the data,
-    the schedule, the weight average, the verifier, and the checkpoints written so far."""
+    the schedule, the weight average, the verifier, and the checkpoints written so far.
+
+    It owns where the run is (`state`, a `TrainState`) and is itself what a checkpoint saves of it
+    (torchtitan's trainer idea): `state_dict` / `load_state_dict`, kept in the checkpoint's meta.json."""
 
     def __init__(self, cfg: Config, dims: ParallelDims, resume: str | None, device_defaults: DeviceDefaults):
         run = build_training_run(cfg, dims, resume, device_defaults)
@@ -126,6 +130,12 @@ class Trainer:
         self.stop_seconds: float | None = None  # from the stop signal to the last checkpoint, on this rank
         self.evaluation_failure: str | None = None
         self.global_batch = cfg.train.batch_size * dims.dp  # images per micro-step over all replicas
+
+    def state_dict(self) -> dict:
+        return self.state.state_dict()
+
+    def load_state_dict(self, state_dict: dict) -> None:
+        self.state.load_state_dict(state_dict)
 
     def fit(self) -> dict:
         cfg, dims, state, head = self.cfg, self.dims, self.state, self.parts.head
@@ -223,7 +233,7 @@ class Trainer:
         """A collective save on every rank (keeping the best checkpoint is one too)."""
         saved = save_checkpoint(
             self.run_dir,
-            self.state,
+            self,
             self.cfg,
             self.dims,
             self.backbone,
