@@ -104,8 +104,8 @@ def train(
         _say_what_the_defaults_do(config)
     resume_command = _resume_command(config_path, overrides, output_dir, nproc if launching else 1)
     if launching:
+        from facetrain.checkpoint.run_dir import check_run_dir_free
         from facetrain.parallel.launch import launch_local
-        from facetrain.train.run_dir import check_run_dir_free
 
         # a run another process holds is refused before any rank starts; the ranks check the folder and
         # find the checkpoint to resume from themselves, once (`facetrain.train.setup`)

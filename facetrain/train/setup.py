@@ -14,7 +14,7 @@ from typing import NamedTuple
 import torch
 from torch import nn
 
-from facetrain.checkpoint import check_row_shards_supported, load_checkpoint, read_meta
+from facetrain.checkpoint import Checkpointer, check_row_shards_supported, load_checkpoint, read_meta
 from facetrain.data import build_train_dataset, build_train_loader, prepare_train_data
 from facetrain.heads import collectives
 from facetrain.models import build_backbone
@@ -34,12 +34,6 @@ from facetrain.train.resume import (
     nothing_left_to_train,
 )
 from facetrain.train.run_config import Config, checkpoint_config
-from facetrain.train.run_dir import (
-    claim_run_dir,
-    find_checkpoint_to_resume,
-    restarted_job,
-    write_run_config,
-)
 from facetrain.train.schedule_notes import schedule_change_line, schedule_warning
 from facetrain.train.schedulers import LrSchedulers, build_lr_schedulers
 from facetrain.train.state import TrainState
@@ -65,22 +59,24 @@ class TrainingRun(NamedTuple):
 
 
 def build_training_run(
-    cfg: Config, dims: ParallelDims, resume: str | None, device_defaults: DeviceDefaults
+    cfg: Config,
+    dims: ParallelDims,
+    resume: str | None,
+    device_defaults: DeviceDefaults,
+    checkpointer: Checkpointer,
 ) -> TrainingRun:
     """`cfg` is the run's one config, already resolved (`facetrain.train.trainer.resolve_run_config`);
-    the run directory is claimed (and checked, `check_run_dir`) on the primary rank, and the checkpoint
-    to resume from is found, once each, here."""
+    the `checkpointer` claims the run directory (and checks it, `checkpoint.run_dir`) and finds the
+    checkpoint to resume from, once each, here."""
     if dims.dp > 1:  # a head sharded over the data-parallel ranks: refused now, not at the first save
         check_row_shards_supported()
-    run_dir = Path(cfg.train.output_dir)
-    collectives.primary_first(lambda: claim_run_dir(run_dir), also_others=False, group=dims.control_group)
-    checkpoint, notes = find_checkpoint_to_resume(run_dir, resume, _job_restarted(run_dir, dims))
+    run_dir = checkpointer.run_dir
+    checkpointer.claim()
+    checkpoint, notes = checkpointer.find_resume(resume)
     accumulation = cfg.optim.grad_accumulation
     if cfg.train.deterministic:
         torch.use_deterministic_algorithms(True, warn_only=True)
-    collectives.primary_first(
-        lambda: write_run_config(cfg, run_dir), also_others=False, group=dims.control_group
-    )
+    checkpointer.write_run_config(cfg)
     if dims.is_primary:
         tqdm.write(device_defaults.describe())
         for note in notes:
@@ -165,13 +161,3 @@ def optimizer_change_warning(checkpoint: Path, trained_with: str, name: str) -> 
         f"{name}: {trained_with}'s state cannot seed {name}'s, so {name} "
         f"starts with fresh state; the weights, step {step} and the schedule carry on"
     )
-
-
-def _job_restarted(run_dir: Path, dims: ParallelDims) -> bool:
-    """Whether torchrun or Slurm restarted this job on any rank. A node that joins a running job (it
-    grows back) runs its agent's first attempt, while the nodes it joins have restarted: all resume
-    together."""
-    mine = torch.tensor(
-        [int(restarted_job(run_dir))], device=collectives.collective_device(dims.control_group)
-    )
-    return bool(collectives.all_reduce_(mine, "max", dims.control_group))
