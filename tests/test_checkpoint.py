@@ -9,7 +9,6 @@ import pytest
 import torch
 
 from facetrain.checkpoint import (
-    TrainState,
     load_backbone_weights,
     load_checkpoint,
     load_full_head,
@@ -21,6 +20,7 @@ from facetrain.heads import ShardedMarginHead
 from facetrain.parallel.dims import init_parallel
 from facetrain.train.optim import build_optimizer
 from facetrain.train.run_config import Config
+from facetrain.train.state import TrainState
 from tests.support.distributed import run_distributed
 
 NUM_CLASSES, DIM = 11, 6
@@ -94,7 +94,7 @@ def test_two_rank_checkpoint_resumes_on_other_world_sizes(two_rank_checkpoint, w
     assert torch.equal(torch.cat([w for _, _, w, _, _ in loaded]), full_weight)
     assert torch.equal(torch.cat([m for _, _, _, m, _ in loaded]), full_momentum)
     for state, _, _, _, backbone in loaded:
-        assert (state.step, state.epoch, state.consumed) == (7, 1, 40)
+        assert (state["step"], state["epoch"], state["consumed"]) == (7, 1, 40)
         assert torch.equal(backbone, backbone_weight)
 
 

@@ -60,7 +60,7 @@ def test_a_first_format_checkpoint_resumes_with_what_it_saved(kind, world_size):
     expected = torch.load(DATA / f"{kind}_expected.pt", weights_only=True)
     per_rank = [resume(0, 1, kind)] if world_size == 1 else run_distributed(resume, world_size, kind)
     for got in per_rank:
-        assert (got["state"].step, got["state"].epoch, got["state"].consumed) == (3, 1, 24)
+        assert (got["state"]["step"], got["state"]["epoch"], got["state"]["consumed"]) == (3, 1, 24)
         start, count = got["rows"]
         for key, want in expected.items():
             if key.startswith("head") and want.dim():

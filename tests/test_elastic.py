@@ -14,7 +14,6 @@ import pytest
 import torch
 import torch.distributed as dist
 
-from facetrain.checkpoint import TrainState
 from facetrain.data.samplers import IdentitySampler, ResumableDistributedSampler
 from facetrain.errors import FacetrainError
 from facetrain.parallel.attempt_store import ATTEMPT_KEY, agree_on_prefix
@@ -22,6 +21,7 @@ from facetrain.parallel.dims import ParallelDims, init_parallel
 from facetrain.train.resume import hold_global_batch, membership_line
 from facetrain.train.run_checks import validate
 from facetrain.train.run_config import Config
+from facetrain.train.state import TrainState
 from facetrain.train.step_gate import StepGate, StopSignals
 from tests.support.distributed import run_distributed
 from tests.test_elastic_nodes import free_port

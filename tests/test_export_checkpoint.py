@@ -14,12 +14,13 @@ import torch
 from click.testing import CliRunner
 from safetensors.torch import load_file
 
-from facetrain.checkpoint import TrainState, save_checkpoint
+from facetrain.checkpoint import save_checkpoint
 from facetrain.cli import main
 from facetrain.eval.set_names import report_file_name
 from facetrain.heads import ShardedMarginHead
 from facetrain.interop.loading import load_model
 from facetrain.parallel.dims import init_parallel
+from facetrain.train.state import TrainState
 from tests.support.distributed import run_distributed
 from tests.test_export_formats import IMAGE_SIZE, fresh_backbone, images, small_config
 

@@ -21,14 +21,10 @@ from pathlib import Path
 import pytest
 
 from facetrain.checkpoint import find_damage, find_resume_point
+from facetrain.checkpoint.resume_point import find_checkpoint_to_resume, restarted_job
+from facetrain.checkpoint.run_dir import RUN_CONFIG_HEADER, check_run_dir
 from facetrain.errors import FacetrainError
 from facetrain.interop import load_model
-from facetrain.train.run_dir import (
-    RUN_CONFIG_HEADER,
-    check_run_dir,
-    find_checkpoint_to_resume,
-    restarted_job,
-)
 from tests.support.fault_helpers import (
     ENV,
     assert_same_checkpoint,

@@ -6,13 +6,14 @@ import pytest
 import torch
 from click.testing import CliRunner
 
-from facetrain.checkpoint import TrainState, load_checkpoint, save_checkpoint
+from facetrain.checkpoint import load_checkpoint, save_checkpoint
 from facetrain.cli import main
 from facetrain.heads import HeadPlan, ShardedMarginHead
 from facetrain.parallel.dims import init_parallel
 from facetrain.train import head_plan
 from facetrain.train.optim import build_fused_optimizer, build_optimizer, head_learning_rate
 from facetrain.train.run_config import Config
+from facetrain.train.state import TrainState
 from tests.support.distributed import run_distributed
 from tests.support.train_helpers import logged_losses, run_cli, tiny_config
 

@@ -6,13 +6,14 @@ from __future__ import annotations
 import pytest
 import torch
 
-from facetrain.checkpoint import TrainState, load_checkpoint, load_full_head, save_checkpoint
+from facetrain.checkpoint import load_checkpoint, load_full_head, save_checkpoint
 from facetrain.errors import FacetrainError
 from facetrain.heads import DenseMarginHead, HeadPlan, ShardedMarginHead
 from facetrain.parallel.dims import init_parallel
 from facetrain.train.optim import build_optimizer
 from facetrain.train.run_checks import validate
 from facetrain.train.run_config import Config
+from facetrain.train.state import TrainState
 from tests.support.distributed import run_distributed
 from tests.test_head import local_rows
 

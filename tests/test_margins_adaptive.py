@@ -225,9 +225,10 @@ def checkpoint_parts(name, seed):
 
 
 def reshard_save_worker(rank, world_size, run_dir, name):
-    from facetrain.checkpoint import TrainState, save_checkpoint
+    from facetrain.checkpoint import save_checkpoint
     from facetrain.parallel.dims import init_parallel
     from facetrain.train.run_config import Config
+    from facetrain.train.state import TrainState
 
     backbone, head, optimizer = checkpoint_parts(name, seed=0)
     _, steps = batches()

@@ -5,12 +5,13 @@ from __future__ import annotations
 import pytest
 import torch
 
-from facetrain.checkpoint import TrainState, load_checkpoint, save_checkpoint
+from facetrain.checkpoint import load_checkpoint, save_checkpoint
 from facetrain.checkpoint.app_state import set_optimizer_state
 from facetrain.heads import ShardedMarginHead
 from facetrain.parallel.dims import init_parallel
 from facetrain.train.optim import build_optimizer
 from facetrain.train.run_config import Config
+from facetrain.train.state import TrainState
 
 NUM_CLASSES, DIM = 9, 6
 

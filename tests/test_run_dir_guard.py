@@ -14,11 +14,11 @@ from pathlib import Path
 import pytest
 
 from facetrain.checkpoint import find_resume_point
+from facetrain.checkpoint.run_dir import RUN_MARKER, check_run_dir, is_run_dir
 from facetrain.data.config import SynthConfig
 from facetrain.data.synthetic import generate_synthetic
 from facetrain.errors import FacetrainError
 from facetrain.run_lock import LOCK_NAME
-from facetrain.train.run_dir import RUN_MARKER, check_run_dir, is_run_dir
 from tests.support.fault_helpers import error_lines, kill_all, signal_group, start, wait_for_step
 from tests.support.train_helpers import run_cli, run_cli_at_once, tiny_config
 

@@ -4,14 +4,18 @@
       step_00005000/    a torch.distributed.checkpoint (DCP) directory + meta.json, config.yaml, classes.json
       last, best        small files naming a checkpoint directory
 
-Read `app_state` (what a checkpoint holds) first, then `writer`, `reader`, `layout` (finding one and
-its small files), `storage` (DCP with a safe index reader), `names` (the keys) and `legacy`. The ranks
+A run talks to one object, `checkpointer.Checkpointer` (torchtitan's `CheckpointManager` idea): it
+claims the run directory (`run_dir`: what may be there, the lock), finds what to resume from
+(`resume_point`), and, given the states, says when a checkpoint is due and writes it. Read `app_state`
+(what a checkpoint holds) first, then `writer` (atomic writing, pruning), `reader`, `layout` (finding
+one and its small files), `storage` (DCP with a safe index reader), `names` (the keys) and `legacy`. The ranks
 are known through `ranks.RankRoles` (what `parallel.ParallelDims` answers), so checkpoint/ does not
 import parallel/. checkpoint/ knows the model and data sections of a saved config.yaml
 (`saved_model_config`), not the run's whole tree (train/'s); `facetrain.interop.load_model`, the one way
 to load a model, builds a checkpoint's backbone from them and fills it with `load_backbone_weights`.
 """
 
+from facetrain.checkpoint.checkpointer import Checkpointer, CheckpointStates
 from facetrain.checkpoint.layout import (
     complete_checkpoints,
     find_damage,
@@ -32,10 +36,11 @@ from facetrain.checkpoint.reader import (
     saved_model_config,
 )
 from facetrain.checkpoint.storage import check_row_shards_supported, stored
-from facetrain.checkpoint.writer import TrainState, save_checkpoint
+from facetrain.checkpoint.writer import save_checkpoint
 
 __all__ = [
-    "TrainState",
+    "CheckpointStates",
+    "Checkpointer",
     "check_config_describes_weights",
     "check_row_shards_supported",
     "complete_checkpoints",

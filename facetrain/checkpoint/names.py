@@ -5,6 +5,9 @@ the trained backbone, `model.head.weight` the head as one C x (K x D) tensor (a 
 sub-centers side by side) written in row ranges by the ranks that hold them, `ema.K` the weight
 average when the run kept one, `optim.state.<param>.<state>` torch.optim's state by parameter name
 (`head.weight` for the head, per class like its weight), `scaler.<x>` and `rng.<rank>.<device>`.
+
+meta.json holds where the run was, `TRAIN_STATE_KEYS`: the trainer's own `state_dict()`, written and
+read back as it is.
 """
 
 PREFIX = "app."
@@ -13,3 +16,4 @@ HEAD_WEIGHT = "app.model.head.weight"
 EMA = "app.ema."
 OPTIM_STATE = "app.optim.state."
 HEAD_STATE = "app.optim.state.head.weight."
+TRAIN_STATE_KEYS = ("step", "epoch", "consumed", "best_accuracy", "best_step")

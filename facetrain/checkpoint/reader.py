@@ -14,10 +14,9 @@ from torch import nn
 
 from facetrain.checkpoint.app_state import AppState
 from facetrain.checkpoint.layout import read_config_yaml, read_meta, resolve_checkpoint
-from facetrain.checkpoint.names import BACKBONE, EMA, HEAD_WEIGHT
+from facetrain.checkpoint.names import BACKBONE, EMA, HEAD_WEIGHT, TRAIN_STATE_KEYS
 from facetrain.checkpoint.ranks import RankRoles
 from facetrain.checkpoint.storage import load_entries, rows_of, stored, stored_entries
-from facetrain.checkpoint.writer import TrainState
 from facetrain.config.loader import from_dict
 from facetrain.data.config import DataConfig
 from facetrain.errors import FacetrainError
@@ -34,9 +33,10 @@ def load_checkpoint(
     scaler: torch.amp.GradScaler | None,
     keep_optimizer: bool = True,
     class_rows: list[int | None] | None = None,
-) -> TrainState:
+) -> dict:
     """Collective: restore everything into already-built objects (`backbone` may be one pipeline stage,
-    `head` None on a stage without one), the head resharded onto this run's ranks.
+    `head` None on a stage without one), the head resharded onto this run's ranks. Returns where the
+    run was, `names.TRAIN_STATE_KEYS`: what the trainer's `load_state_dict` takes.
 
     `keep_optimizer` False starts the optimizer's state fresh: the run changed optimizer (optim.name),
     and SGD's momentum means nothing to AdamW's moments; the weights, step and schedule carry on.
@@ -68,7 +68,7 @@ def load_checkpoint(
         _load_head_by_class(checkpoint, head, class_rows)
     if not same_world:  # the old per-rank streams do not map onto the new ranks
         torch.manual_seed(meta["step"] * 1009 + dims.rank)
-    return TrainState(**{k: meta[k] for k in ("step", "epoch", "consumed", "best_accuracy", "best_step")})
+    return {key: meta[key] for key in TRAIN_STATE_KEYS}
 
 
 def _check_backbone_fits(checkpoint: Path, index: dict, backbone: nn.Module) -> None:

@@ -8,15 +8,16 @@ import json
 import os
 import shutil
 import time
-from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 
 import torch
 from torch import nn
+from torch.distributed.checkpoint.stateful import Stateful
 
 from facetrain.checkpoint.app_state import AppState
 from facetrain.checkpoint.layout import complete_checkpoints
+from facetrain.checkpoint.names import TRAIN_STATE_KEYS
 from facetrain.checkpoint.ranks import RankRoles
 from facetrain.checkpoint.storage import save_entries
 from facetrain.config.loader import save_config
@@ -25,20 +26,9 @@ from facetrain.files import atomic_write_text, fsync_directory
 from facetrain.heads import ShardedMarginHead, collectives
 
 
-@dataclass
-class TrainState:
-    """Where the run is, kept in each checkpoint's meta.json."""
-
-    step: int = 0
-    epoch: int = 0
-    consumed: int = 0  # samples all ranks together have used in the current epoch
-    best_accuracy: float | None = None
-    best_step: int | None = None
-
-
 def save_checkpoint(
     run_dir: Path,
-    state: TrainState,
+    train_state: Stateful,
     config: Any,
     dims: RankRoles,
     backbone: nn.Module,
@@ -52,12 +42,15 @@ def save_checkpoint(
     ema: nn.Module | None = None,
 ) -> Path:
     """Collective: every rank calls it, `backbone` unwrapped (or this rank's pipeline stage), `head` None
-    on a stage without one. `config` is the run's config tree, saved as config.yaml (its
+    on a stage without one. `train_state` is where the run is (the trainer): its `state_dict()`, the
+    counters `names.TRAIN_STATE_KEYS`, goes to meta.json. `config` is the run's config tree, saved as config.yaml (its
     `model.embedding_size` goes to meta.json too). Returns the checkpoint directory; what each rank
     writes: `app_state`."""
+    saved = train_state.state_dict()
+    progress = {key: saved[key] for key in TRAIN_STATE_KEYS}
     root = run_dir / "checkpoints"
-    final = root / f"step_{state.step:08d}"
-    tmp = root / f"step_{state.step:08d}.tmp"
+    final = root / f"step_{progress['step']:08d}"
+    tmp = root / f"step_{progress['step']:08d}.tmp"
     _on_primary(lambda: _clear_leftovers(root), dims, root, final)
 
     app = AppState(dims, backbone, head, optimizer, scaler, ema)
@@ -70,7 +63,7 @@ def save_checkpoint(
 
     def finish() -> None:
         meta = {
-            **asdict(state),
+            **progress,
             "world_size": dims.world_size,
             "num_classes": len(class_names),
             "embedding_size": config.model.embedding_size,

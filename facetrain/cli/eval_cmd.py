@@ -160,10 +160,10 @@ def eval_command(
       facetrain eval runs/ms1m/export --ijb IJB_release/IJBC --ijb-target IJBC --workers 8
       facetrain eval runs/reid_small --reid data/cuhk03/val@1 data/cuhk03/val@2 --rerank
     """
+    from facetrain.checkpoint.run_dir import writing_into_run
     from facetrain.devices import resolve_device
     from facetrain.files import refuse_to_overwrite
     from facetrain.interop.loading import load_model
-    from facetrain.train.run_dir import writing_into_run
 
     if [pairs_path, folder_root, market_root, reid_sets, ijb_root].count(None) != 4:
         raise click.UsageError(

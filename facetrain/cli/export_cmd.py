@@ -112,8 +112,8 @@ def export(
       facetrain export runs/demo/checkpoints/last -o exported --with-head
       facetrain export runs/demo -o exported --evaluation runs/demo/eval/lfw_pairs.json
     """
+    from facetrain.checkpoint.run_dir import writing_into_run
     from facetrain.export.exporter import export_model
-    from facetrain.train.run_dir import writing_into_run
 
     with writing_into_run(out_dir, "facetrain export", "wait for it to finish, or choose another -o"):
         result = export_model(

@@ -62,6 +62,7 @@ def outliers(
       facetrain outliers runs/ms1m/checkpoints/best --max-angle 70 --device cuda --workers 8
       facetrain outliers runs/orl -o reports/orl_outliers.csv --overwrite
     """
+    from facetrain.checkpoint.run_dir import writing_into_run
     from facetrain.devices import resolve_device
     from facetrain.files import make_output_folder, refuse_to_overwrite
     from facetrain.train.outliers import (
@@ -70,7 +71,6 @@ def outliers(
         trained_checkpoint,
         write_outlier_report,
     )
-    from facetrain.train.run_dir import writing_into_run
 
     device = resolve_device(device)
     checkpoint = trained_checkpoint(run)

@@ -111,8 +111,8 @@ def train(
         _say_how_to_resume, resume_command=resume_command, run_dir=config.train.output_dir
     )
     if launching:
+        from facetrain.checkpoint.run_dir import check_run_dir_free
         from facetrain.parallel.launch import launch_local
-        from facetrain.train.run_dir import check_run_dir_free
 
         # a run another process holds is refused before any rank starts; the ranks check the folder and
         # find the checkpoint to resume from themselves, once (`facetrain.train.setup`)

@@ -17,9 +17,9 @@ import csv
 from dataclasses import dataclass
 from pathlib import Path
 
+from facetrain.checkpoint.run_dir import METRICS_COLUMNS as COLUMNS
 from facetrain.train.trackers import open_trackers
 
-COLUMNS = ["step", "epoch", "loss", "accuracy", "lr", "images_per_s", "elapsed_s"]
 # Checked once, when this share of the schedule is done: late enough for any sane warmup to be over,
 # early enough that stopping saves most of the run.
 UNDERFIT_CHECK_SHARE = 0.3

@@ -14,7 +14,7 @@ from typing import NamedTuple
 import torch
 from torch import nn
 
-from facetrain.checkpoint import TrainState, check_row_shards_supported, load_checkpoint, read_meta
+from facetrain.checkpoint import Checkpointer, check_row_shards_supported, load_checkpoint, read_meta
 from facetrain.data import build_train_dataset, build_train_loader, prepare_train_data
 from facetrain.heads import collectives
 from facetrain.models import build_backbone
@@ -26,7 +26,7 @@ from facetrain.train.device_defaults import DeviceDefaults
 from facetrain.train.distillation import build_distillation
 from facetrain.train.head_plan import build_head
 from facetrain.train.losses import build_loss
-from facetrain.train.optim import build_lr_scheduler, build_optimizer, check_resumed_stages
+from facetrain.train.optim import build_optimizer, check_resumed_stages
 from facetrain.train.resume import (
     last_logged_step,
     load_initial_backbone,
@@ -34,14 +34,10 @@ from facetrain.train.resume import (
     nothing_left_to_train,
 )
 from facetrain.train.run_config import Config, checkpoint_config
-from facetrain.train.run_dir import (
-    claim_run_dir,
-    find_checkpoint_to_resume,
-    restarted_job,
-    write_run_config,
-)
 from facetrain.train.schedule_notes import schedule_change_line, schedule_warning
+from facetrain.train.schedulers import LrSchedulers, build_lr_schedulers
 from facetrain.train.stage_groups import freeze_stages
+from facetrain.train.state import TrainState
 from facetrain.train.step import StepParts, StepSettings
 
 
@@ -58,28 +54,30 @@ class TrainingRun(NamedTuple):
     data: TrainingData
     backbone: nn.Module  # this rank's backbone (or pipeline stage), unwrapped
     parts: StepParts  # what train_step trains: the parallelized model, the head, the optimizer
-    scheduler: torch.optim.lr_scheduler.LRScheduler
+    scheduler: LrSchedulers
     state: TrainState
     resumed_from: Path | None
 
 
 def build_training_run(
-    cfg: Config, dims: ParallelDims, resume: str | None, device_defaults: DeviceDefaults
+    cfg: Config,
+    dims: ParallelDims,
+    resume: str | None,
+    device_defaults: DeviceDefaults,
+    checkpointer: Checkpointer,
 ) -> TrainingRun:
     """`cfg` is the run's one config, already resolved (`facetrain.train.trainer.resolve_run_config`);
-    the run directory is claimed (and checked, `check_run_dir`) on the primary rank, and the checkpoint
-    to resume from is found, once each, here."""
+    the `checkpointer` claims the run directory (and checks it, `checkpoint.run_dir`) and finds the
+    checkpoint to resume from, once each, here."""
     if dims.dp > 1:  # a head sharded over the data-parallel ranks: refused now, not at the first save
         check_row_shards_supported()
-    run_dir = Path(cfg.train.output_dir)
-    collectives.primary_first(lambda: claim_run_dir(run_dir), also_others=False, group=dims.control_group)
-    checkpoint, notes = find_checkpoint_to_resume(run_dir, resume, _job_restarted(run_dir, dims))
+    run_dir = checkpointer.run_dir
+    checkpointer.claim()
+    checkpoint, notes = checkpointer.find_resume(resume)
     accumulation = cfg.optim.grad_accumulation
     if cfg.train.deterministic:
         torch.use_deterministic_algorithms(True, warn_only=True)
-    collectives.primary_first(
-        lambda: write_run_config(cfg, run_dir), also_others=False, group=dims.control_group
-    )
+    checkpointer.write_run_config(cfg)
     if dims.is_primary:
         tqdm.write(device_defaults.describe())
         for note in notes:
@@ -135,7 +133,9 @@ def build_training_run(
         keep_optimizer = trained.optim.name == cfg.optim.name
         if not keep_optimizer and dims.is_primary:
             tqdm.write(optimizer_change_warning(checkpoint, trained.optim.name, cfg.optim.name))
-        state = load_checkpoint(checkpoint, dims, local, head, optimizer, scaler, keep_optimizer, class_rows)
+        state.load_state_dict(
+            load_checkpoint(checkpoint, dims, local, head, optimizer, scaler, keep_optimizer, class_rows)
+        )
         if remap is not None:  # the sample position belongs to the data the checkpoint was trained on
             state.consumed = 0
         if dims.is_primary:
@@ -151,7 +151,7 @@ def build_training_run(
                 tqdm.write(note)
             if (note := schedule_change_line(trained, cfg, state.step)) is not None:
                 tqdm.write(note)
-    scheduler = build_lr_scheduler(optimizer, cfg.optim, cfg.train.steps, start_step=state.step)
+    scheduler = build_lr_schedulers(optimizer, head, cfg.optim, cfg.train.steps, start_step=state.step)
     settings = StepSettings(
         dims.device, cfg.train.precision, accumulation, cfg.optim.grad_clip, cfg.model.channels_last
     )
@@ -168,13 +168,3 @@ def optimizer_change_warning(checkpoint: Path, trained_with: str, name: str) -> 
         f"{name}: {trained_with}'s state cannot seed {name}'s, so {name} "
         f"starts with fresh state; the weights, step {step} and the schedule carry on"
     )
-
-
-def _job_restarted(run_dir: Path, dims: ParallelDims) -> bool:
-    """Whether torchrun or Slurm restarted this job on any rank. A node that joins a running job (it
-    grows back) runs its agent's first attempt, while the nodes it joins have restarted: all resume
-    together."""
-    mine = torch.tensor(
-        [int(restarted_job(run_dir))], device=collectives.collective_device(dims.control_group)
-    )
-    return bool(collectives.all_reduce_(mine, "max", dims.control_group))

@@ -23,7 +23,6 @@ from facetrain.errors import EveryRankError
 from facetrain.heads import collectives
 from facetrain.parallel.data_parallel import unwrap
 from facetrain.parallel.pipeline import PipelineRuntime
-from facetrain.train.optim import head_learning_rate
 
 AUTOCAST_DTYPES = {"fp32": None, "bf16": torch.bfloat16, "fp16": torch.float16}
 
@@ -77,13 +76,12 @@ def train_step(
 ) -> StepResult:
     """Consume `settings.accumulation` batches, (images, labels) or (images, labels, sample indices),
     and take one optimizer step. With `train_backbone=False` (fine-tuning's first steps,
-    optim.head_only_steps) the backbone runs without autograd, so only the head learns."""
+    optim.head_only_steps) the backbone runs without autograd, so only the head learns. Learning rates
+    are the schedule's to set (`facetrain.train.schedulers`), a tiled head's fused optimizer's included:
+    the step only takes it."""
     settings, optimizer, scaler, pipeline = parts.settings, parts.optimizer, parts.scaler, parts.pipeline
     criterion = parts.head if parts.loss is None else parts.loss
     ddp = isinstance(parts.model, DistributedDataParallel)
-    fused = getattr(parts.head, "fused_optimizer", None)
-    if fused is not None:  # the tiled head updates itself inside the backward, at the schedule's rate
-        fused.param_groups[0]["lr"] = head_learning_rate(optimizer)
     loss_sum = torch.zeros((), device=settings.device)
     accuracy_sum = torch.zeros((), device=settings.device)
     for micro_step in range(settings.accumulation):

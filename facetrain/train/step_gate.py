@@ -25,11 +25,11 @@ from collections.abc import Iterator
 
 import torch
 
-from facetrain.checkpoint import TrainState
 from facetrain.data.decode import DataError
 from facetrain.data.loader_workers import STOP_SIGNALS
 from facetrain.heads import collectives
 from facetrain.parallel.dims import ParallelDims
+from facetrain.train.state import TrainState
 
 _received: signal.Signals | None = None  # the first stop signal since the handlers went in
 _received_at: float | None = None  # its time.monotonic(): how long the stop took is measured from it

@@ -17,11 +17,13 @@ import json
 import os
 import time
 from collections.abc import Iterator
+from pathlib import Path
 
 import torch
+from torch.distributed.checkpoint.stateful import Stateful
 
-from facetrain import run_lock, run_log
-from facetrain.checkpoint import load_ema_weights, save_checkpoint
+from facetrain import run_log
+from facetrain.checkpoint import Checkpointer, CheckpointStates, load_ema_weights
 from facetrain.config import to_dict
 from facetrain.errors import EveryRankError, FacetrainError, PeerFailed
 from facetrain.heads import collectives
@@ -39,7 +41,7 @@ from facetrain.train.run_checks import validate
 from facetrain.train.run_config import Config
 from facetrain.train.setup import build_training_run
 from facetrain.train.stage_groups import set_train_mode
-from facetrain.train.step import StepWindow, train_step
+from facetrain.train.step import StepResult, StepWindow, train_step
 from facetrain.train.step_gate import StepGate, StopSignals
 from facetrain.train.trackers import check_installed
 
@@ -50,13 +52,16 @@ def train(cfg: Config, resume: str | None = None) -> dict:
     dims = init_parallel(cfg.parallel.pipeline_stages, cfg.parallel.backend, cfg.parallel.timeout_s)
     trainer = None
     device_defaults = resolve_run_config(cfg, dims)
+    checkpointer = Checkpointer(
+        Path(cfg.train.output_dir), dims, cfg.train.checkpoint_every, cfg.train.keep_checkpoints
+    )
     try:
         try:
             validate(cfg, dims.world_size, device_type=dims.device.type)
             check_installed(cfg.train.trackers)
         except FacetrainError as error:  # every rank sees the same config: one of them says so
             raise EveryRankError(str(error)) from None
-        trainer = Trainer(cfg, dims, resume, device_defaults)
+        trainer = Trainer(cfg, dims, resume, device_defaults, checkpointer)
         resumed = trainer.resumed_from
         started = f"resumed from {resumed} at step {trainer.state.step}" if resumed else "started"
         run_log.attach(trainer.run_dir, run_log.start_header(started, dims.world_size))
@@ -76,7 +81,7 @@ def train(cfg: Config, resume: str | None = None) -> dict:
         raise
     finally:
         run_log.detach()
-        run_lock.release(cfg.train.output_dir)
+        checkpointer.close()
         if owns_group:
             destroy_parallel()
 
@@ -106,12 +111,22 @@ def _logged(error: Exception) -> Exception:
     return error
 
 
-class Trainer:
+class Trainer(Stateful):
     """One rank's run: the model parts with their optimizer (`parts`, what `train_step` takes), the data,
-    the schedule, the weight average, the verifier, and the checkpoints written so far."""
+    the schedule, the weight average, the verifier, and the `checkpointer` it saves through.
 
-    def __init__(self, cfg: Config, dims: ParallelDims, resume: str | None, device_defaults: DeviceDefaults):
-        run = build_training_run(cfg, dims, resume, device_defaults)
+    It owns where the run is (`state`, a `TrainState`) and is itself what a checkpoint saves of it
+    (torchtitan's trainer idea): `state_dict` / `load_state_dict`, kept in the checkpoint's meta.json."""
+
+    def __init__(
+        self,
+        cfg: Config,
+        dims: ParallelDims,
+        resume: str | None,
+        device_defaults: DeviceDefaults,
+        checkpointer: Checkpointer,
+    ):
+        run = build_training_run(cfg, dims, resume, device_defaults, checkpointer)
         self.cfg, self.dims, self.run_dir, self.data = cfg, dims, run.run_dir, run.data
         self.backbone, self.parts, self.scheduler = run.backbone, run.parts, run.scheduler
         self.state, self.resumed_from = run.state, run.resumed_from
@@ -119,15 +134,30 @@ class Trainer:
         self.ema = None if cfg.model.ema_decay == 0 else WeightEma(self.backbone, cfg.model.ema_decay)
         if self.ema and self.resumed_from and load_ema_weights(self.resumed_from, self.ema.module):
             self.ema.updates = self.state.step  # the average continues from the checkpoint
-        self.last_checkpoint = str(self.resumed_from) if self.resumed_from else None
-        self.saved_step = self.state.step if self.resumed_from else None
+        self.checkpointer = checkpointer
+        ema = None if self.ema is None else self.ema.module
+        parts = self.parts
+        states = CheckpointStates(self, self.backbone, parts.head, parts.optimizer, parts.scaler, ema)
+        checkpointer.hold(states, cfg, self.data.dataset.class_names, self.resumed_from)
         self.evaluation: dict = {}
         self.stop_seconds: float | None = None  # from the stop signal to the last checkpoint, on this rank
         self.evaluation_failure: str | None = None
         self.global_batch = cfg.train.batch_size * dims.dp  # images per micro-step over all replicas
+        self.full_margin = None if self.parts.head is None else self.parts.head.margin  # margin warmup's goal
+
+    def state_dict(self) -> dict:
+        return self.state.state_dict()
+
+    def load_state_dict(self, state_dict: dict) -> None:
+        self.state.load_state_dict(state_dict)
+
+    @property
+    def last_checkpoint(self) -> str | None:
+        last = self.checkpointer.last
+        return None if last is None else str(last)
 
     def fit(self) -> dict:
-        cfg, dims, state, head = self.cfg, self.dims, self.state, self.parts.head
+        cfg, dims, state = self.cfg, self.dims, self.state
         log = MetricsLog(self.run_dir, dims.is_primary, cfg.train.trackers, to_dict(cfg))
         minutes = cfg.train.checkpoint_every_minutes
         seconds = None if minutes is None else 60 * minutes
@@ -138,7 +168,6 @@ class Trainer:
         tolerated = cfg.train.max_nonfinite_steps if self.parts.scaler.is_enabled() else 0
         window = StepWindow(dims.device)
         underfit = UnderfitWatch(cfg.train.steps, self.data.dataset.num_classes, cfg.optim.warmup_steps)
-        full_margin = head.margin if head is not None else None
         started = time.perf_counter()
         signals = StopSignals().install()
         try:
@@ -146,16 +175,7 @@ class Trainer:
                 self.save(is_best=True, final_step=False)  # best/ holds the start until a step beats it
             while state.step < cfg.train.steps and (step_batches := gate.next_step(signals)) is not None:
                 lr = self.scheduler.get_last_lr()[0]
-                train_backbone = state.step >= cfg.optim.head_only_steps
-                # a frozen backbone (or frozen stage, optim.freeze_stages) keeps its batch-norm statistics too
-                set_train_mode(self.backbone, train_backbone)
-                if head is not None and cfg.head.margin_warmup_steps:
-                    head.margin = margin_at_step(full_margin, state.step, cfg.head.margin_warmup_steps)
-                result = train_step(iter(step_batches), self.parts, train_backbone)
-                self.scheduler.step()
-                if self.ema is not None:
-                    self.ema.update(self.backbone)
-                state.step += 1
+                result = self.take_step(step_batches)
                 progress.update(1)
                 window.add(result, state.step)
 
@@ -173,12 +193,11 @@ class Trainer:
                     )  # fmt: skip
                     window.reset()
                 is_best = self.verify_if_due(final_step, log)
-                due = gate.checkpoint_due or state.step % cfg.train.checkpoint_every == 0
-                if is_best or final_step or due:
+                if self.checkpointer.should_save(state.step, final_step, is_best, gate.checkpoint_due):
                     window.check_finite(tolerated, self.last_checkpoint)  # never save a diverged model
                     self.save(is_best, final_step)
                     gate.checkpoint_written()
-            if gate.stopped and self.saved_step != state.step and state.step > 0:
+            if gate.stopped and not self.checkpointer.holds_step(state.step) and state.step > 0:
                 window.check_finite(tolerated, self.last_checkpoint)
                 self.save(is_best=False, final_step=False)
             if gate.stop_signal is not None:
@@ -192,6 +211,22 @@ class Trainer:
         if gate.data_failed:
             raise _data_failure(gate, state.step, self.last_checkpoint)
         return self._finish(gate, time.perf_counter() - started)
+
+    def take_step(self, step_batches: list) -> StepResult:
+        """One optimizer step at `state.step`: the backbone frozen for optim.head_only_steps, the margin
+        warmed up, then the schedule, the weight average and the step counter move on."""
+        cfg, state, head = self.cfg, self.state, self.parts.head
+        train_backbone = state.step >= cfg.optim.head_only_steps
+        # a frozen backbone (or frozen stage, optim.freeze_stages) keeps its batch-norm statistics too
+        set_train_mode(self.backbone, train_backbone)
+        if head is not None and cfg.head.margin_warmup_steps:
+            head.margin = margin_at_step(self.full_margin, state.step, cfg.head.margin_warmup_steps)
+        result = train_step(iter(step_batches), self.parts, train_backbone)
+        self.scheduler.step()
+        if self.ema is not None:
+            self.ema.update(self.backbone)
+        state.step += 1
+        return result
 
     def verifies_its_start(self) -> bool:
         """A fine-tune (`model.init`) with `eval.pairs` verifies its starting model at step 0, so the run
@@ -221,22 +256,7 @@ class Trainer:
 
     def save(self, is_best: bool, final_step: bool) -> None:
         """A collective save on every rank (keeping the best checkpoint is one too)."""
-        saved = save_checkpoint(
-            self.run_dir,
-            self.state,
-            self.cfg,
-            self.dims,
-            self.backbone,
-            self.parts.head,
-            self.parts.optimizer,
-            self.parts.scaler,
-            self.data.dataset.class_names,
-            evaluation=self.evaluation if is_best or final_step else None,
-            is_best=is_best,
-            keep=self.cfg.train.keep_checkpoints,
-            ema=None if self.ema is None else self.ema.module,
-        )
-        self.last_checkpoint, self.saved_step = str(saved), self.state.step
+        self.checkpointer.save(is_best, evaluation=self.evaluation if is_best or final_step else None)
 
     def _finish(self, gate: StepGate, train_seconds: float) -> dict:
         """Write the summary and the curves; a verification that failed on the way fails the command now,

@@ -1,5 +1,4 @@
-"""What a run directory may hold before training writes into it, who may write there, and what a run
-resumes from.
+"""What a run directory may hold before training writes into it, and who may write there.
 
 Training never writes over what it did not make: a directory with checkpoints is continued only with
 `--resume`, a `config.yaml` there that facetrain did not write (a user's own config, say) is never
@@ -20,26 +19,21 @@ import time
 from collections.abc import Iterator
 from contextlib import contextmanager, suppress
 from pathlib import Path
+from typing import Any
 
 import yaml
 
-from facetrain.checkpoint import (
-    complete_checkpoints,
-    find_damage,
-    find_resume_point,
-    holds_checkpoints,
-    resolve_checkpoint,
-)
+from facetrain.checkpoint.layout import holds_checkpoints
 from facetrain.config import to_dict
 from facetrain.errors import EveryRankError, FacetrainError
 from facetrain.files import atomic_write_text, output_path_problem
 from facetrain.run_lock import LOCK_NAME, acquire, holds, release
-from facetrain.train.metrics import COLUMNS as METRICS_COLUMNS
-from facetrain.train.run_config import Config
 
 RUN_CONFIG = "config.yaml"
 RUN_CONFIG_HEADER = "# facetrain train: this run's resolved config, rewritten at each start; edit a copy\n"
 RUN_MARKER = ".facetrain-run"
+METRICS_COLUMNS = ["step", "epoch", "loss", "accuracy", "lr", "images_per_s", "elapsed_s"]
+"""metrics.csv's header (`facetrain.train.metrics` writes it): one of the files that mark a run."""
 BUSY_ADVICE = "wait for it to finish or stop it, or choose another train.output_dir"
 
 
@@ -142,7 +136,7 @@ def _unwritable(run_dir: Path, error: OSError) -> FacetrainError:
     )
 
 
-def write_run_config(cfg: Config, run_dir: Path) -> None:
+def write_run_config(cfg: Any, run_dir: Path) -> None:
     """The resolved config beside the run's checkpoints; a full disk or read-only folder is one line."""
     try:
         run_dir.mkdir(parents=True, exist_ok=True)
@@ -151,61 +145,3 @@ def write_run_config(cfg: Config, run_dir: Path) -> None:
         )
     except OSError as error:
         raise _unwritable(run_dir, error) from None
-
-
-def restarted_job(run_dir: Path) -> bool:
-    """Whether this job was restarted after it had written a checkpoint: by torchrun
-    (`--max-restarts`) or by Slurm (a requeue after preemption, `scontrol requeue`, or the job script's
-    own requeue at the time-limit warning).
-
-    Such a restart continues from that checkpoint as if `--resume auto` had been given. The newest
-    checkpoint must carry this job's id (TORCHELASTIC_RUN_ID, SLURM_JOB_ID), so a restart never takes
-    over checkpoints of an earlier job that the first attempt refused to train over.
-    """
-    restarts = {
-        "elastic_run_id": ("TORCHELASTIC_RESTART_COUNT", "TORCHELASTIC_RUN_ID"),
-        "slurm_job_id": ("SLURM_RESTART_COUNT", "SLURM_JOB_ID"),
-    }
-    restarted = {key: job for key, (count, job) in restarts.items() if int(os.environ.get(count) or 0)}
-    finished = complete_checkpoints(run_dir) if restarted else []
-    if not finished:
-        return False
-    try:
-        meta = json.loads((finished[-1] / "meta.json").read_text())
-    except (OSError, ValueError):
-        return False
-    return any(meta.get(key) == os.environ.get(job) for key, job in restarted.items())
-
-
-def find_checkpoint_to_resume(
-    run_dir: Path, resume: str | None, restarted: bool | None = None
-) -> tuple[Path | None, list[str]]:
-    """What to resume from and notes on checkpoints passed over, refusing to silently train over an
-    earlier run's checkpoints or to resume from a damaged one. `restarted`: whether torchrun or Slurm
-    restarted the job on some rank (`restarted_job` on this one when None)."""
-    if restarted is None:
-        restarted = restarted_job(run_dir)
-    if resume is None and restarted:
-        resume = "auto"
-    try:
-        if resume is None:
-            if holds_checkpoints(run_dir):
-                raise EveryRankError(
-                    f"{run_dir} already holds checkpoints; pass --resume auto to continue that run, "
-                    "or choose another train.output_dir"
-                )
-            return None, []
-        if resume == "auto":
-            return find_resume_point(run_dir)
-        checkpoint = resolve_checkpoint(resume)
-    except FacetrainError as error:  # every rank reads the same files
-        raise EveryRankError(str(error)) from None
-    damage = find_damage(checkpoint)
-    if damage is not None:
-        earlier = [p for p in complete_checkpoints(checkpoint.parent.parent) if p.name < checkpoint.name]
-        whole = [p for p in reversed(earlier) if find_damage(p) is None]
-        offer = (
-            f"resume from the one before it with --resume {whole[0]}" if whole else "no earlier one is whole"
-        )
-        raise EveryRankError(f"checkpoint {checkpoint} is damaged: {damage}; {offer}")
-    return checkpoint, []
