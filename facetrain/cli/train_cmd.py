@@ -139,9 +139,12 @@ def _say_what_the_defaults_do(config) -> None:
 
 
 def _train_and_report(config, resume: str | None, resume_command: str) -> None:
+    from facetrain.logger import warnings_beside_info
     from facetrain.train.trainer import train as run_training
 
-    _say_how_to_resume(run_training(config, resume), resume_command, config.train.output_dir)
+    with warnings_beside_info():
+        summary = run_training(config, resume)
+    _say_how_to_resume(summary, resume_command, config.train.output_dir)
 
 
 def train_rank(config, resume: str | None, resume_command: str) -> None:
@@ -150,6 +153,7 @@ def train_rank(config, resume: str | None, resume_command: str) -> None:
 
     from facetrain.cli.user_errors import report_user_error
     from facetrain.errors import FacetrainError
+    from facetrain.logger import warnings_beside_info
     from facetrain.parallel.launch import local_threads
     from facetrain.train.trainer import train as run_training
 
@@ -157,7 +161,8 @@ def train_rank(config, resume: str | None, resume_command: str) -> None:
     if "OMP_NUM_THREADS" not in os.environ:
         torch.set_num_threads(local_threads(int(os.environ["LOCAL_WORLD_SIZE"])))
     try:
-        summary = run_training(config, resume)
+        with warnings_beside_info():
+            summary = run_training(config, resume)
     except FacetrainError as error:
         sys.exit(report_user_error(error))
     finally:

@@ -41,6 +41,7 @@ from torch.distributed.elastic.multiprocessing import DefaultLogsSpecs
 from torch.distributed.elastic.multiprocessing.errors import ChildFailedError, ProcessFailure
 from torch.distributed.launcher.api import LaunchConfig, elastic_launch
 
+from facetrain.logger import logger
 from facetrain.parallel.dims import check_backend, visible_gpus
 from facetrain.parallel.launcher_watch import run_watched
 
@@ -147,7 +148,7 @@ def launch_local(
         except ChildFailedError as error:
             lines, code = explain_failures(error.failures, _read_reports(Path(reports)), nproc)
             for line in lines:
-                print(line, file=sys.stderr, flush=True)
+                logger.error(line)
             return code
     finally:
         del os.environ[LAUNCHED_ENV]
