@@ -53,6 +53,13 @@ def rank_line(record: logging.LogRecord) -> str:
     return record.getMessage() if this_rank == "0" else f"[rank {this_rank}] {record.getMessage()}"
 
 
+def _is_terminal(stream) -> bool:
+    try:
+        return stream.isatty()
+    except (AttributeError, ValueError):  # no such method, or a closed stream
+        return False
+
+
 def _plain_write(line: str, stream) -> None:
     stream.write(line + "\n")
     stream.flush()
@@ -77,7 +84,10 @@ class ConsoleHandler(logging.Handler):
                 record.levelno == logging.WARNING and self.warnings_on_stdout
             )
             stream = sys.stdout if on_stdout else sys.stderr
-            self.write(rank_line(record), stream)
+            line = rank_line(record)
+            if rank() != "0" and _is_terminal(stream):
+                line = "\n" + line  # rank 0's progress bar on the same terminal may be mid-line
+            self.write(line, stream)
         except Exception:
             self.handleError(record)
 

@@ -92,3 +92,15 @@ def test_the_logger_is_configured_once_and_copies_no_line_to_the_root_logger(ran
         root.removeHandler(handler)
     assert logger.handlers.count(facetrain.logger.console) == 1
     assert capsys.readouterr().out == "one line\n" and copies.getvalue() == ""
+
+
+def test_another_ranks_line_on_a_terminal_starts_a_fresh_line(rank, monkeypatch):
+    """Rank 0's progress bar on the same terminal may be mid-line: rank 1's error starts below it."""
+    rank("1")
+    screen, pipe = Terminal(), io.StringIO()
+    monkeypatch.setattr("sys.stderr", screen)
+    logger.error("error: out of memory")
+    monkeypatch.setattr("sys.stderr", pipe)
+    logger.error("error: out of memory")
+    assert screen.getvalue() == "\n[rank 1] error: out of memory\n"
+    assert pipe.getvalue() == "[rank 1] error: out of memory\n"
