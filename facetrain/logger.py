@@ -61,8 +61,7 @@ def _is_terminal(stream) -> bool:
 
 
 def _plain_write(line: str, stream) -> None:
-    stream.write(line + "\n")
-    stream.flush()
+    print(line, file=stream)
 
 
 class ConsoleHandler(logging.Handler):

@@ -88,11 +88,5 @@ class ProgressBar(tqdm):
 # named semaphore: a rank killed with SIGKILL leaves it behind and its launcher's resource tracker warns of
 # "leaked semaphore objects". facetrain's bars are each drawn by one process, so a thread lock suffices.
 ProgressBar.set_lock(threading.RLock())
-
-
-def _write_around_bars(line: str, stream) -> None:
-    ProgressBar.write(line, file=stream)
-    stream.flush()  # a job file shows each line as it happens
-
-
-set_console_writer(_write_around_bars)
+# facetrain's logger writes its lines as tqdm.write does: the bars cleared, the line, the bars redrawn
+set_console_writer(lambda line, stream: ProgressBar.write(line, file=stream))
