@@ -43,8 +43,9 @@ def _append(path: Path, lines: list[str]) -> None:
 
 
 class RunLogHandler(logging.Handler):
-    """Appends each line to the run's log once `path` is set; before, holds rank 0's info lines (a
-    warning or an error with no run to belong to is the console's alone)."""
+    """Appends each line to the run's log once `path` is set; before, holds rank 0's lines the coming
+    run will own: its start-up lines and warnings, not an error (which ends the process's run) nor a
+    Python warning (which may belong to anything before the run)."""
 
     def __init__(self) -> None:
         super().__init__(logging.INFO)
@@ -56,8 +57,13 @@ class RunLogHandler(logging.Handler):
         line = _stamp(rank_line(record))
         if self.path is not None:
             _append(self.path, [line])
-        elif record.levelno < logging.WARNING and len(self.held) < _MAX_HELD:
+        elif len(self.held) < _MAX_HELD and _held_before_the_run(record):
             self.held.append(line)
+
+
+def _held_before_the_run(record: logging.LogRecord) -> bool:
+    shown_warning = record.levelno == logging.WARNING and getattr(record, "console", True)
+    return rank() == "0" and (record.levelno < logging.WARNING or shown_warning)
 
 
 _handler = RunLogHandler()

@@ -9,7 +9,7 @@ import pytest
 
 from facetrain import run_log
 from facetrain.errors import EveryRankError, FacetrainError, PeerFailed
-from facetrain.logger import logger
+from facetrain.logger import LOG_ONLY, logger
 from facetrain.progress import ProgressBar
 from facetrain.train.trainer import _logged
 
@@ -37,11 +37,15 @@ def logged_lines(run_dir) -> list[str]:
 def test_lines_before_the_run_dir_is_known_follow_the_header(tmp_path, monkeypatch):
     monkeypatch.setenv("RANK", "0")
     logger.info("device defaults (cpu): pin_memory off")
+    logger.warning("warning: the schedule ends before warmup")
+    logger.warning("warning: UserWarning: from before the run", extra=LOG_ONLY)  # a Python warning
+    logger.error("error: the previous run's")
     run_log.attach(tmp_path, "=== header")
     logger.info("resumed from step 3")
     assert logged_lines(tmp_path) == [
         "=== header",
         "device defaults (cpu): pin_memory off",
+        "warning: the schedule ends before warmup",
         "resumed from step 3",
     ]
 
