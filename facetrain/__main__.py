@@ -7,6 +7,8 @@ a traceback.
 
 import sys
 
+from facetrain.logger import logger
+
 # The top-level modules of the `app` extra's packages (pyproject.toml)
 APP_MODULES = frozenset(
     {"click", "yaml", "cv2", "pandas", "matplotlib", "tqdm", "torchvision", "safetensors"}
@@ -21,10 +23,9 @@ def main() -> None:
     except ModuleNotFoundError as error:
         if (error.name or "").split(".")[0] not in APP_MODULES:
             raise
-        print(
+        logger.error(
             f"error: facetrain's command line needs {error.name}, which is not installed: "
-            "pip install 'facetrain[app]'",
-            file=sys.stderr,
+            "pip install 'facetrain[app]'"
         )
         sys.exit(2)
 

@@ -5,8 +5,9 @@ training log becomes one line of thousands of bars. Written anywhere but a termi
 prints its state as one plain line every `LINE_EVERY_S` seconds, and once more when it ends.
 With `QUIET_ENV` set (what every command's `-q/--quiet` does) there is no bar at all.
 
-During a training run the bars' plain lines and every `write` also go to the run's `train.log`
-(`facetrain.run_log`), at the same pace wherever the output goes.
+During a training run the bars' plain lines also go to the run's `train.log` (`facetrain.run_log`), at
+the same pace wherever the output goes. The lines of facetrain's logger (`facetrain.logger`) are
+written around the bars: the bars are cleared, the line written, the bars drawn again.
 """
 
 from __future__ import annotations
@@ -18,7 +19,7 @@ import time
 
 from tqdm import tqdm
 
-from facetrain import run_log
+from facetrain.logger import LOG_ONLY, logger, set_console_writer
 
 LINE_EVERY_S = 30.0
 # the bar's words without its drawing: "train:  33% 100/300 [00:40<01:20, 2.50step/s, loss=1.2]"
@@ -50,17 +51,14 @@ class ProgressBar(tqdm):
             kwargs.setdefault("bar_format", PLAIN_FORMAT)
         super().__init__(*args, **kwargs)
 
-    @classmethod
-    def write(cls, s, file=None, end="\n", nolock=False):
-        run_log.note(s)
-        super().write(s, file=file, end=end, nolock=nolock)
-
     def display(self, msg=None, pos=None):
         if not self.plain_lines:
             now = time.monotonic()  # the run's log gets the plain line a pipe would get
             if msg != "" and (self._closing or now - self._last_logged_at >= LINE_EVERY_S):
                 self._last_logged_at = now
-                run_log.note(self.format_meter(**{**self.format_dict, "bar_format": PLAIN_FORMAT}))
+                logger.info(
+                    self.format_meter(**{**self.format_dict, "bar_format": PLAIN_FORMAT}), extra=LOG_ONLY
+                )
             return super().display(msg, pos)
         if msg == "":  # clearing a bar: a plain line is never taken back
             return True
@@ -69,7 +67,7 @@ class ProgressBar(tqdm):
             return True  # a redraw after another message (tqdm.write) repeats no line
         self._last_line_at = now
         line = self.__str__() if msg is None else msg
-        run_log.note(line)
+        logger.info(line, extra=LOG_ONLY)
         # tqdm's close() ends the last line itself
         self.fp.write(line)
         if not self._closing:
@@ -90,3 +88,5 @@ class ProgressBar(tqdm):
 # named semaphore: a rank killed with SIGKILL leaves it behind and its launcher's resource tracker warns of
 # "leaked semaphore objects". facetrain's bars are each drawn by one process, so a thread lock suffices.
 ProgressBar.set_lock(threading.RLock())
+# facetrain's logger writes its lines as tqdm.write does: the bars cleared, the line, the bars redrawn
+set_console_writer(lambda line, stream: ProgressBar.write(line, file=stream))

@@ -7,12 +7,15 @@ stopped) and every rank's warning and error is appended to `train.log` in the ru
 timestamped, each start of the run under a header that names what started it: a fresh start or a
 resume, the scheduler's job id and restart count, the world size.
 
-Lines printed before the run directory is known (device defaults, say) are held and written after the
-header. Writing the log never stops training: a log that cannot be written is skipped.
+The log is a handler of facetrain's logger (`facetrain.logger`), so it gets exactly the lines the
+console does, under the same rank rule, and the `LOG_ONLY` lines besides. Lines logged before the run
+directory is known (device defaults, say) are held and written after the header. Writing the log never
+stops training: a log that cannot be written is skipped.
 """
 
 from __future__ import annotations
 
+import logging
 import os
 import shlex
 import socket
@@ -21,16 +24,10 @@ import time
 import warnings
 from pathlib import Path
 
+from facetrain.logger import LOG_ONLY, RankFilter, logger, rank, rank_line
+
 LOG_NAME = "train.log"
 _MAX_HELD = 1000  # lines held before the run directory is known
-
-_path: Path | None = None
-_held: list[str] = []
-_previous_showwarning = None
-
-
-def _rank() -> str:
-    return os.environ.get("RANK", "0")
 
 
 def _stamp(line: str) -> str:
@@ -45,20 +42,33 @@ def _append(path: Path, lines: list[str]) -> None:
         pass
 
 
-def note(line: str) -> None:
-    """A line rank 0 shows its user (other ranks' lines are not kept: they repeat rank 0's)."""
-    if _rank() != "0":
-        return
-    if _path is not None:
-        _append(_path, [_stamp(line)])
-    elif len(_held) < _MAX_HELD:
-        _held.append(_stamp(line))
+class RunLogHandler(logging.Handler):
+    """Appends each line to the run's log once `path` is set; before, holds rank 0's lines the coming
+    run will own: its start-up lines and warnings, not an error (which ends the process's run) nor a
+    Python warning (which may belong to anything before the run)."""
+
+    def __init__(self) -> None:
+        super().__init__(logging.INFO)
+        self.path: Path | None = None
+        self.held: list[str] = []
+        self.addFilter(RankFilter())
+
+    def emit(self, record: logging.LogRecord) -> None:
+        line = _stamp(rank_line(record))
+        if self.path is not None:
+            _append(self.path, [line])
+        elif len(self.held) < _MAX_HELD and _held_before_the_run(record):
+            self.held.append(line)
 
 
-def problem(line: str) -> None:
-    """A warning or an error of any rank, named by its rank."""
-    if _path is not None:
-        _append(_path, [_stamp(line if _rank() == "0" else f"[rank {_rank()}] {line}")])
+def _held_before_the_run(record: logging.LogRecord) -> bool:
+    shown_warning = record.levelno == logging.WARNING and getattr(record, "console", True)
+    return rank() == "0" and (record.levelno < logging.WARNING or shown_warning)
+
+
+_handler = RunLogHandler()
+logger.addHandler(_handler)
+_previous_showwarning = None
 
 
 def append(run_dir: Path, line: str) -> None:
@@ -81,17 +91,17 @@ def start_header(started: str, world_size: int) -> str:
 
 def attach(run_dir: Path, header: str) -> None:
     """From now on this process's lines go to `run_dir`'s log; rank 0 writes `header` and the lines
-    held so far. Python warnings of any rank go there too."""
-    global _path, _previous_showwarning
-    _path = Path(run_dir) / LOG_NAME
-    if _rank() == "0":
-        _append(_path, [_stamp(header), *_held])
-    _held.clear()
+    held so far. Python warnings of any rank go there too (and on to stderr, as ever)."""
+    global _previous_showwarning
+    _handler.path = Path(run_dir) / LOG_NAME
+    if rank() == "0":
+        _append(_handler.path, [_stamp(header), *_handler.held])
+    _handler.held.clear()
     if _previous_showwarning is None:
         _previous_showwarning = warnings.showwarning
 
         def showwarning(message, category, filename, lineno, file=None, line=None):
-            problem(f"warning: {category.__name__}: {message}")
+            logger.warning(f"warning: {category.__name__}: {message}", extra=LOG_ONLY)
             _previous_showwarning(message, category, filename, lineno, file, line)
 
         warnings.showwarning = showwarning
@@ -99,8 +109,8 @@ def attach(run_dir: Path, header: str) -> None:
 
 def detach() -> None:
     """The run has ended in this process: its lines are no longer the run's."""
-    global _path, _previous_showwarning
-    _path = None
-    _held.clear()
+    global _previous_showwarning
+    _handler.path = None
+    _handler.held.clear()
     if _previous_showwarning is not None:
         warnings.showwarning, _previous_showwarning = _previous_showwarning, None

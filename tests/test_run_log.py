@@ -1,4 +1,5 @@
-"""`RUN/train.log`: rank 0's lines and every rank's problems, under a header for each start of the run."""
+"""`RUN/train.log`: rank 0's lines and every rank's problems, under a header for each start of the run
+(a handler of facetrain's logger)."""
 
 from __future__ import annotations
 
@@ -8,6 +9,7 @@ import pytest
 
 from facetrain import run_log
 from facetrain.errors import EveryRankError, FacetrainError, PeerFailed
+from facetrain.logger import LOG_ONLY, logger
 from facetrain.progress import ProgressBar
 from facetrain.train.trainer import _logged
 
@@ -34,20 +36,24 @@ def logged_lines(run_dir) -> list[str]:
 
 def test_lines_before_the_run_dir_is_known_follow_the_header(tmp_path, monkeypatch):
     monkeypatch.setenv("RANK", "0")
-    ProgressBar.write("device defaults (cpu): pin_memory off")
+    logger.info("device defaults (cpu): pin_memory off")
+    logger.warning("warning: the schedule ends before warmup")
+    logger.warning("warning: UserWarning: from before the run", extra=LOG_ONLY)  # a Python warning
+    logger.error("error: the previous run's")
     run_log.attach(tmp_path, "=== header")
-    ProgressBar.write("resumed from step 3")
+    logger.info("resumed from step 3")
     assert logged_lines(tmp_path) == [
         "=== header",
         "device defaults (cpu): pin_memory off",
+        "warning: the schedule ends before warmup",
         "resumed from step 3",
     ]
 
 
 def test_other_ranks_log_only_their_problems_named_by_rank(attached, monkeypatch):
     monkeypatch.setenv("RANK", "1")
-    run_log.note("a line every rank prints alike")
-    run_log.problem("error: image 7 is unreadable")
+    logger.info("a line every rank prints alike")
+    logger.error("error: image 7 is unreadable")
     with warnings.catch_warnings():
         warnings.simplefilter("always")
         warnings.warn("gloo is slow", UserWarning, stacklevel=1)
@@ -93,6 +99,6 @@ def test_errors_are_logged_once_by_the_rank_they_belong_to(attached, monkeypatch
 def test_a_log_that_cannot_be_written_never_stops_training(tmp_path, monkeypatch):
     monkeypatch.setenv("RANK", "0")
     run_log.attach(tmp_path / "gone", "=== header")  # no such folder
-    run_log.note("still training")
-    run_log.problem("error: still reported on stderr")
+    logger.info("still training")
+    logger.error("error: still reported on stderr")
     assert not (tmp_path / "gone").exists()

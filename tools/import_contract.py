@@ -6,7 +6,7 @@ import each other in a loop.
 | layer | packages                                                   | may import                       |
 | ----- | ---------------------------------------------------------- | -------------------------------- |
 | 0     | config, errors, registry, files, input_files, progress,    | layer 0 only                     |
-|       | choices, devices, run_lock, run_log (the logger), pixels,  |                                  |
+|       | choices, devices, run_lock, logger, run_log, pixels,       |                                  |
 |       | process_memory, facetrain                                  |                                  |
 | 1     | heads, models, data, align, eval                           | layer 0; eval and align data     |
 | 2     | parallel, checkpoint, interop                              | layers 0-1; interop checkpoint   |
@@ -49,6 +49,7 @@ LAYERS: tuple[tuple[str, ...], ...] = (
         "choices",
         "devices",
         "run_lock",
+        "logger",
         "run_log",
         "pixels",
         "process_memory",

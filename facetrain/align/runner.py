@@ -12,7 +12,6 @@ from __future__ import annotations
 
 import multiprocessing
 import os
-import sys
 from pathlib import Path
 from typing import NamedTuple
 
@@ -35,6 +34,7 @@ from facetrain.align.transform import center_crop
 from facetrain.data.decode import IMAGE_EXTENSIONS, BadImageError, decode_image, left_out_warnings
 from facetrain.errors import FacetrainError
 from facetrain.files import atomic_target, refuse_to_overwrite
+from facetrain.logger import logger
 from facetrain.progress import ProgressBar
 from facetrain.registry import Registry
 
@@ -172,7 +172,7 @@ def align_folder(
                 bar.set_postfix_str(f"{not_aligned} not aligned")
     unreadable = sorted(outcome for outcome in outcomes if outcome.status == UNREADABLE)
     for line in left_out_warnings([outcome.message for outcome in unreadable]):
-        ProgressBar.write(line, file=sys.stderr)
+        logger.warning(line)
     report_path.parent.mkdir(parents=True, exist_ok=True)
     write_report(outcomes, report_path)
     return summarize(outcomes, destination, report_path)

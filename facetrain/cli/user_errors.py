@@ -4,11 +4,9 @@ from __future__ import annotations
 
 import errno
 import os
-import sys
-
-import click
 
 from facetrain.errors import EveryRankError, FacetrainError, PeerFailed
+from facetrain.logger import logger
 
 # What the machine, not facetrain, refused: a full disk, a read-only or unwritable folder, a name the
 # file system cannot hold. Any command can meet them on any file; each is a line naming the file.
@@ -50,7 +48,5 @@ def report_user_error(error: FacetrainError) -> int:
             return 2
     if isinstance(error, PeerFailed) or (rank != "0" and isinstance(error, EveryRankError)):
         return 2  # the rank that failed, or rank 0, prints it
-    prefix = f"[rank {rank}] " if rank != "0" else ""
-    fresh_line = "\n" if rank != "0" and sys.stderr.isatty() else ""  # rank 0's progress bar may be mid-line
-    click.echo(f"{fresh_line}{prefix}error: {error}", err=True)
+    logger.error(f"error: {error}")  # named by its rank when not rank 0's
     return 2

@@ -19,7 +19,7 @@ from facetrain.data.sampling import SAMPLERS
 from facetrain.data.sources import SOURCES
 from facetrain.data.synthetic import generate_synthetic
 from facetrain.data.transforms import build_train_transform
-from facetrain.progress import ProgressBar  # its lines go to the run's train.log too
+from facetrain.logger import logger
 
 
 def prepare_train_data(cfg: DataConfig) -> None:
@@ -30,7 +30,7 @@ def prepare_train_data(cfg: DataConfig) -> None:
     """
     if cfg.source != "synthetic" or (Path(cfg.path) / "train").is_dir():
         return
-    ProgressBar.write(f"generating the synthetic face set in {cfg.path} (data.synth)")
+    logger.info(f"generating the synthetic face set in {cfg.path} (data.synth)")
     generate_synthetic(cfg.path, cfg.synth)
 
 

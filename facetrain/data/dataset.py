@@ -7,7 +7,6 @@ handling and label bookkeeping.
 
 from __future__ import annotations
 
-import logging
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -21,8 +20,7 @@ from facetrain.data.decode import BadImageError, DataError, decode_image, read_f
 from facetrain.data.loader_workers import platform_context
 from facetrain.data.sample_key import SampleKey
 from facetrain.errors import FacetrainError
-
-logger = logging.getLogger(__name__)
+from facetrain.logger import logger
 
 BAD_IMAGE_ADVICE = (
     "fix or remove it (or its list entry), or set data.skip_bad_images: true to skip such images"

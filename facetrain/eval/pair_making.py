@@ -11,7 +11,6 @@ from __future__ import annotations
 import csv
 import io
 import os
-import sys
 from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -24,7 +23,7 @@ from facetrain.errors import FacetrainError
 from facetrain.eval.folds import DEFAULT_FOLD_SEED, DEFAULT_FOLDS, FOLDS_STRATIFIED, stratified_folds
 from facetrain.eval.pair_set import PairSet
 from facetrain.files import atomic_write_text, refuse_to_overwrite
-from facetrain.progress import ProgressBar
+from facetrain.logger import logger
 
 SAMPLING_BATCH = 4096
 
@@ -102,7 +101,7 @@ def folder_pair_set(
     problems = [image_file_problem(path) for path in table.reader.paths]
     kept = [index for index, problem in enumerate(problems) if problem is None]
     for line in left_out_warnings([problem for problem in problems if problem is not None]):
-        ProgressBar.write(line, file=sys.stderr)
+        logger.warning(line)
     if not kept:
         raise FacetrainError(f"none of the {len(problems)} files under {root} is a readable image")
     paths = [table.reader.paths[index] for index in kept]

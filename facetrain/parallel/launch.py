@@ -44,6 +44,7 @@ from torch.distributed.elastic.multiprocessing.errors import ChildFailedError, P
 from torch.distributed.launcher.api import LaunchConfig, elastic_launch
 
 from facetrain.errors import EveryRankError, FacetrainError, PeerFailed, PeerLost
+from facetrain.logger import logger
 from facetrain.parallel.dims import check_backend, visible_gpus
 from facetrain.parallel.launcher_watch import run_watched
 
@@ -163,7 +164,7 @@ def launch_local(
         except ChildFailedError as error:
             lines, code = explain_failures(error.failures, _read_reports(Path(reports)), nproc)
             for line in lines:
-                print(line, file=sys.stderr, flush=True)
+                logger.error(line)
             return code
     finally:
         del os.environ[LAUNCHED_ENV]

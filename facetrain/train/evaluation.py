@@ -28,8 +28,8 @@ from facetrain.eval.one_kind import require_both_kinds
 from facetrain.eval.set_names import report_name, set_names
 from facetrain.eval.verify_pairs import load_pairs, verify
 from facetrain.heads import collectives
+from facetrain.logger import logger
 from facetrain.parallel.dims import ParallelDims
-from facetrain.progress import ProgressBar
 from facetrain.train.run_config import Config
 
 # what TensorBoard gets of each set, under eval/NAME/
@@ -75,7 +75,7 @@ class TrainingVerifier:
                 if isinstance(error, BadImageError):
                     reason = f"{error}; fix the image or drop its pairs from eval.pairs"
                 self.failure = f"verification at step {step} failed: {reason}"
-                ProgressBar.write(f"warning: {self.failure}; training goes on without verification")
+                logger.warning(f"warning: {self.failure}; training goes on without verification")
                 outcome[1] = 1
             finally:
                 backbone.train(was_training)

@@ -26,8 +26,8 @@ from facetrain.heads.memory import (
     free_memory_bytes,
 )
 from facetrain.heads.plan import HeadPlan
+from facetrain.logger import logger
 from facetrain.parallel.dims import ParallelDims
-from facetrain.progress import ProgressBar as tqdm  # its lines also go to the run log
 from facetrain.train.device_defaults import tile_classes
 from facetrain.train.optim import build_fused_optimizer
 from facetrain.train.run_checks import fused_optimizer_conflict
@@ -55,7 +55,7 @@ def build_head(
         head.fuse_optimizer(build_fused_optimizer(cfg.optim, head, plan.state_dtype))
     head = head.to(dims.device)
     if dims.is_primary:
-        tqdm.write(describe_plan(plan, reasons, cfg, num_classes, dims))
+        logger.info(describe_plan(plan, reasons, cfg, num_classes, dims))
     return head
 
 

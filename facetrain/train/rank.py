@@ -22,6 +22,7 @@ import torch
 from torch.distributed.elastic.multiprocessing.errors import record
 
 from facetrain.errors import FacetrainError
+from facetrain.logger import warnings_beside_info
 from facetrain.parallel.launch import USER_ERROR_EXIT, launched_locally, local_threads, record_user_error
 from facetrain.parallel.launcher_watch import run_watched
 from facetrain.train.run_config import Config
@@ -39,10 +40,11 @@ def train_rank(cfg: Config, resume: str | None, report_summary: Callable[[dict],
     if launched_locally() and "OMP_NUM_THREADS" not in os.environ:
         torch.set_num_threads(local_threads(int(os.environ["LOCAL_WORLD_SIZE"])))
     try:
-        if "TORCHELASTIC_RUN_ID" in os.environ and not launched_locally():
-            summary = run_watched(train, os.getppid(), cfg.parallel.timeout_s, cfg, resume)
-        else:
-            summary = train(cfg, resume)
+        with warnings_beside_info():  # a run's warnings on stdout, in order with its other lines
+            if "TORCHELASTIC_RUN_ID" in os.environ and not launched_locally():
+                summary = run_watched(train, os.getppid(), cfg.parallel.timeout_s, cfg, resume)
+            else:
+                summary = train(cfg, resume)
     except FacetrainError as error:
         if not launched_locally():
             raise  # the command line prints it, once over all ranks

@@ -17,10 +17,10 @@ from torch import nn
 from facetrain.checkpoint import Checkpointer, check_row_shards_supported, load_checkpoint, read_meta
 from facetrain.data import build_train_dataset, build_train_loader, prepare_train_data
 from facetrain.heads import collectives
+from facetrain.logger import logger
 from facetrain.models import build_backbone
 from facetrain.parallel.dims import ParallelDims
 from facetrain.parallel.parallelize import parallelize_backbone
-from facetrain.progress import ProgressBar as tqdm  # its lines also go to the run log
 from facetrain.train.class_remap import match_classes
 from facetrain.train.device_defaults import DeviceDefaults
 from facetrain.train.distillation import build_distillation
@@ -79,11 +79,11 @@ def build_training_run(
         torch.use_deterministic_algorithms(True, warn_only=True)
     checkpointer.write_run_config(cfg)
     if dims.is_primary:
-        tqdm.write(device_defaults.describe())
+        logger.info(device_defaults.describe())
         for note in notes:
-            tqdm.write(f"note: {note}")
+            logger.info(f"note: {note}")
         if (warning := schedule_warning(cfg)) is not None:
-            tqdm.write(warning)
+            logger.warning(warning)
 
     # host-side waits go through the CPU group; every rank scans the data at once, not after rank 0
     collectives.primary_first(
@@ -102,7 +102,7 @@ def build_training_run(
     if cfg.model.init is not None and checkpoint is None:
         load_initial_backbone(cfg.model.init, backbone, cfg.model.backbone)
         if dims.is_primary:
-            tqdm.write(f"backbone initialised from {cfg.model.init} (model.init); the head starts fresh")
+            logger.info(f"backbone initialised from {cfg.model.init} (model.init); the head starts fresh")
     freeze_stages(backbone, backbone.stages, cfg.optim.freeze_stages)  # before DDP reads requires_grad
     batch_shape = (cfg.train.batch_size, 3, *cfg.data.image_size)
     local, model, pipeline = parallelize_backbone(
@@ -115,7 +115,7 @@ def build_training_run(
     # before the per-rank seed: building the teacher draws initial weights, which a resume must not redo
     distillation = build_distillation(cfg.loss, cfg.model.embedding_size, dims.device, len(dataset))
     if distillation is not None and distillation.cache is not None and dims.is_primary:
-        tqdm.write(distillation.cache.describe())
+        logger.info(distillation.cache.describe())
     loader, sampler = build_train_loader(
         dataset, cfg.data, cfg.train.batch_size, dims.dp_rank, dims.dp, cfg.train.seed, accumulation,
         with_indices=cfg.loss.teacher_cache,
@@ -132,25 +132,25 @@ def build_training_run(
         check_resumed_stages(trained.optim, cfg.optim, checkpoint)
         keep_optimizer = trained.optim.name == cfg.optim.name
         if not keep_optimizer and dims.is_primary:
-            tqdm.write(optimizer_change_warning(checkpoint, trained.optim.name, cfg.optim.name))
+            logger.warning(optimizer_change_warning(checkpoint, trained.optim.name, cfg.optim.name))
         state.load_state_dict(
             load_checkpoint(checkpoint, dims, local, head, optimizer, scaler, keep_optimizer, class_rows)
         )
         if remap is not None:  # the sample position belongs to the data the checkpoint was trained on
             state.consumed = 0
         if dims.is_primary:
-            tqdm.write(f"resumed from {checkpoint} at step {state.step}")
+            logger.info(f"resumed from {checkpoint} at step {state.step}")
             if remap is not None:
-                tqdm.write(remap.describe())
+                logger.info(remap.describe())
             written_by = read_meta(checkpoint)["world_size"]
             # a resize, or torchrun or Slurm restarted the job
             if written_by != dims.world_size or resume is None:
                 reached = last_logged_step(run_dir)
-                tqdm.write(membership_line(written_by, dims.world_size, state.step, reached, accumulation))
+                logger.info(membership_line(written_by, dims.world_size, state.step, reached, accumulation))
             if (note := nothing_left_to_train(state.step, cfg.train.steps)) is not None:
-                tqdm.write(note)
+                logger.info(note)
             if (note := schedule_change_line(trained, cfg, state.step)) is not None:
-                tqdm.write(note)
+                logger.info(note)
     scheduler = build_lr_schedulers(optimizer, head, cfg.optim, cfg.train.steps, start_step=state.step)
     settings = StepSettings(
         dims.device, cfg.train.precision, accumulation, cfg.optim.grad_clip, cfg.model.channels_last

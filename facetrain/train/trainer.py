@@ -28,6 +28,7 @@ from facetrain.config import to_dict
 from facetrain.errors import EveryRankError, FacetrainError, PeerFailed
 from facetrain.heads import collectives
 from facetrain.heads.margins import margin_at_step
+from facetrain.logger import LOG_ONLY, logger
 from facetrain.parallel.dims import ParallelDims, destroy_parallel, init_parallel, is_initialized
 from facetrain.parallel.failures import collective_failure_error, is_collective_failure
 from facetrain.progress import ProgressBar as tqdm  # plain lines when not on a terminal
@@ -105,9 +106,9 @@ def _logged(error: Exception) -> Exception:
     ):
         return error
     if isinstance(error, FacetrainError):
-        run_log.problem(f"error: {error}")
+        logger.error(f"error: {error}", extra=LOG_ONLY)  # the console gets it from the command
     else:
-        run_log.problem(f"error: {type(error).__name__}: {error} (its traceback is on stderr)")
+        logger.error(f"error: {type(error).__name__}: {error} (its traceback is on stderr)", extra=LOG_ONLY)
     return error
 
 
@@ -186,7 +187,7 @@ class Trainer(Stateful):
                     log.log(row)
                     warning = underfit.check(state.step, row["accuracy"])
                     if warning and dims.is_primary:
-                        tqdm.write(warning)
+                        logger.warning(warning)
                     progress.set_postfix(
                         loss=f"{row['loss']:.3f}", acc=f"{row['accuracy']:.3f}", lr=f"{lr:.2e}",
                         img_s=f"{row['images_per_s']:.0f}",
@@ -248,7 +249,7 @@ class Trainer(Stateful):
         log.log_eval(state.step, {**outcome, **tensorboard_scalars(outcome)})
         if self.dims.is_primary:
             for line in report_lines(outcome, self.verifier.best_by):
-                tqdm.write(line)
+                logger.info(line)
         if state.best_accuracy is not None and outcome["accuracy"] <= state.best_accuracy:
             return False
         state.best_accuracy, state.best_step = outcome["accuracy"], state.step
@@ -280,8 +281,9 @@ class Trainer(Stateful):
             curves = plot_curves([read_run_curves(self.run_dir)], self.run_dir / CURVES_FILE)
             if gate.stop_signal is not None:
                 took = "" if self.stop_seconds is None else f", {self.stop_seconds:.1f} s after the signal"
-                run_log.note(
-                    f"stop: {gate.stop_signal.name} at step {state.step}; checkpoint {self.last_checkpoint}{took}"
+                logger.info(
+                    f"stop: {gate.stop_signal.name} at step {state.step}; checkpoint {self.last_checkpoint}{took}",
+                    extra=LOG_ONLY,
                 )
             else:
                 verified = ""
@@ -294,12 +296,12 @@ class Trainer(Stateful):
                             " (the starting model, model.init: no step beat it, and best/ keeps it; "
                             "try a lower lr for the backbone, optim.backbone_lr_scale, or more head_only_steps)"
                         )
-                tqdm.write(
+                logger.info(
                     f"done: {state.step} steps{verified}; checkpoints in {self.run_dir / 'checkpoints'}, "
                     f"curves in {curves}"
                 )
                 if self.verifier is not None and (table := self.verifier.final_table()) is not None:
-                    tqdm.write(table)
+                    logger.info(table)
         if self.evaluation_failure is not None:
             raise EveryRankError(
                 f"{self.evaluation_failure}; training itself finished and its checkpoints are in "
@@ -337,7 +339,7 @@ class Trainer(Stateful):
                 skipped = torch.tensor([dataset.bad_images], device=collectives.collective_device(control))
                 total = int(collectives.all_reduce_(skipped, "sum", control))
                 if total and self.dims.is_primary:
-                    tqdm.write(
+                    logger.warning(
                         f"epoch {state.epoch}: skipped {total} unreadable images (data.skip_bad_images)"
                     )
             dataset.reset_bad_images()

@@ -11,7 +11,7 @@ from __future__ import annotations
 from importlib.util import find_spec
 from pathlib import Path
 
-from facetrain.progress import ProgressBar
+from facetrain.logger import logger
 from facetrain.train.trackers import mlflow_tracker, tensorboard_tracker, wandb_tracker  # noqa: F401  (they register)
 from facetrain.train.trackers.base import TRACKERS, Tracker, TrackerMissing, missing
 
@@ -37,7 +37,7 @@ def open_trackers(names: list[str], run_dir: Path) -> list[Tracker]:
         except TrackerMissing as error:
             if name != "tensorboard":
                 raise
-            ProgressBar.write(f"note: TensorBoard logging is off: {error}")
+            logger.info(f"note: TensorBoard logging is off: {error}")
     if "tensorboard" not in names:
-        ProgressBar.write(f"note: TensorBoard logging is off: train.trackers is {names} (add tensorboard)")
+        logger.info(f"note: TensorBoard logging is off: train.trackers is {names} (add tensorboard)")
     return trackers
