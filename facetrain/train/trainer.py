@@ -294,7 +294,8 @@ class Trainer(Stateful):
                     if state.best_step == 0 and self.cfg.model.init:
                         verified += (
                             " (the starting model, model.init: no step beat it, and best/ keeps it; "
-                            "try a lower lr for the backbone, optim.backbone_lr_scale, or more head_only_steps)"
+                            "try a lower lr for the backbone, optim.backbone_lr_scale, more head_only_steps, "
+                            "or frozen early stages, optim.freeze_stages and optim.layer_decay)"
                         )
                 logger.info(
                     f"done: {state.step} steps{verified}; checkpoints in {self.run_dir / 'checkpoints'}, "
