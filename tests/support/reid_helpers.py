@@ -15,7 +15,8 @@ from pathlib import Path
 
 import cv2
 import numpy as np
-import yaml
+
+from tests.support.train_helpers import write_config
 
 PALETTE = np.array(
     [(200, 40, 40), (40, 160, 40), (40, 60, 200), (210, 200, 40), (150, 60, 170), (230, 230, 230)],
@@ -99,8 +100,4 @@ def reid_config(tmp: Path, train_folder: Path, steps: int, output: str = "run", 
             "deterministic": True,
         },
     }
-    for section, values in sections.items():
-        config.setdefault(section, {}).update(values)
-    path = tmp / f"{output}.yaml"
-    path.write_text(yaml.safe_dump(config))
-    return path
+    return write_config(tmp, output, config, sections)

@@ -44,6 +44,11 @@ def tiny_config(tmp: Path, output: str = "run", **sections) -> Path:
             "deterministic": True,
         },
     }
+    return write_config(tmp, output, config, sections)
+
+
+def write_config(tmp: Path, output: str, config: dict, sections: dict) -> Path:
+    """`config` with each of `sections` merged over its section, written to tmp/OUTPUT.yaml."""
     for section, values in sections.items():
         config.setdefault(section, {}).update(values)
     path = tmp / f"{output}.yaml"
