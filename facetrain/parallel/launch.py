@@ -2,7 +2,9 @@
 
 It is torchrun's own machinery (the same environment, rendezvous and failure handling), so a run
 started with `--nproc` and one started under torchrun take one path. The function receives its
-arguments as Python objects, not argv strings.
+arguments as Python objects, not argv strings. The agent starts the ranks with torch elastic's
+`start_processes`, as the worker pool of the benchmarks and tests does (`workers.py`); what the two
+share, torch's logs kept quiet and the quiet resource tracker, is in `local_processes.py`.
 
 When ranks fail, the user sees one cause, last. Each rank runs under torch elastic's `@record`
 (`facetrain.train.rank.train_rank`), which leaves an unexpected error's traceback in the rank's error
@@ -26,17 +28,14 @@ SIGKILL cannot pass anything on: each rank then stops by itself and exits within
 from __future__ import annotations
 
 import json
-import logging
 import multiprocessing
 import os
 import shutil
 import signal
-import sys
 import tempfile
 import time
 import uuid
 from collections.abc import Callable
-from multiprocessing import resource_tracker
 from pathlib import Path
 
 from torch.distributed.elastic.multiprocessing import DefaultLogsSpecs
@@ -47,6 +46,7 @@ from facetrain.errors import EveryRankError, FacetrainError, PeerFailed, PeerLos
 from facetrain.logger import logger
 from facetrain.parallel.dims import check_backend, visible_gpus
 from facetrain.parallel.launcher_watch import run_watched
+from facetrain.parallel.local_processes import quiet_torch_elastic, start_quiet_resource_tracker
 
 # exit code of a rank that has reported its one-line user error
 USER_ERROR_EXIT = 2
@@ -87,24 +87,6 @@ def record_user_error(error: FacetrainError) -> None:
         Path(os.environ["TORCHELASTIC_ERROR_FILE"]).write_text(json.dumps(record))
     except OSError:
         pass  # the launcher then reports the exit code alone
-
-
-def _start_quiet_resource_tracker() -> None:
-    """Start Python's resource tracker for this launcher with its leak warning off.
-
-    torch elastic makes 9 named semaphores here for the ranks' results. A launcher killed with SIGKILL
-    cannot remove them; its tracker, which outlives it, does, and then warned of "leaked semaphore
-    objects" under the user's last line, for a cleanup that went as it should. The tracker takes its
-    warning filters from this process's `-W` options when it starts, so the option is set for that
-    moment only: the ranks, spawned later, keep Python's defaults. (Ranks make no named semaphores:
-    `data.loader_workers.platform_context`, `progress.ProgressBar`'s lock.)
-    """
-    option = "ignore:resource_tracker:UserWarning"
-    sys.warnoptions.append(option)
-    try:
-        resource_tracker.ensure_running()
-    finally:
-        sys.warnoptions.remove(option)
 
 
 def _forward_stop_signals() -> dict:
@@ -152,10 +134,8 @@ def launch_local(
         signals_to_handle="SIGHUP,SIGQUIT",  # SIGTERM, SIGINT and SIGUSR1 are forwarded, not fatal
         logs_specs=DefaultLogsSpecs(log_dir=reports),  # <run>/attempt_0/<rank>/error.json
     )
-    # the launcher logs every rank's failure at length; facetrain's ranks explain themselves
-    for name in ("torch.distributed.elastic", "torch.multiprocessing.spawn"):
-        logging.getLogger(name).setLevel(logging.CRITICAL)
-    _start_quiet_resource_tracker()
+    quiet_torch_elastic()
+    start_quiet_resource_tracker()
     previous = _forward_stop_signals()
     try:
         os.environ[LAUNCHED_ENV] = "1"  # spawned ranks inherit it

@@ -1,74 +1,78 @@
-"""The one way facetrain runs a function on several local ranks outside training: a pool of spawned
-processes (training's ranks start through torch elastic, `launch.py`).
+"""A pool of local ranks that runs one function after another, for the benchmarks and the test suite
+(tests/support/distributed.py); training's ranks run one function once (`launch.py`).
 
-Each rank is a spawned process joined through a file rendezvous in a temporary directory, so each
-rank's memory is its own process's memory and the collectives are real ones. Benchmarks and the test
-suite (tests/support/distributed.py) both use it. The backend comes from `dims.check_backend`, the
-chooser `launch.py` and `init_parallel` use, and each rank's device from `facetrain.devices` through
+Both start their ranks through torch elastic's process layer (`local_processes.py`): each rank is a
+spawned process with the environment torchrun gives a rank (RANK, LOCAL_RANK, WORLD_SIZE,
+LOCAL_WORLD_SIZE) and an error file, runs under torch's `@record`, and dies with the process that
+started it. The ranks join through a file rendezvous in a temporary directory, so each rank's memory is
+its own process's memory and the collectives are real ones. The backend comes from `dims.check_backend`,
+the chooser `launch.py` and `init_parallel` use, and each rank's device from `facetrain.devices` through
 `init_parallel`.
 """
 
 from __future__ import annotations
 
+import atexit
 import multiprocessing as mp
-import os
 import queue
 import signal
 import tempfile
 import time
-import traceback
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
 import torch
+from torch.distributed.elastic.multiprocessing import PContext, ProcessFailure
 
 from facetrain.parallel.dims import check_backend, destroy_parallel, init_parallel, visible_gpus
+from facetrain.parallel.local_processes import start_ranks
+
+# how often a waiting pool asks torch whether a rank has ended; a rank's failure shows this late at most
+_POLL_S = 0.1
+# how long closing waits for the ranks to leave the group and exit before killing them
+_CLOSE_S = 5.0
 
 
 class WorkerError(RuntimeError):
     """A rank raised, died or timed out; the pool that ran it is closed."""
 
 
-def _worker_main(
+def _serve(
     rank: int,
     world_size: int,
     threads: int,
     collective_timeout_s: float,
     init_method: str,
-    device: str | None,
     backend: str,
     tasks,
     results,
 ) -> None:
-    if device == "cpu":  # init_parallel places a rank on a GPU whenever it sees one
-        os.environ["CUDA_VISIBLE_DEVICES"] = ""
+    """A rank's life: join the group, then run each task until told to stop (None).
+
+    A task that raises ends the rank: torch's `@record` around this function leaves the traceback in the
+    rank's error file, where the pool reads it. A SystemExit or KeyboardInterrupt (which `@record`
+    does not record, and which torch counts as a clean stop) is raised again as an error for the same
+    reason.
+    """
     torch.set_num_threads(threads)
     try:
-        init_parallel(
-            backend=backend,
-            timeout_s=collective_timeout_s,
-            rank=rank,
-            world_size=world_size,
-            init_method=init_method,
-        )
+        init_parallel(backend=backend, timeout_s=collective_timeout_s, init_method=init_method)
         while (task := tasks.get()) is not None:
             fn, args = task
-            try:
-                results.put((rank, True, fn(rank, world_size, *args)))
-            except BaseException:
-                results.put((rank, False, traceback.format_exc()))
-    finally:
-        destroy_parallel()
+            results.put((rank, fn(rank, world_size, *args)))
+    except (SystemExit, KeyboardInterrupt) as stop:
+        raise WorkerError(f"rank {rank} stopped with {type(stop).__name__}: {stop}") from stop
+    destroy_parallel()
 
 
 class WorkerPool:
-    """`world_size` spawned processes joined through a file rendezvous in a temp dir, on `device`:
-    "cpu" (GPUs hidden from the ranks), "cuda" (rank r on GPU r modulo the GPUs visible; nccl when every
-    rank has a GPU of its own, else gloo, which takes CUDA tensors for the collectives the head and DDP
-    use, staging them through host memory, so shared-GPU figures include that copy; gloo has no CUDA
-    point-to-point, so a pipeline on CUDA needs a GPU per stage), or None (gloo, each rank where
-    `init_parallel` puts it).
+    """`world_size` ranks joined through a file rendezvous in a temp dir, on `device`: "cpu" (GPUs
+    hidden from the ranks), "cuda" (rank r on GPU r modulo the GPUs visible; nccl when every rank has a
+    GPU of its own, else gloo, which takes CUDA tensors for the collectives the head and DDP use, staging
+    them through host memory, so shared-GPU figures include that copy; gloo has no CUDA point-to-point,
+    so a pipeline on CUDA needs a GPU per stage), or None (gloo, each rank where `init_parallel` puts
+    it).
 
     Benchmarks keep one alive across configurations (starting a process that imports torch costs
     seconds); tests keep one per world size (tests/support/distributed.py).
@@ -76,7 +80,8 @@ class WorkerPool:
     `pool.run(fn, *args)` calls `fn(rank, world_size, *args)` on every rank (fn must be a module-level
     function so that it pickles) and returns the results in rank order. When a rank raises, dies or
     exceeds the timeout, the pool is killed at once (the other ranks may be stuck in a collective) and
-    `WorkerError` carries the reason; open a new pool to go on.
+    `WorkerError` carries the reason: the rank's traceback from its error file, or its exit code; open
+    a new pool to go on.
     """
 
     def __init__(
@@ -92,34 +97,39 @@ class WorkerPool:
         gpus = visible_gpus() if device == "cuda" else 0
         self.backend = check_backend("auto", world_size, gpus, share_gpus=True)
         self.timeout_s = timeout_s
+        self._folder = tempfile.TemporaryDirectory(prefix="facetrain-workers-")
+        init_method = f"file://{Path(self._folder.name) / 'rendezvous'}"
         context = mp.get_context("spawn")
-        self._rendezvous_dir = tempfile.TemporaryDirectory(prefix="facetrain-workers-")
-        init_method = f"file://{Path(self._rendezvous_dir.name) / 'rendezvous'}"
         self._results = context.Queue()
         self._tasks = [context.Queue() for _ in range(world_size)]
-        self._workers = [
-            context.Process(
-                target=_worker_main,
-                args=(
+        rank_env = {"WORLD_SIZE": str(world_size), "LOCAL_WORLD_SIZE": str(world_size)}
+        if device == "cpu":  # init_parallel places a rank on a GPU whenever it sees one
+            rank_env["CUDA_VISIBLE_DEVICES"] = ""
+        self._ranks: PContext | None = start_ranks(
+            "workers",
+            _serve,
+            args={
+                rank: (
                     rank,
                     world_size,
                     threads_per_rank,
                     collective_timeout_s,
                     init_method,
-                    device,
                     self.backend,
                     self._tasks[rank],
                     self._results,
-                ),
-                daemon=True,
-            )
-            for rank in range(world_size)
-        ]
-        for worker in self._workers:
-            worker.start()
+                )
+                for rank in range(world_size)
+            },
+            envs={
+                rank: {**rank_env, "RANK": str(rank), "LOCAL_RANK": str(rank)} for rank in range(world_size)
+            },
+            log_dir=str(Path(self._folder.name) / "ranks"),
+        )
+        _OPEN.add(self)
 
     def run(self, fn: Callable[..., Any], *args: Any) -> list[Any]:
-        if not self._workers:
+        if self._ranks is None:
             raise WorkerError("the worker pool is closed")
         for task_queue in self._tasks:
             task_queue.put((fn, args))
@@ -127,40 +137,75 @@ class WorkerPool:
         deadline = time.monotonic() + self.timeout_s
         while len(outcomes) < self.world_size:
             try:
-                rank, ok, payload = self._results.get(timeout=1.0)
+                rank, result = self._results.get(timeout=_POLL_S)
             except queue.Empty:
-                exit_codes = {r: w.exitcode for r, w in enumerate(self._workers) if not w.is_alive()}
-                if exit_codes or time.monotonic() > deadline:
-                    self.close()
-                    raise WorkerError(self._reason_for_missing_results(exit_codes)) from None
+                self._stop_on_failure(deadline)
                 continue
-            if not ok:
-                self.close()
-                raise WorkerError(f"rank {rank} failed:\n{payload}")
-            outcomes[rank] = payload
+            outcomes[rank] = result
         return [outcomes[rank] for rank in range(self.world_size)]
 
-    def _reason_for_missing_results(self, exit_codes: dict[int, int | None]) -> str:
-        if not exit_codes:
-            return f"no result within {self.timeout_s:.0f} s"
-        killed = any(code == -signal.SIGKILL for code in exit_codes.values())
-        hint = " (SIGKILL: out of memory?)" if killed else ""
-        return f"ranks exited before reporting (rank: exit code) {exit_codes}{hint}"
+    def _stop_on_failure(self, deadline: float) -> None:
+        """Raise WorkerError, the ranks gone, when one has ended (torch then stops the others at once)
+        or the deadline has passed."""
+        assert self._ranks is not None
+        ended = self._ranks.wait(timeout=0)
+        if ended is None and time.monotonic() <= deadline:
+            return
+        if ended is None:
+            self._ranks.close(death_sig=signal.SIGKILL, timeout=int(_CLOSE_S))
+            reason = f"no result within {self.timeout_s:.0f} s"
+        else:
+            reason = _failure_reason(ended.failures)
+        self._release()
+        raise WorkerError(reason)
 
     def close(self) -> None:
-        for worker, task_queue in zip(self._workers, self._tasks):
-            if worker.is_alive():
-                task_queue.put(None)
-        for worker in self._workers:
-            worker.join(timeout=5)
-            if worker.is_alive():
-                worker.kill()
-                worker.join()
-        self._workers = []
-        self._rendezvous_dir.cleanup()
+        """Let the ranks leave the group and exit; kill those that have not within a few seconds."""
+        if self._ranks is None:
+            return
+        for task_queue in self._tasks:
+            task_queue.put(None)
+        if self._ranks.wait(timeout=_CLOSE_S, period=_POLL_S / 2) is None:
+            self._ranks.close(death_sig=signal.SIGKILL, timeout=int(_CLOSE_S))
+        self._release()
+
+    def _release(self) -> None:
+        self._ranks = None
+        _OPEN.discard(self)
+        self._folder.cleanup()
 
     def __enter__(self) -> WorkerPool:
         return self
 
     def __exit__(self, *exc_info) -> None:
         self.close()
+
+
+def _failure_reason(failures: dict[int, ProcessFailure]) -> str:
+    """Why the rank torch saw end first ended: the traceback `@record` left in its error file, else its
+    exit code."""
+    rank, failure = min(failures.items())
+    message = failure.message
+    if isinstance(message, dict):  # @record's: {"message": "Error: ...", "extraInfo": {"py_callstack"}}
+        return f"rank {rank} failed:\n{message['extraInfo']['py_callstack']}"
+    if Path(failure.error_file).is_file():  # a message the rank wrote itself (`record_user_error`)
+        return f"rank {rank} failed: {message}"
+    if failure.exitcode == -signal.SIGKILL:
+        how = " (SIGKILL: out of memory?)"
+    elif failure.exitcode < 0:
+        how = f" ({failure.signal_name()})"
+    else:
+        how = ""
+    return (
+        f"rank {rank} exited with code {failure.exitcode}{how} before reporting; the other ranks were stopped"
+    )
+
+
+# Pools not closed yet: torch's ranks are not daemons, and Python waits for them when it exits.
+_OPEN: set[WorkerPool] = set()
+
+
+@atexit.register
+def _close_open_pools() -> None:
+    for pool in list(_OPEN):
+        pool.close()

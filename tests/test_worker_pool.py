@@ -1,0 +1,90 @@
+"""The worker pool (facetrain/parallel/workers.py) over torch elastic's process layer: its ranks get
+torchrun's rank environment and an error file, a rank's traceback or exit code reaches WorkerError, and
+a rank that dies or hangs takes the pool down at once, without the caller's signal handlers replaced.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import sys
+import time
+
+import pytest
+import torch.distributed as dist
+
+from facetrain.parallel.workers import WorkerError, WorkerPool
+
+
+def rank_environment(rank: int, world_size: int) -> dict:
+    names = ("RANK", "LOCAL_RANK", "WORLD_SIZE", "LOCAL_WORLD_SIZE", "CUDA_VISIBLE_DEVICES")
+    error_file = os.environ.get("TORCHELASTIC_ERROR_FILE", "")
+    return {
+        **{name: os.environ.get(name) for name in names},
+        "error_file": error_file.endswith(f"/{rank}/error.json"),
+        "group": (dist.get_rank(), dist.get_world_size()),
+    }
+
+
+def exit_in_rank_1(rank: int, world_size: int) -> None:
+    if rank == 1:
+        sys.exit(3)
+    dist.barrier()  # rank 0 waits for a rank that never comes
+
+
+def test_ranks_get_the_rank_environment_and_an_exit_keeps_its_traceback():
+    handlers = {sig: signal.getsignal(sig) for sig in (signal.SIGINT, signal.SIGTERM)}
+    with WorkerPool(2, threads_per_rank=1, timeout_s=60, collective_timeout_s=60, device="cpu") as pool:
+        assert {sig: signal.getsignal(sig) for sig in handlers} == handlers  # torch's are not left here
+        assert pool.run(rank_environment) == [
+            {
+                "RANK": str(rank),
+                "LOCAL_RANK": str(rank),
+                "WORLD_SIZE": "2",
+                "LOCAL_WORLD_SIZE": "2",
+                "CUDA_VISIBLE_DEVICES": "",
+                "error_file": True,
+                "group": (rank, 2),
+            }
+            for rank in range(2)
+        ]
+        with pytest.raises(WorkerError) as raised:
+            pool.run(exit_in_rank_1)
+    message = str(raised.value)
+    assert message.startswith("rank 1 failed:\nTraceback")
+    assert "in exit_in_rank_1" in message and "SystemExit: 3" in message
+
+
+def killed_in_rank_1(rank: int, world_size: int) -> None:
+    if rank == 1:
+        os.kill(os.getpid(), signal.SIGKILL)
+    dist.barrier()
+
+
+def test_a_rank_killed_with_sigkill_stops_the_pool_at_once_and_names_its_exit_code():
+    pool = WorkerPool(2, threads_per_rank=1, timeout_s=120, collective_timeout_s=120)
+    pool.run(rank_environment)  # started and joined
+    started = time.monotonic()
+    with pytest.raises(WorkerError) as raised:
+        pool.run(killed_in_rank_1)
+    assert time.monotonic() - started < 30  # not the timeouts: rank 0, stuck in its barrier, was stopped
+    assert str(raised.value) == (
+        "rank 1 exited with code -9 (SIGKILL: out of memory?) before reporting; the other ranks were stopped"
+    )
+    with pytest.raises(WorkerError, match="closed"):
+        pool.run(rank_environment)
+    pool.close()  # once more: nothing left to do
+
+
+def sleep_in_rank_0(rank: int, world_size: int, seconds: float) -> None:
+    time.sleep(seconds)
+
+
+def test_a_rank_past_the_timeout_is_killed_and_close_is_idempotent():
+    pool = WorkerPool(1, threads_per_rank=1, timeout_s=2)
+    started = time.monotonic()
+    with pytest.raises(WorkerError, match="no result within 2 s"):
+        pool.run(sleep_in_rank_0, 600)
+    assert time.monotonic() - started < 30
+    pool.close()
+    pool.close()
