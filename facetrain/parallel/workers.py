@@ -183,13 +183,12 @@ class WorkerPool:
 
 def _failure_reason(failures: dict[int, ProcessFailure]) -> str:
     """Why the rank torch saw end first ended: the traceback `@record` left in its error file, else its
-    exit code."""
+    exit code. (A one-line message a task's code left there, `record_user_error`, may be an earlier
+    task's, so it is not read.)"""
     rank, failure = min(failures.items())
     message = failure.message
     if isinstance(message, dict):  # @record's: {"message": "Error: ...", "extraInfo": {"py_callstack"}}
         return f"rank {rank} failed:\n{message['extraInfo']['py_callstack']}"
-    if Path(failure.error_file).is_file():  # a message the rank wrote itself (`record_user_error`)
-        return f"rank {rank} failed: {message}"
     if failure.exitcode == -signal.SIGKILL:
         how = " (SIGKILL: out of memory?)"
     elif failure.exitcode < 0:

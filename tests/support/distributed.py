@@ -1,7 +1,8 @@
-"""The one way tests run multi-rank code: facetrain's worker pool of spawned gloo processes.
+"""The one way tests run multi-rank code: facetrain's worker pool of gloo ranks (facetrain/parallel/workers.py),
+started by torch elastic as a training rank is, with torchrun's rank environment (RANK, WORLD_SIZE, ...).
 
 `run_distributed(fn, world_size, *args)` calls `fn(rank, world_size, *args)` in every worker and returns
-the results in rank order. A worker that raises fails the test with its traceback; workers that do not
+the results in rank order. A worker that raises fails the test with its traceback (from the rank's error file); workers that do not
 finish within `timeout` seconds are killed and the test fails, so a hang never blocks the suite.
 
 Starting a pool costs seconds per rank (each spawned process imports torch and joins the group), more
