@@ -8,6 +8,7 @@ from __future__ import annotations
 import os
 import signal
 import sys
+import threading
 import time
 
 import pytest
@@ -88,3 +89,17 @@ def test_a_rank_past_the_timeout_is_killed_and_close_is_idempotent():
     assert time.monotonic() - started < 30
     pool.close()
     pool.close()
+
+
+def leave_a_thread_running(rank: int, world_size: int) -> None:
+    threading.Thread(target=time.sleep, args=(600,)).start()  # not a daemon: the rank's exit waits
+
+
+def test_close_kills_a_rank_that_hangs_on_its_way_out():
+    pool = WorkerPool(1, threads_per_rank=1, timeout_s=60)
+    pool.run(leave_a_thread_running)
+    started = time.monotonic()
+    pool.close()
+    assert time.monotonic() - started < 20  # a few seconds' grace, not the thread's 600 s
+    with pytest.raises(WorkerError, match="closed"):
+        pool.run(leave_a_thread_running)

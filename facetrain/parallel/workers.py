@@ -14,9 +14,11 @@ from __future__ import annotations
 
 import atexit
 import multiprocessing as mp
+import os
 import queue
 import signal
 import tempfile
+import threading
 import time
 from collections.abc import Callable
 from pathlib import Path
@@ -51,9 +53,9 @@ def _serve(
     """A rank's life: join the group, then run each task until told to stop (None).
 
     A task that raises ends the rank: torch's `@record` around this function leaves the traceback in the
-    rank's error file, where the pool reads it. A SystemExit or KeyboardInterrupt (which `@record`
-    does not record, and which torch counts as a clean stop) is raised again as an error for the same
-    reason.
+    rank's error file, where the pool reads it. A SystemExit or KeyboardInterrupt, which `@record` lets
+    through without a traceback (and torch's spawn counts a KeyboardInterrupt as a clean exit), is
+    raised again as an error.
     """
     torch.set_num_threads(threads)
     try:
@@ -165,8 +167,15 @@ class WorkerPool:
             return
         for task_queue in self._tasks:
             task_queue.put(None)
-        if self._ranks.wait(timeout=_CLOSE_S, period=_POLL_S / 2) is None:
-            self._ranks.close(death_sig=signal.SIGKILL, timeout=int(_CLOSE_S))
+        # torch waits without a limit for ranks that have returned to exit; one that hangs on its way
+        # out (a thread it left behind) is killed
+        stuck = threading.Timer(_CLOSE_S, _kill, (list(self._ranks.pids().values()),))
+        stuck.start()
+        try:
+            if self._ranks.wait(timeout=_CLOSE_S, period=_POLL_S / 2) is None:
+                self._ranks.close(death_sig=signal.SIGKILL, timeout=int(_CLOSE_S))
+        finally:
+            stuck.cancel()
         self._release()
 
     def _release(self) -> None:
@@ -179,6 +188,14 @@ class WorkerPool:
 
     def __exit__(self, *exc_info) -> None:
         self.close()
+
+
+def _kill(pids) -> None:
+    for pid in pids:
+        try:
+            os.kill(pid, signal.SIGKILL)
+        except ProcessLookupError:
+            pass
 
 
 def _failure_reason(failures: dict[int, ProcessFailure]) -> str:
