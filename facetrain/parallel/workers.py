@@ -147,8 +147,10 @@ class WorkerPool:
         return [outcomes[rank] for rank in range(self.world_size)]
 
     def _stop_on_failure(self, deadline: float) -> None:
-        """Raise WorkerError, the ranks gone, when one has ended (torch then stops the others at once)
-        or the deadline has passed."""
+        """Raise WorkerError, the ranks gone, when one has ended or the deadline has passed.
+
+        torch reports the first rank it sees ended and stops the others with SIGTERM (which ends a rank
+        at once unless a task left a handler for it installed; then SIGKILL 30 s later)."""
         assert self._ranks is not None
         ended = self._ranks.wait(timeout=0)
         if ended is None and time.monotonic() <= deadline:
