@@ -7,14 +7,17 @@ from __future__ import annotations
 
 import os
 import signal
+import subprocess
 import sys
 import threading
 import time
+from pathlib import Path
 
 import pytest
 import torch.distributed as dist
 
 from facetrain.parallel.workers import WorkerError, WorkerPool
+from tests.support.train_helpers import REPO
 
 
 def rank_environment(rank: int, world_size: int) -> dict:
@@ -102,3 +105,47 @@ def test_close_kills_a_rank_that_hangs_on_its_way_out():
     assert time.monotonic() - started < 20  # a few seconds' grace, not the thread's 600 s
     with pytest.raises(WorkerError, match="closed"):
         pool.run(leave_a_thread_running)
+
+
+def rank_pid(rank: int, world_size: int) -> int:
+    return os.getpid()
+
+
+def running(pid: int) -> bool:
+    try:
+        return Path(f"/proc/{pid}/stat").read_text().split(")")[-1].split()[0] != "Z"
+    except FileNotFoundError:
+        return False
+
+
+def test_the_ranks_die_with_the_process_that_started_them():
+    """torch sets each rank's parent-death signal: a pool's owner killed with SIGKILL (which closes
+    nothing) leaves no rank behind, waiting for tasks forever, and no warning of leaked semaphores."""
+    owner = subprocess.Popen(
+        [
+            sys.executable,
+            "-c",
+            "import time\n"
+            "from facetrain.parallel.workers import WorkerPool\n"
+            "from tests.test_worker_pool import rank_pid\n"
+            "print(WorkerPool(1, threads_per_rank=1, timeout_s=60).run(rank_pid)[0], flush=True)\n"
+            "time.sleep(600)\n",
+        ],
+        cwd=REPO,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
+    try:
+        rank = int(owner.stdout.readline())
+        owner.kill()
+        owner.wait(timeout=30)
+        deadline = time.monotonic() + 20
+        while running(rank) and time.monotonic() < deadline:
+            time.sleep(0.1)
+        assert not running(rank)
+        # the owner's resource tracker removes the queues' semaphores without a word
+        assert "leaked" not in owner.stderr.read()
+    finally:
+        owner.kill()
+        owner.wait(timeout=30)

@@ -28,7 +28,7 @@ import torch
 from torch.distributed.elastic.multiprocessing import PContext, ProcessFailure
 
 from facetrain.parallel.dims import check_backend, destroy_parallel, init_parallel, visible_gpus
-from facetrain.parallel.local_processes import start_ranks
+from facetrain.parallel.local_processes import start_quiet_resource_tracker, start_ranks
 
 # how often a waiting pool asks torch whether a rank has ended; a rank's failure shows this late at most
 _POLL_S = 0.1
@@ -101,6 +101,7 @@ class WorkerPool:
         self.timeout_s = timeout_s
         self._folder = tempfile.TemporaryDirectory(prefix="facetrain-workers-")
         init_method = f"file://{Path(self._folder.name) / 'rendezvous'}"
+        start_quiet_resource_tracker()  # before the queues' semaphores, which it will see
         context = mp.get_context("spawn")
         self._results = context.Queue()
         self._tasks = [context.Queue() for _ in range(world_size)]
