@@ -6,7 +6,7 @@ restarts; the worker pool (`workers.py`) calls `start_ranks` here directly, sinc
 function. Either way each rank runs under torch's `@record`, which leaves an unexpected error's traceback
 in the rank's error file (`TORCHELASTIC_ERROR_FILE`, under the folder given), and torch reports a rank
 that dies, stops the others and kills what does not stop. What the two share is here: torch's logs kept
-quiet, the quiet resource tracker, and the caller's signal handlers left as they were.
+quiet and the quiet resource tracker.
 """
 
 from __future__ import annotations
