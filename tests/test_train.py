@@ -10,10 +10,10 @@ import signal
 import subprocess
 import sys
 import time
-from pathlib import Path
 
 import pytest
 
+from tests.support.fault_helpers import rank_processes
 from tests.support.train_helpers import REPO, run_cli, run_cli_at_once, tiny_config
 
 
@@ -124,9 +124,7 @@ def test_a_dead_rank_stops_the_others(tmp_path):
     while not (metrics.exists() and len(metrics.read_text().splitlines()) > 2):
         assert time.monotonic() < deadline and launcher.poll() is None, "training never started"
         time.sleep(0.2)
-    children = Path(f"/proc/{launcher.pid}/task/{launcher.pid}/children").read_text().split()
-    ranks = sorted(int(pid) for pid in children if b"spawn_main" in Path(f"/proc/{pid}/cmdline").read_bytes())
-    rank_one = ranks[1]  # ranks are started in order
+    rank_one = rank_processes(launcher.pid)[1]
     os.kill(rank_one, signal.SIGKILL)
     killed_at = time.monotonic()
     _, stderr = launcher.communicate(timeout=60)

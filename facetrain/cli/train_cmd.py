@@ -84,6 +84,11 @@ def train(
       torchrun --nnodes 2 --nproc-per-node 8 --rdzv-backend c10d --rdzv-endpoint HOST:29500 \\
           -m facetrain train -c configs/glint360k_r100.yaml
     """
+    launching = nproc > 1 and "WORLD_SIZE" not in os.environ
+    if launching:  # the launcher works on one thread, so that its ranks can be forked from it
+        import torch
+
+        torch.set_num_threads(1)
     from facetrain.config import config_source, override_origins
     from facetrain.train.run_checks import validate
     from facetrain.train.run_config import load_config
@@ -97,7 +102,6 @@ def train(
         config.model.init = os.path.expanduser(init)
     if output_dir is not None:
         config.train.output_dir = os.path.expanduser(output_dir)
-    launching = nproc > 1 and "WORLD_SIZE" not in os.environ
     # a bad config, or a path it names that is not there, fails here, once, before any rank starts
     source = config_source(config_path)
     validate(config, world_size=nproc if launching else None, source=source, given=given)
@@ -119,7 +123,9 @@ def train(
         check_run_dir_free(Path(config.train.output_dir))
         backend = config.parallel.backend  # more nccl ranks than GPUs are refused before any starts
         timeout_s = config.parallel.timeout_s
-        code = launch_local(nproc, train_rank, config, resume, report, backend=backend, timeout_s=timeout_s)
+        code = launch_local(
+            nproc, train_rank, config, resume, report, backend=backend, timeout_s=timeout_s, fork=True
+        )
         _ignore_stop_signals()
         sys.exit(code)
     _defer_stop_signals()  # during start-up too

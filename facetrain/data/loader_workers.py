@@ -13,9 +13,10 @@ exits by itself, and SIGKILL ends it at once. A worker is started with the stop 
 one that arrives while it starts (workers start again at every epoch) waits for the worker's own
 handling instead of meeting torch's handler first.
 
-Workers start the way the platform starts processes by default (fork on Linux): a rank of a `--nproc`
-run is itself a spawned process, and Python makes spawn the default inside those, which cost a fresh
-interpreter importing torch for every worker at every epoch (16-18 s an epoch on 2 cores).
+Workers start the way the platform starts processes by default (fork on Linux): a rank torchrun starts
+(or `--nproc` where a GPU is visible) is a spawned process, and Python makes spawn the default inside
+those, which cost a fresh interpreter importing torch for every worker at every epoch (16-18 s an epoch
+on 2 cores).
 """
 
 from __future__ import annotations

@@ -58,6 +58,13 @@ def local_threads(nproc: int) -> int:
     return max(1, (os.cpu_count() or 1) // nproc)
 
 
+def rank_threads() -> int:
+    """A `--nproc` rank's intra-op threads: OMP_NUM_THREADS where set, else its share of the cores (a
+    forked rank starts with its launcher's one thread, a spawned one with every core)."""
+    threads = os.environ.get("OMP_NUM_THREADS")
+    return int(threads) if threads else local_threads(int(os.environ["LOCAL_WORLD_SIZE"]))
+
+
 def launched_locally() -> bool:
     """Whether this rank was started by `launch_local`, which prints the ranks' errors itself."""
     return LAUNCHED_ENV in os.environ
@@ -112,11 +119,18 @@ def launch_local(
     *args: object,
     backend: str | None = None,
     timeout_s: float = 300.0,
+    fork: bool = False,
 ) -> int:
     """Run `entrypoint(*args)` as ranks 0..nproc-1 of one group on this machine; return the exit code.
 
     `backend` (parallel.backend) is checked against the visible GPUs first (`dims.check_backend`).
     `timeout_s` (parallel.timeout_s) bounds how long a rank outlives this process if it is killed.
+    `fork`: the ranks are forked from this process where no GPU is visible, so they start from its
+    imports (torch and facetrain's training stack, 4-5 s of a core per rank, more than a tiny run's
+    training) instead of importing them again. The caller allows it only if it has run every tensor
+    operation on one thread (`torch.set_num_threads(1)` before the first): once OpenMP ran a parallel
+    region here, a forked rank's first parallel region hangs (GNU libgomp). Where a GPU is visible the
+    ranks are spawned: CUDA, once initialised here (counting the GPUs may), is unusable in a forked child.
     """
     if backend is not None:
         check_backend(backend, nproc, visible_gpus())
@@ -130,7 +144,7 @@ def launch_local(
         rdzv_endpoint="localhost:0",
         max_restarts=0,
         monitor_interval=0.1,
-        start_method="spawn",
+        start_method="fork" if fork and not visible_gpus() else "spawn",
         signals_to_handle="SIGHUP,SIGQUIT",  # SIGTERM, SIGINT and SIGUSR1 are forwarded, not fatal
         logs_specs=DefaultLogsSpecs(log_dir=reports),  # <run>/attempt_0/<rank>/error.json
     )
@@ -138,7 +152,7 @@ def launch_local(
     start_quiet_resource_tracker()
     previous = _forward_stop_signals()
     try:
-        os.environ[LAUNCHED_ENV] = "1"  # spawned ranks inherit it
+        os.environ[LAUNCHED_ENV] = "1"  # the ranks inherit it
         try:
             elastic_launch(config, run_watched)(entrypoint, os.getpid(), timeout_s, *args)
         except ChildFailedError as error:

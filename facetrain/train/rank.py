@@ -23,7 +23,7 @@ from torch.distributed.elastic.multiprocessing.errors import record
 
 from facetrain.errors import FacetrainError
 from facetrain.logger import warnings_beside_info
-from facetrain.parallel.launch import USER_ERROR_EXIT, launched_locally, local_threads, record_user_error
+from facetrain.parallel.launch import USER_ERROR_EXIT, launched_locally, rank_threads, record_user_error
 from facetrain.parallel.launcher_watch import run_watched
 from facetrain.train.run_config import Config
 from facetrain.train.step_gate import StopSignals, ignore_stop_signals
@@ -33,12 +33,12 @@ from facetrain.train.trainer import train
 @record
 def train_rank(cfg: Config, resume: str | None, report_summary: Callable[[dict], None]) -> None:
     """Train with `cfg` (`resume`: None, "auto" or a checkpoint path) and hand the summary to
-    `report_summary`. A `--nproc` rank takes its share of the cores (torchrun sets OMP_NUM_THREADS
-    itself); under torchrun's agent the rank ends within `parallel.timeout_s` of the agent's death
-    (`launcher_watch`; `--nproc` watches its ranks itself)."""
+    `report_summary`. A `--nproc` rank takes OMP_NUM_THREADS threads, or else its share of the cores
+    (torchrun sets OMP_NUM_THREADS itself); under torchrun's agent the rank ends within
+    `parallel.timeout_s` of the agent's death (`launcher_watch`; `--nproc` watches its ranks itself)."""
     StopSignals().install()
-    if launched_locally() and "OMP_NUM_THREADS" not in os.environ:
-        torch.set_num_threads(local_threads(int(os.environ["LOCAL_WORLD_SIZE"])))
+    if launched_locally():
+        torch.set_num_threads(rank_threads())
     try:
         with warnings_beside_info():  # a run's warnings on stdout, in order with its other lines
             if "TORCHELASTIC_RUN_ID" in os.environ and not launched_locally():
