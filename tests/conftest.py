@@ -2,6 +2,7 @@ import functools
 import inspect
 import os
 import re
+import signal
 from pathlib import Path
 
 import pytest
@@ -46,6 +47,20 @@ def one_thread():
     torch.set_num_threads(1)
     yield
     torch.set_num_threads(threads)
+
+
+@pytest.fixture(autouse=True)
+def stop_signals_as_they_were():
+    """A `facetrain train` run in the test's own process (click's runner) ends by ignoring the stop
+    signals for the rest of the process (`step_gate.ignore_stop_signals`). Every process the session
+    starts later would inherit SIG_IGN through exec, and a rank told to stop would go on: each test
+    ends with the session's handlers put back."""
+    stop_signals = (signal.SIGTERM, signal.SIGINT, signal.SIGUSR1)  # not imported: see TRITON_INTERPRET
+    handlers = {sig: signal.getsignal(sig) for sig in stop_signals}
+    yield
+    for sig, handler in handlers.items():
+        if handler is not None:
+            signal.signal(sig, handler)
 
 
 @pytest.fixture(autouse=True)

@@ -118,9 +118,17 @@ def running(pid: int) -> bool:
         return False
 
 
-def test_the_ranks_die_with_the_process_that_started_them():
+def ignore_stop_signals() -> None:
+    for sig in (signal.SIGINT, signal.SIGTERM, signal.SIGUSR1):
+        signal.signal(sig, signal.SIG_IGN)
+
+
+@pytest.mark.parametrize("owner_ignores_stop_signals", [False, True])
+def test_the_ranks_die_with_the_process_that_started_them(owner_ignores_stop_signals):
     """torch sets each rank's parent-death signal: a pool's owner killed with SIGKILL (which closes
-    nothing) leaves no rank behind, waiting for tasks forever, and no warning of leaked semaphores."""
+    nothing) leaves no rank behind, waiting for tasks forever, and no warning of leaked semaphores. Also
+    when the owner ignores the stop signals (a shell's background job, a process whose `facetrain train`
+    has finished), which its ranks would otherwise inherit through exec."""
     owner = subprocess.Popen(
         [
             sys.executable,
@@ -135,6 +143,7 @@ def test_the_ranks_die_with_the_process_that_started_them():
         stdout=subprocess.PIPE,
         stderr=subprocess.PIPE,
         text=True,
+        preexec_fn=ignore_stop_signals if owner_ignores_stop_signals else None,
     )
     try:
         rank = int(owner.stdout.readline())

@@ -57,6 +57,11 @@ def _serve(
     through without a traceback (and torch's spawn counts a KeyboardInterrupt as a clean exit), is
     raised again as an error.
     """
+    # Python's own handlers, whatever the rank inherited from its owner (a shell's background job
+    # ignores SIGINT, a process whose `facetrain train` finished ignores the stop signals): SIGINT is
+    # the parent-death signal torch gives a rank, SIGTERM how torch stops a rank when another failed
+    signal.signal(signal.SIGINT, signal.default_int_handler)
+    signal.signal(signal.SIGTERM, signal.SIG_DFL)
     torch.set_num_threads(threads)
     try:
         init_parallel(backend=backend, timeout_s=collective_timeout_s, init_method=init_method)
