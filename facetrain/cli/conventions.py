@@ -15,6 +15,8 @@ from pathlib import Path
 
 import click
 
+from facetrain.logger import logger
+
 Upgrade = Callable[[list[str]], list[str]]
 
 
@@ -85,7 +87,7 @@ def checked_output(_ctx: click.Context, param: click.Parameter, value: Path | No
 
 
 def old_spelling_notice(old: str, new: str) -> None:
-    click.echo(f"note: {old} is the old spelling, kept for this release only; write {new}", err=True)
+    logger.warning(f"note: {old} is the old spelling, kept for this release only; write {new}")
 
 
 class OldSpellings(click.Command):

@@ -19,6 +19,7 @@ from facetrain.cli.conventions import (
     trust_torchscript_option,
     workers_option,
 )
+from facetrain.logger import logger
 
 if TYPE_CHECKING:
     from facetrain.interop.loading import LoadedModel
@@ -293,9 +294,8 @@ def _evaluate(
         else:
             pairs = load_pairs(pairs_path, images_root, skip_missing)
         if pairs.skipped_pairs:
-            click.echo(
-                f"skipped {pairs.skipped_pairs} pairs: {len(pairs.missing)} images missing, e.g. {pairs.missing[0]}",
-                err=True,
+            logger.warning(
+                f"skipped {pairs.skipped_pairs} pairs: {len(pairs.missing)} images missing, e.g. {pairs.missing[0]}"
             )
         if one_kind_problem(pairs) is not None:
             return _evaluate_one_kind(model, load, pairs, out_dir, name, options, extra)
@@ -335,7 +335,7 @@ def _evaluate_one_kind(
     )
     from facetrain.interop.card import card_interpolation
 
-    click.echo(f"note: {one_kind_problem(pairs)}; reporting the similarity statistics instead", err=True)
+    logger.warning(f"note: {one_kind_problem(pairs)}; reporting the similarity statistics instead")
     loaded = load()
     threshold = loaded.threshold
     source = (

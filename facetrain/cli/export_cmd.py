@@ -15,6 +15,7 @@ from facetrain.cli.conventions import (
     quiet_option,
     trust_torchscript_option,
 )
+from facetrain.logger import logger
 
 # MODEL, first on every command that uses a model: a training checkpoint (a checkpoint directory, a
 # last/best pointer or a run directory), an export directory or an exported model file
@@ -210,10 +211,10 @@ def embed(
     flip = default_flip(model.card) if flip is None else flip
     result = embed_paths(model, images, batch_size, flip, _aligner(align, detector, model.image_size))
     for line in result.warnings():
-        click.echo(line, err=True)
+        logger.warning(line)
     written = write([str(path) for path in result.paths], result.vectors, result.norms)
     if norms and (note := _unit_norms_note(model_path, result.norms)) is not None:
-        click.echo(note, err=True)
+        logger.warning(note)
     click.echo(
         f"wrote {len(result.paths)} embeddings of size {result.vectors.shape[1]} to "
         f"{', '.join(map(str, written))}{result.left_out()}"
@@ -291,4 +292,4 @@ def compare(
 
         hint = unaligned_hint([first, second], model.image_size)
         if hint:
-            click.echo(hint, err=True)
+            logger.warning(hint)
