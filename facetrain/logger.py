@@ -87,8 +87,8 @@ class ConsoleHandler(logging.Handler):
             if rank() != "0" and _is_terminal(stream):
                 line = "\n" + line  # rank 0's progress bar on the same terminal may be mid-line
             self.write(line, stream)
-            if record.levelno >= logging.ERROR:
-                stream.flush()  # an error shows at once, before what follows it on stdout
+            if record.levelno >= logging.WARNING:
+                stream.flush()  # a warning or error shows at once, before what follows it on stdout
         except Exception:
             self.handleError(record)
 

@@ -101,7 +101,7 @@ def test_a_photo_without_a_face_is_reported_and_the_run_goes_on(shared_data: Pat
     source = small_source(shared_data, tmp_path)
     result = run("align", source, "-o", tmp_path / "dst", "--quiet", "--workers", "1")
     assert result.exit_code == 0, result.output
-    assert result.output.startswith("aligned 2 of 4 images into")
+    assert result.stdout.startswith("aligned 2 of 4 images into")  # the warning is on stderr
     assert "1 without a face skipped" in result.output and "1 unreadable skipped" in result.output
     report = read_report(tmp_path / "dst" / "align_report.csv")
     assert report["Bill_McBride/noise.png"]["status"] == "no_face"
