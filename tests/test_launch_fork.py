@@ -27,7 +27,10 @@ import tests.test_launch_fork as here
 from facetrain.parallel.launch import launch_local
 torch.set_num_threads(1)  # what `facetrain train --nproc` does first, so that it may fork
 here.LAUNCHER_PID = __import__("os").getpid()
-sys.exit(launch_local(2, here.describe_rank, sys.argv[1], fork=sys.argv[2] == "fork"))
+code = launch_local(2, here.describe_rank, sys.argv[1], fork=sys.argv[2] == "fork")
+# torch's launcher set it for its agent; left behind, a pool started here later would not take SIGTERM
+assert "TORCHELASTIC_SIGNALS_TO_HANDLE" not in __import__("os").environ
+sys.exit(code)
 """
 
 

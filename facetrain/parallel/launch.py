@@ -51,6 +51,7 @@ from facetrain.parallel.local_processes import quiet_torch_elastic, start_quiet_
 # exit code of a rank that has reported its one-line user error
 USER_ERROR_EXIT = 2
 LAUNCHED_ENV = "FACETRAIN_LAUNCHED_LOCALLY"
+SIGNALS_TO_HANDLE_ENV = "TORCHELASTIC_SIGNALS_TO_HANDLE"
 
 
 def local_threads(nproc: int) -> int:
@@ -151,6 +152,9 @@ def launch_local(
     quiet_torch_elastic()
     start_quiet_resource_tracker()
     previous = _forward_stop_signals()
+    # elastic_launch leaves `signals_to_handle` in this process's environment, where a later
+    # start_processes here (a worker pool) would then take SIGTERM and SIGINT as not its to handle
+    signals_env = os.environ.get(SIGNALS_TO_HANDLE_ENV)
     try:
         os.environ[LAUNCHED_ENV] = "1"  # the ranks inherit it
         try:
@@ -162,6 +166,10 @@ def launch_local(
             return code
     finally:
         del os.environ[LAUNCHED_ENV]
+        if signals_env is None:
+            os.environ.pop(SIGNALS_TO_HANDLE_ENV, None)
+        else:
+            os.environ[SIGNALS_TO_HANDLE_ENV] = signals_env
         shutil.rmtree(reports, ignore_errors=True)
         for sig, handler in previous.items():
             signal.signal(sig, handler)

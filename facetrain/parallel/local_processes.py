@@ -57,8 +57,8 @@ def start_ranks(
     """`entrypoint(*args[r])` in a spawned process per rank r, with `envs[r]` added to its environment
     and its error file at `log_dir/<id>/attempt_0/<r>/error.json`; poll it with `wait(timeout=0)`.
 
-    torch registers its own handlers for SIGTERM, SIGINT, SIGHUP and SIGQUIT in the process that starts
-    ranks, raising its `SignalException`, as an agent wants; a caller that is not an agent (a test
+    torch registers its own handlers for the signals TORCHELASTIC_SIGNALS_TO_HANDLE names (SIGTERM,
+    SIGINT, SIGHUP and SIGQUIT when unset) in the process that starts ranks, raising its `SignalException`, as an agent wants; a caller that is not an agent (a test
     session, a benchmark) keeps its own. The ranks die with this process: torch sets their parent-death
     signal (SIGINT).
     """
