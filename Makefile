@@ -17,15 +17,11 @@ $(STAMP): pyproject.toml
 	$(BIN)/python -m pip install --quiet -e ".[app,test]"
 	touch $(STAMP)
 
-# Two passes: the tests that run in one process (or start one `facetrain` at a time) under pytest-xdist,
-# one per core (--dist loadscope keeps a module's shared fixtures in one worker); then the tests that start
-# several ranks at once (tests/conftest.py marks them `ranks`) one after another, each with every core.
+# One pytest-xdist session, one worker per core (at most 4): the tests that start several ranks at once
+# (tests/conftest.py marks them `ranks`) run one after another on one worker, beside the in-process tests
+# on the others, a module at a time (tests/conftest.py's groups, `--dist loadgroup`).
 test: $(STAMP)
-	$(BIN)/python -m pytest -q -ra --durations=25 -n auto --maxprocesses 4 --dist loadscope --ranks skip $(PYTEST_ARGS); \
-	rest=$$?; \
-	$(BIN)/python -m pytest -q -ra --durations=25 --ranks only $(PYTEST_ARGS); \
-	ranks=$$?; \
-	if [ $$rest -ne 0 ]; then exit $$rest; fi; exit $$ranks
+	$(BIN)/python -m pytest -q -ra --durations=25 -n auto --maxprocesses 4 --dist loadgroup $(PYTEST_ARGS)
 
 demo: $(STAMP)
 	bash tools/demo.sh

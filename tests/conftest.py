@@ -86,8 +86,8 @@ def pytest_addoption(parser):
         choices=("run", "only", "skip"),
         default="run",
         help="tests marked `ranks` (several processes at once, found by tests/conftest.py's STARTS_RANKS or "
-        "marked by hand): run them with the rest (default), run only them, or skip them. `make test` runs "
-        "the rest under pytest-xdist, then these one at a time, so they keep both cores to themselves.",
+        "marked by hand): run them with the rest (default), run only them, or skip them. Under "
+        "`--dist loadgroup` (`make test`) they run one after another on one worker, beside the rest.",
     )
 
 
@@ -136,13 +136,19 @@ def _names(code) -> set[str]:
     return names
 
 
+@pytest.hookimpl(tryfirst=True)  # before pytest-xdist reads the groups
 def pytest_collection_modifyitems(config, items):
+    """Marks the tests that start ranks, keeps the half `--ranks` asks for, and groups the tests for
+    `--dist loadgroup` (what `make test` runs): the ranks tests are one group, run one after another on
+    one worker while the other workers take the in-process tests a module at a time (a module's shared
+    fixtures stay in one worker)."""
     choice = config.getoption("ranks")
     kept, left = [], []
     for item in items:
         ranks = starts_ranks(item)
         if ranks:
             item.add_marker("ranks")
+        item.add_marker(pytest.mark.xdist_group("ranks" if ranks else item.module.__name__))
         (kept if choice == "run" or (choice == "only") == ranks else left).append(item)
     if left:
         config.hook.pytest_deselected(items=left)
@@ -150,6 +156,6 @@ def pytest_collection_modifyitems(config, items):
 
 
 def pytest_sessionfinish(session, exitstatus):
-    """`--ranks only|skip` is half of `make test`: a half that selects nothing has not failed."""
+    """`--ranks only|skip` picks half of the suite: a half that selects nothing has not failed."""
     if session.config.getoption("ranks") != "run" and exitstatus == pytest.ExitCode.NO_TESTS_COLLECTED:
         session.exitstatus = pytest.ExitCode.OK

@@ -1,0 +1,224 @@
+"""`python -m facetrain ARGS` for tests, forked from a server that has already imported the training stack.
+
+A `facetrain` process spends about 4 s of a core importing torch, torchvision, DCP and facetrain before it
+does anything, and the suite starts hundreds of them. `run` instead asks a server, started once per pytest
+process, to fork a child that does what `python -m facetrain ARGS` does after its imports: `runpy` runs
+facetrain's `__main__` with the test's argv, working directory and environment, stdin from /dev/null and
+stdout/stderr captured, and the child ends through the interpreter's own shutdown. The command still runs
+in a process of its own, with its own exit code, signals, children and atexit handlers.
+
+Where a fork could differ from a fresh interpreter (a variable that Python, OpenMP, torch or Triton reads
+when it starts differs from the server's), `run` answers None and the caller starts a plain interpreter.
+FACETRAIN_TEST_FORKED_CLI=0 turns the server off for a whole session.
+"""
+
+from __future__ import annotations
+
+import atexit
+import gc
+import json
+import os
+import select
+import shutil
+import signal
+import socket
+import subprocess
+import sys
+import tempfile
+import threading
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parents[2]
+
+# Read when the interpreter, a native library or an imported module starts, so fixed by the server's own start.
+START_VARIABLES = (
+    "PYTHON", "OMP_", "GOMP_", "KMP_", "MKL_", "OPENBLAS_", "LD_", "MALLOC", "TORCH", "PYTORCH",
+    "CUDA", "NVIDIA", "TRITON", "MPL", "OPENCV", "LANG", "LC_",
+)  # fmt: skip
+
+# What `facetrain train` imports before it trains, and the libraries most other commands import.
+PRELOAD = (
+    "numpy",
+    "cv2",
+    "torch",
+    "torchvision",
+    "torch.distributed.checkpoint",
+    "torch.distributed.elastic.multiprocessing",
+    "facetrain.cli",
+    "facetrain.cli.train_cmd",
+    "facetrain.config",
+    "facetrain.train.rank",
+    "facetrain.train.run_checks",
+    "facetrain.train.run_config",
+    "facetrain.train.step_gate",
+    "facetrain.parallel.launch",
+    "facetrain.checkpoint.run_dir",
+    "facetrain.run_log",
+)
+
+
+def start_variables(env: dict[str, str]) -> dict[str, str]:
+    return {name: value for name, value in env.items() if name.startswith(START_VARIABLES)}
+
+
+class Server:
+    """The server process of one pytest process, and the environment it started with."""
+
+    def __init__(self, env: dict[str, str]):
+        self.folder = tempfile.mkdtemp(prefix="facetrain-cli-")
+        self.address = os.path.join(self.folder, "socket")
+        self.env = env
+        self.process = subprocess.Popen(
+            [sys.executable, "-m", "tests.support.cli_zygote", self.address],
+            cwd=REPO,
+            env=env,
+            stdin=subprocess.PIPE,  # its end tells the server that this process is gone
+            stdout=subprocess.PIPE,
+            text=True,
+        )
+        answer = self.process.stdout.readline().strip()
+        if answer not in ("ready", "threads"):
+            raise RuntimeError(f"the forked-CLI server did not start (exit {self.process.wait()})")
+        self.forks = (
+            answer == "ready"
+        )  # never from a process with other threads, whose locks a child inherits
+        atexit.register(self.stop)
+
+    def alive(self) -> bool:
+        return self.process.poll() is None
+
+    def stop(self) -> None:
+        if self.alive():
+            self.process.kill()
+            self.process.wait()
+        shutil.rmtree(self.folder, ignore_errors=True)
+
+    def run(
+        self, args: list[str], cwd: Path, env: dict[str, str], timeout: float
+    ) -> subprocess.CompletedProcess:
+        command = [sys.executable, "-m", "facetrain", *args]
+        with tempfile.TemporaryDirectory(dir=self.folder) as output:
+            stdout, stderr = Path(output, "stdout"), Path(output, "stderr")
+            request = {
+                "argv": args,
+                "cwd": str(cwd),
+                "env": env,
+                "stdout": str(stdout),
+                "stderr": str(stderr),
+            }
+            with socket.socket(socket.AF_UNIX) as connection:
+                connection.connect(self.address)
+                connection.sendall(json.dumps(request).encode() + b"\n")
+                replies = connection.makefile("r")
+                pid = json.loads(replies.readline())["pid"]
+                connection.settimeout(timeout)
+                try:
+                    returncode = json.loads(replies.readline())["returncode"]
+                except TimeoutError:
+                    os.kill(pid, signal.SIGKILL)  # what subprocess.run does to a command past its timeout
+                    connection.settimeout(None)
+                    connection.makefile("r").readline()  # its exit: the timed-out reader cannot read again
+                    raise subprocess.TimeoutExpired(
+                        command, timeout, stdout.read_text(), stderr.read_text()
+                    ) from None
+            return subprocess.CompletedProcess(command, returncode, stdout.read_text(), stderr.read_text())
+
+
+_server: Server | None = None
+_server_lock = threading.Lock()
+
+
+def run(
+    args: list[str], cwd: Path, env: dict[str, str], timeout: float
+) -> subprocess.CompletedProcess | None:
+    """`python -m facetrain ARGS` forked from the server, or None where it must start a fresh interpreter."""
+    global _server
+    if os.environ.get("FACETRAIN_TEST_FORKED_CLI") == "0":
+        return None
+    with _server_lock:
+        if _server is None or not _server.alive():
+            _server = Server(env)
+        server = _server
+    if not server.forks or start_variables(env) != start_variables(server.env):
+        return None
+    return server.run(args, cwd, env, timeout)
+
+
+# ---- the server's side ----
+
+
+def serve(listener: socket.socket) -> dict:
+    """Forks a child for each request and reports its pid and exit code; returns only in a child, with
+    its request. Ends the server when its owner's end of stdin closes."""
+    waiting: dict[int, socket.socket] = {}
+    while True:
+        ready, _, _ = select.select([listener, sys.stdin], [], [], 0.05)
+        if sys.stdin in ready and not sys.stdin.readline():
+            for pid in waiting:
+                os.kill(pid, signal.SIGKILL)
+            sys.exit(0)
+        if listener in ready:
+            connection, _ = listener.accept()
+            request = json.loads(connection.makefile("r").readline())
+            pid = os.fork()
+            if pid == 0:
+                listener.close()
+                for other in (connection, *waiting.values()):
+                    other.close()
+                return request
+            connection.sendall(json.dumps({"pid": pid}).encode() + b"\n")
+            waiting[pid] = connection
+        while waiting:
+            pid, status = os.waitpid(-1, os.WNOHANG)
+            if pid == 0:
+                break
+            connection = waiting.pop(pid)
+            try:
+                connection.sendall(
+                    json.dumps({"returncode": os.waitstatus_to_exitcode(status)}).encode() + b"\n"
+                )
+            except OSError:  # the test gave up on it
+                pass
+            connection.close()
+
+
+def become_the_command(request: dict) -> None:
+    """The child: the state a fresh `python -m facetrain` has after its imports, then facetrain's main."""
+    import runpy
+
+    os.chdir(request["cwd"])
+    os.environ.clear()
+    os.environ.update(request["env"])
+    for fd, path, flags in (
+        (0, os.devnull, os.O_RDONLY),
+        (1, request["stdout"], os.O_WRONLY | os.O_CREAT | os.O_TRUNC),
+        (2, request["stderr"], os.O_WRONLY | os.O_CREAT | os.O_TRUNC),
+    ):
+        opened = os.open(path, flags, 0o644)
+        os.dup2(opened, fd)
+        os.close(opened)
+    sys.argv = ["-m", *request["argv"]]  # runpy puts facetrain/__main__.py's path first, as `-m` does
+    runpy.run_module("facetrain", run_name="__main__", alter_sys=True)
+
+
+def main(address: str) -> None:
+    # what a process started from a shell has, whatever the pytest process that started this one ignores
+    for sig in (signal.SIGTERM, signal.SIGUSR1):
+        signal.signal(sig, signal.SIG_DFL)
+    signal.signal(signal.SIGINT, signal.default_int_handler)
+    for name in PRELOAD:
+        __import__(name)
+    if len(os.listdir("/proc/self/task")) > 1:
+        print("threads", flush=True)
+        sys.stdin.read()  # until the owner is gone
+        return
+    gc.freeze()  # a child's garbage collections and shutdown then leave the server's pages shared
+    listener = socket.socket(socket.AF_UNIX)
+    listener.bind(address)
+    listener.listen(16)
+    print("ready", flush=True)
+    become_the_command(serve(listener))
+
+
+if __name__ == "__main__":
+    main(sys.argv[1])
