@@ -79,9 +79,8 @@ class Server:
         answer = self.process.stdout.readline().strip()
         if answer not in ("ready", "threads"):
             raise RuntimeError(f"the forked-CLI server did not start (exit {self.process.wait()})")
-        self.forks = (
-            answer == "ready"
-        )  # never from a process with other threads, whose locks a child inherits
+        # never from a server with other threads, whose held locks a child would inherit
+        self.forks = answer == "ready"
         atexit.register(self.stop)
 
     def alive(self) -> bool:
