@@ -8,7 +8,6 @@ could differ.
 
 from __future__ import annotations
 
-import os
 import subprocess
 import sys
 import time
@@ -17,7 +16,7 @@ import pytest
 import yaml
 
 from tests.support import cli_zygote
-from tests.support.train_helpers import REPO, tiny_config
+from tests.support.train_helpers import REPO, cli_env, tiny_config
 
 
 def fresh(args: list[str], cwd, env: dict[str, str]) -> subprocess.CompletedProcess:
@@ -31,14 +30,10 @@ def fresh(args: list[str], cwd, env: dict[str, str]) -> subprocess.CompletedProc
     )
 
 
-def command_env(**extra: str) -> dict[str, str]:
-    return {**os.environ, "PYTHONUNBUFFERED": "1", "OMP_NUM_THREADS": "1", **extra}
-
-
 def test_a_forked_command_prints_and_exits_as_a_fresh_interpreter(tmp_path):
     (tmp_path / "broken.yaml").write_text("train: {steps: -3}\n")
-    plain_env = command_env()
-    rank_past_the_world = command_env(WORLD_SIZE="2", RANK="5", MASTER_ADDR="127.0.0.1", MASTER_PORT="29999")
+    plain_env = cli_env()
+    rank_past_the_world = cli_env(WORLD_SIZE="2", RANK="5", MASTER_ADDR="127.0.0.1", MASTER_PORT="29999")
     demo = str(REPO / "configs" / "demo.yaml")
     commands = (
         (["--version"], plain_env),
@@ -65,7 +60,7 @@ def test_a_forked_command_prints_and_exits_as_a_fresh_interpreter(tmp_path):
 
 def test_a_forked_run_trains_and_checkpoints(tmp_path):
     config = tiny_config(tmp_path, train={"steps": 2, "checkpoint_every": 2})
-    forked = cli_zygote.run(["train", "-c", str(config)], tmp_path, command_env(), timeout=300)
+    forked = cli_zygote.run(["train", "-c", str(config)], tmp_path, cli_env(), timeout=300)
     assert forked.returncode == 0, forked.stderr
     assert [path.name for path in (tmp_path / "run" / "checkpoints").glob("step_*")] == ["step_00000002"]
     saved = yaml.safe_load((tmp_path / "run" / "config.yaml").read_text())
@@ -73,9 +68,9 @@ def test_a_forked_run_trains_and_checkpoints(tmp_path):
 
 
 def test_a_variable_read_at_start_that_differs_means_a_fresh_interpreter(tmp_path):
-    assert cli_zygote.run(["--version"], tmp_path, command_env(), timeout=120) is not None
+    assert cli_zygote.run(["--version"], tmp_path, cli_env(), timeout=120) is not None
     for name in ("OMP_NUM_THREADS", "PYTHONHASHSEED", "TORCH_LOGS", "TRITON_INTERPRET"):
-        changed = command_env(**{name: "7" if name != "TORCH_LOGS" else "+dynamo"})
+        changed = cli_env(**{name: "7" if name != "TORCH_LOGS" else "+dynamo"})
         assert cli_zygote.run(["--version"], tmp_path, changed, timeout=120) is None, name
 
 
@@ -83,5 +78,5 @@ def test_a_forked_command_past_its_timeout_is_killed(tmp_path):
     config = tiny_config(tmp_path, train={"steps": 100_000, "checkpoint_every": 100_000})
     started = time.monotonic()
     with pytest.raises(subprocess.TimeoutExpired):
-        cli_zygote.run(["train", "-c", str(config)], REPO, command_env(), timeout=5)
+        cli_zygote.run(["train", "-c", str(config)], REPO, cli_env(), timeout=5)
     assert time.monotonic() - started < 60

@@ -13,9 +13,9 @@ from pathlib import Path
 import torch
 
 from facetrain.checkpoint import read_entries, resolve_checkpoint, stored
-from tests.support.train_helpers import REPO
+from tests.support.train_helpers import REPO, cli_env
 
-ENV = {**os.environ, "PYTHONUNBUFFERED": "1", "OMP_NUM_THREADS": "1"}
+ENV = cli_env()
 
 
 def checkpoint_tensors(path: Path, prefix: str = "") -> dict[str, torch.Tensor]:

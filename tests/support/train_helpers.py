@@ -66,9 +66,15 @@ def trained_tiny_run(tmp: Path, **train) -> Path:
     return tmp
 
 
+def cli_env(**extra: str) -> dict[str, str]:
+    """The environment a test's `facetrain` runs in: output unbuffered, one OpenMP thread a process (the
+    suite's processes share 2 cores, and cli_zygote forks only where the thread count matches)."""
+    return {**os.environ, "PYTHONUNBUFFERED": "1", "OMP_NUM_THREADS": "1", **extra}
+
+
 def run_cli(*args: str, timeout: float = 300, cwd: Path | None = None) -> subprocess.CompletedProcess:
     """`python -m facetrain ARGS`, forked from warm imports where that changes nothing (cli_zygote)."""
-    env = {**os.environ, "PYTHONUNBUFFERED": "1", "OMP_NUM_THREADS": "1"}
+    env = cli_env()
     forked = cli_zygote.run(list(args), cwd or REPO, env, timeout)
     if forked is not None:
         return forked
