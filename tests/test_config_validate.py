@@ -82,6 +82,7 @@ BAD_VALUES = [
     (["head.margin_params={x: 1}"], "head.margin_params", "{'x': 1.0}"),
     (["head.margin=sphereface", "head.margin_params={m: 0.5}"], "head.margin_params", "{'m': 0.5}"),
     (["head.margin_warmup_steps=-1"], "head.margin_warmup_steps", "-1"),
+    (["head.init=mean"], "head.init", "'mean'"),
     (["head.mode=fast"], "head.mode", "'fast'"),
     (["head.kernel=cuda"], "head.kernel", "'cuda'"),
     (["head.tile_classes=0"], "head.tile_classes", "0"),
@@ -154,6 +155,8 @@ BAD_VALUES = [
     (["parallel.pipeline_stages=2", "optim.head_only_steps=5"], "optim.head_only_steps", "5"),
     (["parallel.pipeline_stages=2", "optim.freeze_stages=1"], "optim.freeze_stages", "1"),
     (["parallel.pipeline_stages=2", "loss.teacher=."], "loss.teacher", "'.'"),
+    (["head.init=class_means"], "head.init", "'class_means'"),
+    (["parallel.pipeline_stages=2", "model.init=.", "head.init=class_means"], "head.init", "'class_means'"),
     (
         ["parallel.pipeline_stages=4", "parallel.microbatches=2", "parallel.schedule=1f1b"],
         "parallel.microbatches",

@@ -23,6 +23,10 @@ class HeadConfig:
     # arcface | cosface | am_softmax | sphereface | combined | softmax
     margin: str = setting("arcface", Registered(MARGINS))
     scale: float = setting(64.0, above(0))
+    # random: N(0, 0.01) rows | class_means: a fine-tune's (model.init) rows start at each class's mean
+    # embedding under the starting network, one pass over the data before step 1 (weight imprinting,
+    # facetrain/heads/imprint.py)
+    init: str = setting("random", OneOf(("random", "class_means")))
     # Partial-FC negative sampling; 1.0 is the full head
     sample_rate: float = setting(1.0, Within(0, 1, "(]"))
     # e.g. {m: 0.5} or {m1: 1, m2: 0.3, m3: 0.2}; checked against the margin's parameters

@@ -110,6 +110,14 @@ def rule_problems(cfg: Config, world_size: int | None, device_type: str | None) 
             "must be unset when parallel.pipeline_stages > 1 (no stage holds both the images and the embeddings)",
         )
     yield from margin_problems(head)
+    if head.init == "class_means" and cfg.model.init is None:
+        yield (
+            "head.init",
+            head.init,
+            "needs model.init (a pretrained start): a random network's class means teach the head nothing",
+        )
+    if head.init == "class_means" and stages > 1:
+        yield "head.init", head.init, "must be 'random' when parallel.pipeline_stages > 1"
 
     # train.global_batch is made of whole micro-batches (train.batch_size) on every data-parallel rank
     if train.global_batch is not None and stages > 1:

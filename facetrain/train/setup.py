@@ -25,6 +25,7 @@ from facetrain.train.class_remap import match_classes
 from facetrain.train.device_defaults import DeviceDefaults
 from facetrain.train.distillation import build_distillation
 from facetrain.train.head_plan import build_head
+from facetrain.train.imprint import imprint_head
 from facetrain.train.losses import build_loss
 from facetrain.train.optim import build_optimizer, check_resumed_stages
 from facetrain.train.resume import (
@@ -111,6 +112,10 @@ def build_training_run(
     if cfg.model.compile:  # in place, under DDP or a pipeline stage alike: parameter names unchanged
         local.compile()
     head = build_head(cfg, dataset.num_classes, dims, backbone) if dims.is_last_stage else None
+    if head is not None and cfg.head.init == "class_means" and checkpoint is None:
+        line = imprint_head(cfg, backbone, head, dataset, dims.device)
+        if dims.is_primary:
+            logger.info(line)
     loss = build_loss(cfg.loss, head, local) if head is not None else None
     # before the per-rank seed: building the teacher draws initial weights, which a resume must not redo
     distillation = build_distillation(cfg.loss, cfg.model.embedding_size, dims.device, len(dataset))
