@@ -111,18 +111,18 @@ def main() -> None:
             split = args.out / f"splits_{args.lfw.name}"
             lfw_pairs.append((fold, write_fold_split(args.lfw.resolve(), VIEW2_PAIRS, fold, 2, split)[1]))
     rows = []
+    zero_shot_lfw = {}  # a pretrained model's LFW figures are the same for every CelebA fold
     for fold in args.folds:
         split = args.out / f"splits_{args.celeba.name}"
         train_list, pairs_csv = write_celeba_split(
             args.source, args.celeba.resolve(), fold, args.min_photos, split
         )
-        runs = []
         if args.zero_shot:
-            report = verify_extra(args.zero_shot, f"{args.name}_fold{fold}", pairs=pairs_csv, checkpoint=True)
-            runs.append(
-                ({"fold": fold, "steps": 0, "train_s": None, **pick_figures(report)}, args.zero_shot, True)
-            )
-        for seed in [] if args.zero_shot else args.seeds:
+            report = verify_extra(args.zero_shot, args.out / args.name / f"eval_fold{fold}", pairs=pairs_csv)
+            runs = [({"fold": fold, "steps": 0, "train_s": None, **pick_figures(report)}, args.zero_shot)]
+        else:
+            runs = []
+        for seed in () if args.zero_shot else args.seeds:
             overrides = [
                 "data.source=list",
                 f"data.path={train_list}",
@@ -135,13 +135,17 @@ def main() -> None:
                 (
                     {"fold": fold, "seed": seed, **train_and_verify(args.config, run, overrides, args.nproc)},
                     run,
-                    False,
                 )
             )
-        for row, model, is_checkpoint in runs:
+        for row, model in runs:
             for lfw_fold, pairs in lfw_pairs:
-                name = f"lfw_fold{lfw_fold}" + (f"_{args.name}_fold{fold}" if is_checkpoint else "")
-                figures = pick_figures(verify_extra(model, name, pairs, checkpoint=is_checkpoint))
+                if not args.zero_shot:
+                    figures = pick_figures(verify_extra(model, model / f"eval_lfw_fold{lfw_fold}", pairs))
+                else:
+                    if lfw_fold not in zero_shot_lfw:
+                        out = args.out / args.name / f"eval_lfw_fold{lfw_fold}"
+                        zero_shot_lfw[lfw_fold] = pick_figures(verify_extra(model, out, pairs))
+                    figures = zero_shot_lfw[lfw_fold]
                 row.update({f"lfw{lfw_fold}_{key}": value for key, value in figures.items()})
             rows.append(row)
             print(json.dumps(row), flush=True)

@@ -148,7 +148,7 @@ def main() -> None:
             args.lfw.resolve(), args.pairs, fold, args.min_photos, args.out / f"splits_{args.lfw.name}"
         )
         if args.zero_shot:
-            report = verify_extra(args.zero_shot, f"{args.name}_fold{fold}", pairs=pairs_csv, checkpoint=True)
+            report = verify_extra(args.zero_shot, args.out / args.name / f"eval_fold{fold}", pairs=pairs_csv)
             row = {"fold": fold, "steps": 0, "train_s": None, **pick_figures(report)}
             rows.append(row)
             print(json.dumps(row), flush=True)
@@ -164,7 +164,7 @@ def main() -> None:
             run = args.out / args.name / f"fold{fold}_seed{seed}"
             row = {"fold": fold, "seed": seed, **train_and_verify(args.config, run, overrides, args.nproc)}
             if orl_pairs is not None:
-                orl_figures = pick_figures(verify_extra(run, "orl", orl_pairs))
+                orl_figures = pick_figures(verify_extra(run, run / "eval_orl", orl_pairs))
                 row.update({f"orl_{key}": value for key, value in orl_figures.items()})
             rows.append(row)
             print(json.dumps(row), flush=True)

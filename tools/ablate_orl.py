@@ -85,11 +85,11 @@ def train_seed(args: argparse.Namespace, split: tuple[Path, Path, Path], seed: i
     ]
     row = {"seed": seed, **train_and_verify(args.config, run, overrides, args.nproc)}
     if args.all_pairs:
-        everything = verify_extra(run, "all_pairs", pairs=all_pairs)
+        everything = verify_extra(run, run / "eval_all_pairs", pairs=all_pairs)
         row["all_pairs_accuracy"] = everything["accuracy"]
         row["all_pairs_baseline"] = everything["baseline_accuracy"]
     for folder in args.folder:
-        report = verify_extra(run, folder.name, folder=folder)
+        report = verify_extra(run, run / f"eval_{folder.name}", folder=folder)
         row[f"{folder.name}_accuracy"] = report["accuracy"]
         row[f"{folder.name}_auc"] = report["auc"]
     return row

@@ -86,13 +86,9 @@ def pick_figures(evaluation: dict) -> dict:
     }
 
 
-def verify_extra(
-    run: Path, name: str, pairs: Path | None = None, folder: Path | None = None, checkpoint: bool = False
-) -> dict:
-    """`facetrain eval` on more pairs of the run's last checkpoint (or of `run` itself, a checkpoint,
-    with `checkpoint`); its JSON report."""
-    model = run if checkpoint else run / "checkpoints" / "last"
-    out = (run.parent if checkpoint else run) / f"eval_{name}"
+def verify_extra(model: Path, out: Path, pairs: Path | None = None, folder: Path | None = None) -> dict:
+    """`facetrain eval` of `model` (a run, whose last checkpoint is read, or a checkpoint) on more pairs,
+    its reports written to `out`; the JSON report."""
     source = ["--pairs", str(pairs)] if pairs else ["--folder", str(folder)]
     facetrain("eval", str(model), *source, "--out", str(out), "--quiet")
     return json.loads(next(out.glob("*.json")).read_text())
