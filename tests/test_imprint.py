@@ -30,7 +30,9 @@ def photos() -> tuple[torch.Tensor, torch.Tensor]:
     """17 photos of classes 0-5 (class 6 has none, so its rows must stay as drawn)."""
     generator = torch.Generator().manual_seed(3)
     embeddings = torch.randn(PHOTOS, EMBEDDING, generator=generator, dtype=torch.float64) * 4
-    labels = torch.tensor([0, 1, 2, 3, 4, 5] + torch.randint(0, 6, (PHOTOS - 6,), generator=generator).tolist())
+    labels = torch.tensor(
+        [0, 1, 2, 3, 4, 5] + torch.randint(0, 6, (PHOTOS - 6,), generator=generator).tolist()
+    )
     return embeddings, labels
 
 
@@ -75,10 +77,14 @@ def test_every_shard_equals_one_process_class_means(world_size):
     per_rank = [imprint_worker(0, 1)] if world_size == 1 else run_distributed(imprint_worker, world_size)
     embeddings, labels = photos()
     for sub_centers in SUB_CENTERS:
-        expected = class_means_reference(drawn_head(sub_centers).weight.detach(), embeddings, labels, sub_centers)
+        expected = class_means_reference(
+            drawn_head(sub_centers).weight.detach(), embeddings, labels, sub_centers
+        )
         shards = [rank_results[sub_centers] for rank_results in per_rank]
         assert [start for start, _, _ in shards] == sorted(start for start, _, _ in shards)
-        torch.testing.assert_close(torch.cat([weight for _, weight, _ in shards]), expected, rtol=0, atol=1e-12)
+        torch.testing.assert_close(
+            torch.cat([weight for _, weight, _ in shards]), expected, rtol=0, atol=1e-12
+        )
         assert sum(imprinted for _, _, imprinted in shards) == 6  # class 6 has no photo
 
 
