@@ -73,3 +73,20 @@ def test_celeba_dev_gives_ten_folds_of_300_and_300_pairs(tmp_path, shared_data):
     rows = protocol(celeba, tmp_path / "celeba.csv")
     counts = Counter((row["fold"], row["same"]) for row in rows)
     assert counts == {(str(fold), same): 300 for fold in range(1, 11) for same in "01"}
+
+
+def test_joined_training_lists_keep_each_sets_people_apart(tmp_path):
+    from tools.protocol import join_train_lists
+
+    sets = {"celeba": [("c/a.jpg", 0), ("c/b.jpg", 0), ("c/c.jpg", 1), ("c/d.jpg", 2)], "lfw": []}
+    sets["lfw"] = [("l/a.jpg", 0), ("l/b.jpg", 1), ("l/c.jpg", 1)]
+    lists = []
+    for name, rows in sets.items():
+        lists.append(tmp_path / f"{name}.csv")
+        with lists[-1].open("w", newline="") as handle:
+            csv.writer(handle).writerows([("path", "label"), *rows])
+    joined = join_train_lists(lists, tmp_path / "joined.csv")
+    with joined.open(newline="") as handle:
+        rows = [(row["path"], int(row["label"])) for row in csv.DictReader(handle)]
+    # LFW's people are classes 3 and 4, after CelebA's 0-2
+    assert rows == sets["celeba"] + [("l/a.jpg", 3), ("l/b.jpg", 4), ("l/c.jpg", 4)]

@@ -24,6 +24,13 @@ of an LFW copy aligned the same way), to show what a fine-tune on CelebA does to
     .venv/bin/python tools/ablate_celeba.py dlib_zero_shot --celeba runs/celeba_dev_dlib --zero-shot runs/dlib_resnet
     .venv/bin/python tools/ablate_celeba.py dlib_finetune -c configs/finetune_dlib.yaml \\
         --celeba runs/celeba_dev_dlib --lfw runs/lfw_dev_dlib --lfw-folds 2 3
+
+With --train-lfw a run for fold k trains from scratch on both sets: CelebA-dev outside its fold k and
+the LFW-dev copy's people outside View 2 fold k (each person a class of their own; the two sets' people
+are assumed distinct, as CelebA's identities are numbers and cannot be matched to LFW's names), and is
+verified on both fold k's, so each run gives a CelebA-dev and an LFW-dev figure (folds 2-10):
+
+    .venv/bin/python tools/ablate_celeba.py joint --lfw runs/lfw_dev_aligned --train-lfw --folds 2 3
 """
 
 from __future__ import annotations
@@ -40,6 +47,7 @@ from protocol import (  # noqa: E402
     REPO,
     SHARED_DATA,
     append_row,
+    join_train_lists,
     pick_figures,
     row_parser,
     summarize,
@@ -95,7 +103,14 @@ def main() -> None:
         "--lfw", type=Path, help="also verify each run on LFW-dev View 2 folds of this aligned copy"
     )
     parser.add_argument("--lfw-folds", type=int, nargs="+", default=[2, 3])
+    parser.add_argument(
+        "--train-lfw",
+        action="store_true",
+        help="also train on the --lfw copy's people outside View 2 fold k, and verify that fold (not --lfw-folds)",
+    )
     args = parser.parse_args()
+    if args.train_lfw and (args.lfw is None or args.zero_shot or 1 in args.folds):
+        sys.exit("--train-lfw: needs --lfw, no --zero-shot, and folds 2-10 (LFW's fold 1 is held out)")
     if any(not 1 <= fold <= FOLDS for fold in args.folds):
         sys.exit(f"--folds: the protocol has folds 1-{FOLDS}")
     if any(not 2 <= fold <= 10 for fold in args.lfw_folds):
@@ -117,6 +132,15 @@ def main() -> None:
         train_list, pairs_csv = write_celeba_split(
             args.source, args.celeba.resolve(), fold, args.min_photos, split
         )
+        if args.train_lfw:
+            lfw_list, lfw_fold_pairs = write_fold_split(
+                args.lfw.resolve(), VIEW2_PAIRS, fold, args.min_photos, args.out / f"splits_{args.lfw.name}"
+            )
+            train_list = join_train_lists(
+                [train_list, lfw_list],
+                split / f"fold{fold}_train_min{args.min_photos}_with_{args.lfw.name}.csv",
+            )
+            lfw_pairs = [(fold, lfw_fold_pairs)]
         if args.zero_shot:
             report = verify_extra(args.zero_shot, args.out / args.name / f"eval_fold{fold}", pairs=pairs_csv)
             runs = [({"fold": fold, "steps": 0, "train_s": None, **pick_figures(report)}, args.zero_shot)]
@@ -146,12 +170,17 @@ def main() -> None:
                         out = args.out / args.name / f"eval_lfw_fold{lfw_fold}"
                         zero_shot_lfw[lfw_fold] = pick_figures(verify_extra(model, out, pairs))
                     figures = zero_shot_lfw[lfw_fold]
-                row.update({f"lfw{lfw_fold}_{key}": value for key, value in figures.items()})
+                prefix = "lfw" if args.train_lfw else f"lfw{lfw_fold}"  # with --train-lfw: the run's own fold
+                row.update({f"{prefix}_{key}": value for key, value in figures.items()})
             rows.append(row)
             print(json.dumps(row), flush=True)
     over = f"folds {args.folds}" + ("" if args.zero_shot else f" x seeds {args.seeds}")
     metrics = ["accuracy", "auc", "tar_far_1e-2"]
-    lfw_metrics = [f"lfw{fold}_{m}" for fold, _ in lfw_pairs for m in metrics]
+    lfw_metrics = (
+        [f"lfw_{m}" for m in metrics]
+        if args.train_lfw
+        else [f"lfw{fold}_{m}" for fold, _ in lfw_pairs for m in metrics]
+    )
     figures = summarize(args.name, rows, metrics + lfw_metrics, over)
     record = {"name": args.name, "config": str(args.config), "set": args.set, "figures": figures}
     append_row(args.out / "rows.jsonl", {**record, "runs": rows})

@@ -50,6 +50,22 @@ def write_train_list(root: Path, people: list[str], min_photos: int, path: Path)
     return path
 
 
+def join_train_lists(lists: list[Path], path: Path) -> Path:
+    """One `data.source: list` CSV of several sets' lists, each set's labels moved past the ones before
+    it, so the people of different sets are different classes."""
+    with path.open("w", newline="") as handle:
+        writer = csv.writer(handle)
+        writer.writerow(["path", "label"])
+        offset = 0
+        for train_list in lists:
+            with train_list.open(newline="") as source:
+                labels = [(row["path"], int(row["label"])) for row in csv.DictReader(source)]
+            for photo, label in labels:
+                writer.writerow([photo, offset + label])
+            offset += max((label for _, label in labels), default=-1) + 1
+    return path
+
+
 def facetrain(*args: str) -> subprocess.CompletedProcess:
     """The CLI in a subprocess; its output is shown only when it fails."""
     command = [sys.executable, "-m", "facetrain", *args]
