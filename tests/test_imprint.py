@@ -101,7 +101,7 @@ def test_a_fine_tune_starts_from_its_starting_networks_class_means(pretrained, t
     # an lr of 1e-9 leaves the imprinted head where the pass put it, to well within the tolerance below
     config = tiny_config(
         tmp_path,
-        data={"path": str(pretrained / "synth")},
+        data={"path": str(pretrained / "synth"), "num_workers": 1},  # the pass's loader workers too
         model={"init": str(pretrained / "run")},
         head={"init": "class_means"},
         optim={"lr": 1e-9},

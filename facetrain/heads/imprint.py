@@ -40,7 +40,7 @@ class ClassMeans:
         global_labels = collectives.all_gather_padded(labels, capacity, head.group, pad_value=-1)
         global_unit = collectives.all_gather_padded(unit, capacity, head.group)
         local = global_labels - head.class_start
-        owned = (global_labels >= 0) & (local >= 0) & (local < head.class_count)
+        owned = (local >= 0) & (local < head.class_count)  # padding's -1 is below every shard
         self.sums.index_add_(0, local[owned], global_unit[owned])
         self.counts.index_add_(0, local[owned], torch.ones_like(local[owned]))
 

@@ -3,8 +3,8 @@
 One pass over the training set, without augmentation and in eval mode, each data-parallel rank
 embedding its own share of the photos (every rank-th one); the head's `ClassMeans` gathers them a batch
 at a time and writes each class's mean direction into the shard that holds it
-(`facetrain.heads.imprint`). The pass draws nothing from the run's random streams, so a run with it
-trains the steps after it exactly as it would from the imprinted head.
+(`facetrain.heads.imprint`). The pass draws from none of the run's random streams, so the steps after
+it draw what they would draw without it.
 """
 
 from __future__ import annotations
@@ -17,6 +17,7 @@ from torch import nn
 from torch.utils.data import DataLoader, Subset
 
 from facetrain.data.dataset import FaceDataset
+from facetrain.data.loader_workers import init_loader_worker, worker_context
 from facetrain.data.transforms import build_eval_transform
 from facetrain.heads import collectives
 from facetrain.heads.imprint import ClassMeans
@@ -35,9 +36,14 @@ def imprint_head(
     batch = cfg.train.batch_size
     rounds = math.ceil(math.ceil(len(plain) / head.world_size) / batch)  # the largest share's batches
     # its own generator: making the iterator draws a seed, and the run's random streams stay untouched
+    workers = cfg.data.num_workers
     loader = iter(
-        DataLoader(share, batch_size=batch, num_workers=cfg.data.num_workers, generator=torch.Generator())
-    )
+        DataLoader(
+            share, batch_size=batch, num_workers=workers, generator=torch.Generator(),
+            worker_init_fn=init_loader_worker if workers > 0 else None,  # they end on the run's SIGTERM
+            multiprocessing_context=worker_context() if workers > 0 else None,
+        )
+    )  # fmt: skip
     means = ClassMeans(head)
     was_training = {module: module.training for module in backbone.modules()}
     backbone.eval()
@@ -49,10 +55,9 @@ def imprint_head(
                     embeddings = torch.empty(0, head.embedding_size, device=device)
                 else:
                     layout = torch.channels_last if cfg.model.channels_last else torch.contiguous_format
-                    outputs = backbone(images.to(device, memory_format=layout))
-                    embeddings = (
-                        outputs[0] if isinstance(outputs, tuple) else outputs
-                    )  # (embedding, features)
+                    embeddings = backbone(images.to(device, memory_format=layout))
+                    if isinstance(embeddings, tuple):  # a re-id backbone's (embedding, features)
+                        embeddings = embeddings[0]
                 means.add(embeddings, labels, batch)
     finally:
         for module, mode in was_training.items():
