@@ -41,8 +41,9 @@ class ClassMeans:
         global_unit = collectives.all_gather_padded(unit, capacity, head.group)
         local = global_labels - head.class_start
         owned = (local >= 0) & (local < head.class_count)  # padding's -1 is below every shard
-        self.sums.index_add_(0, local[owned], global_unit[owned])
-        self.counts.index_add_(0, local[owned], torch.ones_like(local[owned]))
+        rows = local[owned]
+        self.sums.index_add_(0, rows, global_unit[owned])
+        self.counts.index_add_(0, rows, torch.ones_like(rows))
 
     @torch.no_grad()
     def write(self) -> int:
