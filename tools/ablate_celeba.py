@@ -121,12 +121,15 @@ def main() -> None:
     if (args.out / args.name).exists():
         sys.exit(f"{args.out / args.name} exists; pick another row name or remove it")
     lfw_pairs = []
-    if args.lfw:
+    if args.lfw and not args.train_lfw:  # --train-lfw verifies each run's own LFW fold instead
         for fold in args.lfw_folds:
             split = args.out / f"splits_{args.lfw.name}"
             lfw_pairs.append((fold, write_fold_split(args.lfw.resolve(), VIEW2_PAIRS, fold, 2, split)[1]))
     rows = []
-    zero_shot_lfw = {}  # a pretrained model's LFW figures are the same for every CelebA fold
+    zero_shot_lfw = {  # a pretrained model's LFW figures are the same for every CelebA fold
+        fold: pick_figures(verify_extra(args.zero_shot, args.out / args.name / f"eval_lfw_fold{fold}", pairs))
+        for fold, pairs in (lfw_pairs if args.zero_shot else [])
+    }
     for fold in args.folds:
         split = args.out / f"splits_{args.celeba.name}"
         train_list, pairs_csv = write_celeba_split(
@@ -163,13 +166,10 @@ def main() -> None:
             )
         for row, model in runs:
             for lfw_fold, pairs in lfw_pairs:
-                if not args.zero_shot:
-                    figures = pick_figures(verify_extra(model, model / f"eval_lfw_fold{lfw_fold}", pairs))
-                else:
-                    if lfw_fold not in zero_shot_lfw:
-                        out = args.out / args.name / f"eval_lfw_fold{lfw_fold}"
-                        zero_shot_lfw[lfw_fold] = pick_figures(verify_extra(model, out, pairs))
+                if args.zero_shot:
                     figures = zero_shot_lfw[lfw_fold]
+                else:
+                    figures = pick_figures(verify_extra(model, model / f"eval_lfw_fold{lfw_fold}", pairs))
                 prefix = "lfw" if args.train_lfw else f"lfw{lfw_fold}"  # with --train-lfw: the run's own fold
                 row.update({f"{prefix}_{key}": value for key, value in figures.items()})
             rows.append(row)
