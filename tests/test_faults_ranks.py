@@ -104,7 +104,7 @@ def test_a_lost_rank_is_named_within_the_collective_timeout(tmp_path, fault):
     finally:
         for process in ranks:
             kill_all(process)
-    assert ranks[0].returncode == 2
+    assert ranks[0].returncode == 2, stderr
     assert elapsed < timeout_s + 10  # the timeout, the 5 s check-in, and a margin
     [line] = error_lines(stderr)
     assert line.startswith("error: lost rank 1 at step ") and "it died or stopped answering" in line

@@ -18,6 +18,7 @@ import dataclasses
 import json
 import signal
 import time
+from datetime import timedelta
 
 import pytest
 import torch
@@ -26,6 +27,7 @@ import torch.distributed as dist
 from facetrain.errors import CollectiveError, EveryRankError, FacetrainError, PeerLost
 from facetrain.heads import collectives
 from facetrain.parallel import dims, failures, launch
+from facetrain.parallel.data_parallel import wrap_data_parallel
 from facetrain.parallel.failures import (
     collective_failure_error,
     collective_name,
@@ -266,6 +268,28 @@ def test_a_collective_failure_is_told_by_type_or_by_facetrains_tag_never_by_its_
     with pytest.raises(RuntimeError) as raised, collectives.naming("all_reduce"):
         raise RuntimeError(GLOO_CLOSED)  # as gloo raises it inside a facetrain collective
     assert is_collective_failure(raised.value) and collective_name(raised.value) == "all_reduce"
+
+
+def ddp_forward_worker(rank: int, world_size: int) -> str | None:
+    """Rank 1 never runs the forward, so rank 0's buffer broadcast before it fails (a 3 s timeout, or the
+    connection closing when rank 1 leaves the group first), as it does when a peer dies mid-run."""
+    group = dist.new_group(backend="gloo", timeout=timedelta(seconds=3))
+    model = wrap_data_parallel(torch.nn.BatchNorm1d(4), torch.device("cpu"), group)
+    failed = None
+    if rank == 0:
+        try:
+            model(torch.randn(3, 4))
+        except RuntimeError as error:
+            failed = collective_name(error) if is_collective_failure(error) else f"untagged: {error}"
+    collectives.barrier()  # on the default group, which stayed whole
+    dist.destroy_process_group(group)
+    return failed
+
+
+def test_ddps_buffer_broadcast_before_the_forward_fails_as_a_collective():
+    """gloo fails DDP's broadcast as a plain RuntimeError; a peer killed just then was once reported
+    as an unexpected error with a traceback instead of as lost."""
+    assert run_distributed(ddp_forward_worker, 2) == ["broadcast", None]
 
 
 def _fresh_check_in(store: dist.Store, name: str) -> None:

@@ -13,12 +13,29 @@ import torch.distributed as dist
 from torch import nn
 from torch.nn.parallel import DistributedDataParallel
 
+from facetrain.heads.collectives import naming
+
 # DDP's switch for broadcasting buffers before each forward: torch 2.14 renamed it, and the old name warns
 BUFFER_SYNC_OPTION = (
     "forward_sync_buffers"
     if "forward_sync_buffers" in inspect.signature(DistributedDataParallel.__init__).parameters
     else "broadcast_buffers"
 )
+
+
+class _TaggedDataParallel(DistributedDataParallel):
+    """DDP whose own collectives outside the backward (the replicas' first sync when built, the buffer
+    broadcast and bucket rebuild before a forward) tag a failure as a collective's: gloo raises a plain
+    `RuntimeError` there when a peer dies, and `parallel/failures.py` tells collective failures by tag.
+    The backward's gradient all-reduce is tagged by the training step."""
+
+    def __init__(self, *args, **kwargs):
+        with naming("broadcast"):
+            super().__init__(*args, **kwargs)
+
+    def _pre_forward(self, *inputs, **kwargs):
+        with naming("broadcast"):
+            return super()._pre_forward(*inputs, **kwargs)
 
 
 def wrap_data_parallel(
@@ -39,7 +56,7 @@ def wrap_data_parallel(
         return module
     device_ids = [device.index] if device.type == "cuda" else None
     options = {} if broadcast_buffers else {BUFFER_SYNC_OPTION: False}
-    return DistributedDataParallel(module, device_ids=device_ids, process_group=group, **options)
+    return _TaggedDataParallel(module, device_ids=device_ids, process_group=group, **options)
 
 
 def unwrap(module: nn.Module) -> nn.Module:
