@@ -30,7 +30,7 @@ the LFW-dev copy's people outside View 2 fold k (each person a class of their ow
 are assumed distinct, as CelebA's identities are numbers and cannot be matched to LFW's names), and is
 verified on both fold k's, so each run gives a CelebA-dev and an LFW-dev figure (folds 2-10):
 
-    .venv/bin/python tools/ablate_celeba.py joint --lfw runs/lfw_dev_aligned --train-lfw --folds 2 3
+    .venv/bin/python tools/ablate_celeba.py joint -c configs/faces_small.yaml --lfw runs/lfw_dev_aligned --train-lfw --folds 2 3 --seeds 0
 """
 
 from __future__ import annotations
