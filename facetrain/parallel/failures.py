@@ -6,8 +6,9 @@ timeout), NCCL a `DistBackendError` for its own faults (interface, InfiniBand, a
 and for a peer's exit alike, the watchdog a timeout naming no rank. Its text is not read to decide.
 What counts as a collective failure is told by type: torch's `DistError`s, and any error facetrain's
 own collectives (`heads.collectives.naming`), DDP's broadcasts before a forward (`data_parallel.py`) or
-the training step's gradient all-reduce tagged on its way out. Whose failure it is, the ranks settle among themselves at the rendezvous store (the one
-`dims.init_parallel` joined through, independent of the failed process group, so it still answers):
+the training step's gradient all-reduce tagged on its way out. Whose failure it is, the ranks settle
+among themselves at the rendezvous store (the one `dims.init_parallel` joined through, independent of
+the failed process group, so it still answers):
 
 - Each failing rank leaves its reason at the store and claims the first failure there (an atomic
   compare-and-set). A peer's failure follows its cause, so the claim goes to the rank whose own call
