@@ -147,6 +147,30 @@ def test_capacity_reports_memory_against_classes_and_the_largest_fit(tmp_path):
     assert "classes/GiB" in output
 
 
+def test_margins_run_each_head_that_takes_one_under_each(tmp_path):
+    code, output = bench(
+        "--classes", "1000", "--world-sizes", "2", "--batch", str(BATCH), "--dim", str(DIM), "--steps", "1",
+        "--heads", "sharded,tiled,sharded_softmax,naive", "--margins", "arcface,adaface,curricularface",
+        "--out", str(tmp_path),
+    )  # fmt: skip
+    assert code == 0, output
+    rows = {
+        (row["head"], row["margin"]): row
+        for row in json.loads((tmp_path / FILES.names["json"]).read_text())["results"]
+    }
+    margins = ("arcface", "adaface", "curricularface")
+    expected = {(head, margin) for head in ("sharded", "tiled", "naive") for margin in margins}
+    assert set(rows) == expected | {("sharded_softmax", "softmax")}  # no margin of its own: run once
+    assert all(rows[head, margin]["status"] == "ok" for head in ("sharded", "tiled") for margin in margins)
+    assert rows["naive", "arcface"]["status"] == "ok"
+    for margin in ("adaface", "curricularface"):  # the naive baseline cannot give them norms or state
+        assert rows["naive", margin]["status"] == "unavailable"
+        assert "classic margins only" in rows["naive", margin]["reason"]
+    assert "adaface (its defaults) s 64, its fused SGD" in rows["tiled", "adaface"]["computes"]
+    table = (tmp_path / FILES.names["table"]).read_text()
+    assert "| 1,000 | 2 | tiled curricularface | " in table and "| 1,000 | 2 | tiled | " in table
+
+
 def test_existing_outputs_need_overwrite(tiny_run):
     out, _, _ = tiny_run
     code, output = bench(*TINY, "--out", str(out))
@@ -171,6 +195,8 @@ def test_configurations_over_the_memory_limit_are_skipped(tmp_path):
         (["--classes", "1000,x"], "--classes"),
         (["--world-sizes", "0"], "--world-sizes"),
         (["--largest", "tiled"], "--largest belongs to --capacity"),
+        (["--margins", "arcface,fancy"], "--margins"),
+        (["--capacity", "--margins", "adaface"], "--margins belongs to the head bench without --capacity"),
         (["--capacity", "--largest", "fancy"], "--largest"),
         (
             ["--capacity", "--heads", "tiled", "--largest", "sharded"],

@@ -17,6 +17,7 @@ import numpy as np
 import pytest
 import torch
 
+from facetrain.eval.set_names import report_file_name
 from facetrain.heads import ShardedMarginHead
 from facetrain.models.config import ModelConfig
 from facetrain.parallel.workers import WorkerPool
@@ -153,7 +154,7 @@ def test_export_of_a_cuda_checkpoint_matches_onnxruntime_and_evaluates_on_cuda(t
         "eval", str(out), "--pairs", str(pairs), "--device", "cuda", "--out", str(tmp_path / "eval")
     )
     assert result.returncode == 0, result.stderr[-3000:]
-    report = json.loads((tmp_path / "eval" / "pairs.json").read_text())
+    report = json.loads((tmp_path / "eval" / f"{report_file_name(pairs)}.json").read_text())
     assert 0.0 <= report["accuracy"] <= 1.0
 
 

@@ -21,6 +21,7 @@ import torch.nn.functional as F
 from facetrain.heads import DenseMarginHead, HeadPlan, ShardedMarginHead
 from facetrain.heads.margins import build_margin, margin_at_step
 from facetrain.heads.margins.elasticface import standard_normals
+from facetrain.heads.naive_model_parallel import NaiveModelParallelHead
 from tests.support.distributed import run_distributed
 from tests.test_head import local_rows
 
@@ -348,3 +349,14 @@ def test_triton_tiles_take_the_adaptive_margins(world_size):
             ]:
                 error = float((actual.double() - expected.double()).abs().max())
                 assert error <= 1e-5 * max(1.0, float(expected.double().abs().max())), name
+
+
+def test_only_the_classic_margins_go_to_heads_that_give_no_norms_or_state():
+    classic = {"arcface", "cosface", "am_softmax", "sphereface", "combined", "softmax"}
+    for name in ("arcface", "cosface", "sphereface", "combined", "softmax", "adaface", "magface",
+                 "curricularface", "elasticface_arc", "elasticface_cos"):  # fmt: skip
+        assert build_margin(name).of_the_cosine_alone == (name in classic), name
+    assert not margin_at_step(build_margin("arcface"), 1, 10).of_the_cosine_alone  # reads the target cos
+    NaiveModelParallelHead(10, 4, margin="arcface")
+    with pytest.raises(ValueError, match="classic margins only, not 'curricularface'"):
+        NaiveModelParallelHead(10, 4, margin="curricularface")  # would silently drop its modulation

@@ -88,12 +88,25 @@ def plan(out: Path, gpus: int, gib: float) -> list[Step]:
     minutes, `PART_BUDGET_S`); sized for one GPU of `gib` GiB (the capacity search fills 90 % of it)."""
     pytest = ["pytest", "-m", "cuda", "-q", "-rs", "-p", "no:cacheprovider"]
     return [
+        # a fresh machine compiles every margin's Triton kernels first: over 150 s on an H200, 51 s after
         Step("pytest -m cuda: the head", [*pytest, "-k", "head or triton", f"--junitxml={out / 'pytest_head.xml'}"],
-             150, part=1),
+             270, part=1),
         _head(out, "head_bf16", "bf16", "sharded,tiled,tiled_triton,tiled_triton_bf16,sharded_softmax,"
               "tiled_triton_softmax", gib, 150),
         Step("profile: untiled, tiled and Triton-tiled bf16 head step, C 1M", ["python", "tools/head_profile.py", "--out",
              str(out / "head_profile.json")], 40, report="head_profile.json", part=1),
+        Step(
+            "the margins on the untiled head and the Triton tiles, bf16, C 1M, B 1024, D 512",
+            ["facetrain", "bench", "head", "--device", "cuda", "--world-sizes", "1", "--batch", "1024",
+             "--dim", "512", "--classes", "1000000", "--heads", "sharded,tiled_triton", "--precision",
+             "bf16", "--margins", "arcface,cosface,adaface,magface,curricularface,elasticface_arc",
+             "--steps", "5", "--warmup", "2", "--memory-limit-gb", f"{0.9 * gib:.0f}",
+             "--out", str(out / "head_margins"), "--overwrite"],
+            90,
+            report="head_margins/bench_head.json",
+            table="head_margins/bench_head.md",
+            part=1,
+        ),
         _head(out, "head_fp32", "fp32", "sharded,tiled,tiled_triton,sharded_softmax,tiled_triton_softmax", gib, 110),
         _train(out, "r50", 2_000_000, "sharded,tiled,linear", part=1),
         Step("pytest -m cuda: the rest", [*pytest, "-k", "not (head or triton)",

@@ -34,6 +34,7 @@ from facetrain.bench.report import write_report
 from facetrain.devices import resolve_device
 from facetrain.errors import FacetrainError
 from facetrain.files import refuse_to_overwrite
+from facetrain.heads.margins import MARGINS
 from facetrain.parallel.workers import WorkerError, WorkerPool
 from facetrain.progress import ProgressBar
 from facetrain.train.device_defaults import tile_classes as device_tile_classes
@@ -65,6 +66,7 @@ class HeadBenchSettings:
     batch: int = 256
     dim: int = 512
     heads: tuple[str, ...] = ("sharded", "tiled", "dense", "naive")
+    margins: tuple[str, ...] = ("arcface",)
     tile_classes: int = 8192
     steps: int = 3
     warmup: int = 1
@@ -75,6 +77,8 @@ class HeadBenchSettings:
     peers_dir: str = ""
 
     def cases(self) -> list[HeadCase]:
+        """Every (N, C, margin, head); a kind with a margin of its own (the _softmax kinds, the peers)
+        runs once for each (N, C), under the first margin."""
         return [
             HeadCase(
                 head,
@@ -85,10 +89,13 @@ class HeadBenchSettings:
                 self.tile_classes,
                 self.precision,
                 self.peers_dir,
+                margin,
             )  # fmt: skip
             for world_size in self.world_sizes
             for num_classes in self.classes
+            for margin in self.margins
             for head in self.heads
+            if margin == self.margins[0] or BENCH_HEADS.build(head).margin is None
         ]
 
     def validate(self) -> None:
@@ -155,8 +162,8 @@ def run_head_benchmark(settings: HeadBenchSettings, progress: bool = True) -> di
             kind = BENCH_HEADS.build(case.head)
             row = {
                 **asdict(case),
-                "computes": kind.computes,
-                "margin": kind.margin,
+                "computes": kind.describe(case),
+                "margin": kind.margin_of(case),
                 "local_batch": case.local_batch,
                 "shard_classes_per_rank": [case.shard_classes(r) for r in range(case.world_size)],
                 "estimated_bytes_per_rank": estimated_bytes_per_rank(case),
@@ -194,7 +201,6 @@ def run_head_benchmark(settings: HeadBenchSettings, progress: bool = True) -> di
             "memory_limit_bytes": int(limit_bytes),
             "process_baseline_bytes": PROCESS_BASELINE_BYTES,
             "dtype": "float32" if settings.precision == "fp32" else "float32 weights, bf16 autocast",
-            "margin": "arcface",
             "scale": 64.0,
         },
         "methods": METHODS,
@@ -209,6 +215,7 @@ def run(
     batch: int,
     dim: int,
     heads: str | None,
+    margins: str,
     tile_classes: int,
     steps: int | None,
     warmup: int | None,
@@ -229,6 +236,8 @@ def run(
         raise FacetrainError("--peers belongs to the head bench without --capacity; drop one of them")
     if capacity and precision != "fp32":
         raise FacetrainError("--precision belongs to the head bench without --capacity; drop one of them")
+    if capacity and margins != "arcface":
+        raise FacetrainError("--margins belongs to the head bench without --capacity; drop one of them")
     device = resolve_device(device)
     tile_classes = device_tile_classes(tile_classes, device)
     own_heads = [name for name in BENCH_HEADS.names() if name not in PEER_HEADS]  # peers: --peers
@@ -265,6 +274,7 @@ def run(
                     parse_name_list(heads or "sharded,tiled,dense,naive", "--heads", own_heads) + peer_heads
                 )
             ),
+            margins=tuple(parse_name_list(margins, "--margins", MARGINS.names())),
             tile_classes=tile_classes,
             steps=steps or 3,
             warmup=1 if warmup is None else warmup,

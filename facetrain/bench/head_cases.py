@@ -17,6 +17,7 @@ from facetrain.errors import FacetrainError
 from facetrain.heads import DenseMarginHead, HeadPlan, ShardedMarginHead, class_range, collectives
 from facetrain.heads.fused_optim import FusedSGD
 from facetrain.heads.kernel_choice import resolve_kernel
+from facetrain.heads.margins import build_margin
 from facetrain.heads.memory import estimate_head_memory
 from facetrain.heads.naive_model_parallel import NaiveModelParallelHead
 from facetrain.registry import Registry
@@ -37,6 +38,7 @@ class HeadCase:
     tile_classes: int = 8192
     precision: str = "fp32"  # fp32, or bf16: the step under bf16 autocast, as training runs it
     peers_dir: str = ""  # where the peers' files are (head_peers.py); facetrain's own heads ignore it
+    margin: str = "arcface"  # the margin of the kinds that take one (BenchHead.margin None), paper defaults
 
     def autocast(self, device: torch.device):
         dtype = AUTOCAST_DTYPES[self.precision]
@@ -59,8 +61,18 @@ class BenchHead:
 
     times_gemms = False
     sends_bytes = True  # whether its steps' collectives are counted (bytes_sent)
-    margin = "arcface"  # the loss family, for comparing peers with the facetrain heads of the same loss
-    computes = "ArcFace m 0.5 s 64"
+    # the loss family, for comparing peers with the facetrain heads of the same loss; None: the case's
+    # margin (`--margins`), which "{margin}" in `computes` names
+    margin: str | None = None
+    computes = "{margin}"
+
+    def margin_of(self, case: HeadCase) -> str:
+        return self.margin or case.margin
+
+    def describe(self, case: HeadCase) -> str:
+        """What this kind computes for `case`, for the report."""
+        margin = "ArcFace m 0.5 s 64" if case.margin == "arcface" else f"{case.margin} (its defaults) s 64"
+        return self.computes.replace("{margin}", margin)
 
     def unavailable(self, case: HeadCase, device_kind: str) -> str:
         """Why this kind cannot run `case` on `device_kind` ("" when it can): a row, not a failure."""
@@ -116,7 +128,7 @@ class ShardedBench(BenchHead):
     times_gemms = True
 
     def build(self, case: HeadCase) -> nn.Module:
-        return ShardedMarginHead(case.num_classes, case.dim, margin=self.margin)
+        return ShardedMarginHead(case.num_classes, case.dim, margin=self.margin_of(case))
 
     def estimate_step_bytes(self, case: HeadCase) -> list[int]:
         return [
@@ -132,13 +144,13 @@ class TiledBench(BenchHead):
     times_gemms = True
     storage = torch.float32
     kernel = "torch"
-    computes = "ArcFace m 0.5 s 64, its fused SGD update included"
+    computes = "{margin}, its fused SGD update included"
 
     def build(self, case: HeadCase) -> nn.Module:
         plan = HeadPlan(
             "tiled", case.tile_classes, self.storage, self.storage, fused_optimizer=True, kernel=self.kernel
         )
-        head = ShardedMarginHead(case.num_classes, case.dim, margin=self.margin, plan=plan)
+        head = ShardedMarginHead(case.num_classes, case.dim, margin=self.margin_of(case), plan=plan)
         head.fuse_optimizer(FusedSGD([head.weight], state_dtype=self.storage, **SGD_SETTINGS))
         return head
 
@@ -160,7 +172,7 @@ class TiledBf16Bench(TiledBench):
     """The tiled head with its fused SGD, weight and momentum stored in bf16 (stochastic rounding)."""
 
     storage = torch.bfloat16
-    computes = "ArcFace m 0.5 s 64, bf16 weight and momentum, its fused SGD update included"
+    computes = "{margin}, bf16 weight and momentum, its fused SGD update included"
 
 
 @BENCH_HEADS.register("sharded_softmax")
@@ -193,7 +205,7 @@ class TiledTritonBench(TiledBench):
     """The tiled head with its tiles as Triton kernels (`head.kernel: triton`)."""
 
     kernel = "triton"
-    computes = "ArcFace m 0.5 s 64, Triton tiles, its fused SGD update included"
+    computes = "{margin}, Triton tiles, its fused SGD update included"
 
     def unavailable(self, case: HeadCase, device_kind: str) -> str:
         try:
@@ -208,7 +220,7 @@ class TiledTritonBf16Bench(TiledTritonBench):
     """The Triton tiles over bf16 weight and momentum."""
 
     storage = torch.bfloat16
-    computes = "ArcFace m 0.5 s 64, Triton tiles, bf16 weight and momentum, its fused SGD update included"
+    computes = "{margin}, Triton tiles, bf16 weight and momentum, its fused SGD update included"
 
 
 @BENCH_HEADS.register("tiled_triton_softmax")
@@ -224,7 +236,7 @@ class DenseBench(BenchHead):
     """Every rank holds all C classes and the b x C logits of its local rows."""
 
     def build(self, case: HeadCase) -> nn.Module:
-        return DenseMarginHead(case.num_classes, case.dim)
+        return DenseMarginHead(case.num_classes, case.dim, margin=self.margin_of(case))
 
     def after_backward(self, head: nn.Module, case: HeadCase) -> None:
         if case.world_size > 1:
@@ -242,8 +254,13 @@ class DenseBench(BenchHead):
 class NaiveBench(BenchHead):
     """Shard-sized weights everywhere, but rank 0 also holds the gathered B x C logits and their grads."""
 
+    def unavailable(self, case: HeadCase, device_kind: str) -> str:
+        if build_margin(case.margin).of_the_cosine_alone:
+            return ""
+        return f"the naive baseline computes the classic margins only, not {case.margin}"
+
     def build(self, case: HeadCase) -> nn.Module:
-        return NaiveModelParallelHead(case.num_classes, case.dim)
+        return NaiveModelParallelHead(case.num_classes, case.dim, margin=self.margin_of(case))
 
     def estimate_step_bytes(self, case: HeadCase) -> list[int]:
         estimates = []

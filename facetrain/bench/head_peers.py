@@ -59,6 +59,7 @@ class InsightfaceBench(BenchHead):
     """insightface's PartialFC_V2 + CombinedMarginLoss (ArcFace), every class (sample rate 1.0)."""
 
     sample_rate = 1.0
+    margin = "arcface"
     computes = "ArcFace m 0.5 s 64, all classes (insightface Partial FC v2)"
 
     def build(self, case: HeadCase) -> nn.Module:

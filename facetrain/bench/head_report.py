@@ -16,8 +16,18 @@ MEMORY_BALANCE_TARGET = 1.1
 GEMM_TARGET_CASE = {"world_size": 1, "num_classes": 100_000}
 
 
+def label(row: dict) -> str:
+    """The row's head, with its margin when that is not the one its kind is known by (`--margins`)."""
+    return (
+        row["head"] if row["margin"] in ("arcface", "softmax", "none") else f"{row['head']} {row['margin']}"
+    )
+
+
 def _measured(rows: list[dict], head: str) -> list[dict]:
-    return [row for row in rows if row["head"] == head and row["status"] == "ok"]
+    """The targets' rows: the targets are set for the ArcFace head."""
+    return [
+        row for row in rows if row["head"] == head and row["margin"] == "arcface" and row["status"] == "ok"
+    ]
 
 
 def _target(name: str, threshold: str, measured, passed: bool | None, detail: str) -> dict:
@@ -78,7 +88,7 @@ def _bytes_range(values: list[int]) -> str:
 
 
 def _table_row(row: dict) -> list[str]:
-    head = [f"{row['num_classes']:,}", str(row["world_size"]), row["head"]]
+    head = [f"{row['num_classes']:,}", str(row["world_size"]), label(row)]
     if row["status"] == "skipped":
         return head + [f"skipped: estimated {format_bytes(row['estimated_total_bytes'])} in all"] + [""] * 6
     if row["status"] == "failed":
@@ -116,7 +126,7 @@ def table(report: dict) -> str:
 
 
 def _computes(report: dict) -> list[str]:
-    described = {row["head"]: row.get("computes", "") for row in report["results"]}
+    described = {label(row): row.get("computes", "") for row in report["results"]}
     return [
         "",
         "What each head computes: " + "; ".join(f"{head}: {what}" for head, what in described.items()),
@@ -163,9 +173,9 @@ def plot(report: dict, path: Path) -> None:
     axes = figure.subplots(2, len(classes), squeeze=False)
     for column, num_classes in enumerate(classes):
         time_axis, memory_axis = axes[0][column], axes[1][column]
-        for head in report["settings"]["heads"]:
+        for head in dict.fromkeys(map(label, rows)):
             points = sorted(
-                (r["world_size"], r) for r in rows if r["head"] == head and r["num_classes"] == num_classes
+                (r["world_size"], r) for r in rows if label(r) == head and r["num_classes"] == num_classes
             )
             if not points:
                 continue

@@ -29,6 +29,14 @@ from facetrain.cli.conventions import quiet_option
     "tiled_softmax, tiled_bf16_softmax, tiled_triton_softmax) drops the margin. Other implementations: --peers.",
 )
 @click.option(
+    "--margins",
+    default="arcface",
+    show_default=True,
+    help="Without --capacity: the margins of the heads that take one (all but the _softmax kinds and the "
+    "peers), comma-separated, each at its defaults (docs/head.md), e.g. arcface,cosface,adaface,magface,"
+    "curricularface,elasticface_arc.",
+)
+@click.option(
     "--tile-classes",
     type=click.IntRange(min=1),
     help="Tile T [the trainer's default for the device: 8192 on a CPU, 65536 on CUDA].",
@@ -113,6 +121,7 @@ def head_command(**options) -> None:
       facetrain bench head --capacity --world-sizes 1 --largest tiled_bf16,tiled --memory-limit-gb 20
       facetrain bench head --capacity --world-sizes 1 --device cuda --largest tiled_bf16 --memory-limit-gb 130
       facetrain bench head --device cuda --world-sizes 1 --batch 1024 --classes 1000000 --precision bf16
+      facetrain bench head --world-sizes 1 --classes 100000 --heads tiled --margins arcface,adaface,magface
       facetrain bench head --world-sizes 1,2 --classes 20000 --heads sharded,tiled,sharded_softmax \\
           --peers insightface,cce --peers-dir ../shared/peers
     """

@@ -31,6 +31,8 @@ class NaiveModelParallelHead(MarginHead):
     ):
         self_range = class_range(num_classes, collectives.world_size(group), collectives.rank(group))
         super().__init__(num_classes, embedding_size, self_range.count, margin, scale, **margin_params)
+        if not self.margin.of_the_cosine_alone:
+            raise ValueError(f"the naive model-parallel FC computes the classic margins only, not {margin!r}")
         self.group = group
         self.class_start, self.class_count = self_range
 

@@ -113,6 +113,18 @@ class Margin:
         """A per-row loss term of the norm (differentiable), averaged over the batch and added."""
         return None
 
+    @property
+    def of_the_cosine_alone(self) -> bool:
+        """Whether this is a classic margin, which a head that gives it no norms, rows or state (the
+        naive model-parallel baseline) still computes exactly."""
+        kind = type(self)
+        overrides = (kind.target, kind.negatives, kind.regulariser) != (
+            Margin.target,
+            Margin.negatives,
+            Margin.regulariser,
+        )
+        return not (overrides or self.needs_target_cos or self.initial_state())
+
 
 MARGINS: Registry[Margin] = Registry("margin")
 
