@@ -35,12 +35,12 @@ AUTOCAST = {"fp32": None, "bf16": torch.bfloat16}
 TILE = 5
 
 
-def cuda_head_step(weight, embeddings, labels, precision, tile=None, rows=slice(None)):
+def cuda_head_step(weight, embeddings, labels, precision, tile=None, rows=slice(None), margin="arcface"):
     """One forward + backward of this rank's shard on the current GPU; results back on the CPU."""
     device = torch.device("cuda", torch.cuda.current_device())
     # "sum": each rank's embedding gradient is its share, comparable row for row with the reference
     head = ShardedMarginHead(
-        weight.shape[0], weight.shape[1], margin="arcface", plan=head_plan(tile), gradient_reduction="sum"
+        weight.shape[0], weight.shape[1], margin=margin, plan=head_plan(tile), gradient_reduction="sum"
     ).to(device)
     head.weight.data.copy_(weight[head.class_start : head.class_stop])
     x = embeddings[rows].to(device).requires_grad_()
@@ -56,17 +56,18 @@ def assert_close(actual, expected, precision):
     assert float((actual.double() - expected.double()).abs().max()) <= TOLERANCE[precision] * scale
 
 
-def problem():
+def problem(margin="arcface"):
     weight, embeddings, labels = make_problem("spread", torch.float32, num_classes=23, batch=10)
-    reference = dense_reference("arcface", weight.double(), embeddings.double(), labels)
+    reference = dense_reference(margin, weight.double(), embeddings.double(), labels)
     return weight, embeddings, labels, reference
 
 
+@pytest.mark.parametrize("margin", ["arcface", "curricularface"])  # the second modulates the negatives
 @pytest.mark.parametrize("precision", ["fp32", "bf16"])
 @pytest.mark.parametrize("tile", [None, TILE], ids=["sharded", "tiled"])
-def test_head_on_cuda_equals_the_dense_cpu_reference(precision, tile):
-    weight, embeddings, labels, (loss, grad_x, grad_w, _) = problem()
-    got_loss, got_x, got_w = cuda_head_step(weight, embeddings, labels, precision, tile)
+def test_head_on_cuda_equals_the_dense_cpu_reference(precision, tile, margin):
+    weight, embeddings, labels, (loss, grad_x, grad_w, _) = problem(margin)
+    got_loss, got_x, got_w = cuda_head_step(weight, embeddings, labels, precision, tile, margin=margin)
     assert_close(got_loss, loss, precision)
     assert_close(got_x, grad_x, precision)
     assert_close(got_w, grad_w, precision)

@@ -18,7 +18,7 @@ from tests.support.distributed import run_distributed
 from tests.test_head import local_rows
 
 CLASSES, CENTRES, DIM, BATCH = 13, 3, 8, 10
-MARGINS = ["arcface", "cosface"]
+MARGINS = ["arcface", "cosface", "curricularface"]  # the last modulates the negatives (their max centre)
 
 
 def make_problem(classes=CLASSES, batch=BATCH):

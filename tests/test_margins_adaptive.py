@@ -19,6 +19,7 @@ import torch
 import torch.nn.functional as F
 
 from facetrain.heads import DenseMarginHead, HeadPlan, ShardedMarginHead
+from facetrain.heads.margins import base as margins_base
 from facetrain.heads.margins import build_margin, margin_at_step
 from facetrain.heads.margins.elasticface import standard_normals
 from facetrain.heads.naive_model_parallel import NaiveModelParallelHead
@@ -167,6 +168,27 @@ def test_sharded_adaptive_margins_equal_the_papers(world_size):
                     assert_close(rank_state[key], state[key])
             assert_close(torch.cat([r[1] for r in got]), grad_x)
             assert_close(torch.cat([r[2] for r in got]), grad_w)
+
+
+def test_the_untiled_head_modulates_and_differentiates_its_rows_block_by_block(monkeypatch):
+    """The untiled head modulates the negatives in place a block of rows at a time and recomputes their
+    plain logits in the backward the same way; blocks of 3 rows make each step cross four, the last
+    one short. Also halfway through a margin warmup (a blended modulation), against the tiled head."""
+    monkeypatch.setattr(margins_base, "MODULATED_ROWS", 3)
+    weight, steps = batches()
+    expected = reference_run("curricularface", weight, steps)
+    untiled = sharded_head("curricularface", "untiled", weight)
+    for step, batch in enumerate(steps):
+        loss, grad_x, grad_w, _, _ = head_step(untiled, 0, 1, *batch)
+        for got, want in zip((loss, grad_x, grad_w), expected[step]):
+            assert_close(got, want)
+    warming = {mode: sharded_head("curricularface", mode, weight) for mode in ("untiled", "tiled")}
+    for head in warming.values():
+        head.margin = margin_at_step(head.margin, 1, 2)
+    for batch in steps:
+        got, want = (head_step(warming[mode], 0, 1, *batch)[:3] for mode in ("untiled", "tiled"))
+        for actual, reference in zip(got, want):
+            assert_close(actual, reference)
 
 
 def test_the_problem_exercises_the_margins():

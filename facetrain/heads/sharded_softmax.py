@@ -19,6 +19,7 @@ import torch
 import facetrain.heads.collectives as collectives
 import facetrain.heads.margin_softmax as ms
 from facetrain.heads.logit_gemm import LogitGemm
+from facetrain.heads.margins.base import row_blocks
 from facetrain.heads.scratch import Scratch
 
 
@@ -42,6 +43,32 @@ def _scaled_rows(w: torch.Tensor, inv_norm: torch.Tensor, scale: float, dtype: t
     plain cast was: no memory is kept between forward and backward."""
     out = torch.empty(w.shape, dtype=dtype, device=w.device)
     return torch.mul(w, (inv_norm * scale)[:, None], out=out)
+
+
+def _scaled_logits(
+    gemm: LogitGemm,
+    x_unit: torch.Tensor,
+    w_op: torch.Tensor,
+    w_inv_norm: torch.Tensor,
+    scale: float,
+    folded: bool,
+) -> torch.Tensor:
+    """scale * cos of `x_unit`'s rows against every row of the shard (before sub-centers' maximum)."""
+    logits = gemm.mm(x_unit, w_op.t())
+    return logits if folded else logits.mul_(w_inv_norm * scale)
+
+
+def _multiply_by_negative_slopes(
+    exps, hard, negatives, gemm, x_unit, w_op, w_inv_norm, scale: float, folded: bool, sub_centers: int
+) -> None:
+    """exps *= the slopes of the negatives' modulation. The forward modulated the logits in place and
+    kept only where (`hard`); the plain logits the slopes need are recomputed a block of rows at a
+    time: one more logit GEMM, in place of two B x c tensors kept from the forward."""
+    for block in row_blocks(exps.shape[0]):
+        plain = _scaled_logits(gemm, x_unit[block], w_op, w_inv_norm, scale, folded)
+        if sub_centers > 1:
+            plain = plain.view(plain.shape[0], -1, sub_centers).amax(dim=2)
+        exps[block] *= negatives.rows(block).slope(plain, hard[block])
 
 
 class ShardedMarginSoftmax(torch.autograd.Function):
@@ -77,10 +104,8 @@ class ShardedMarginSoftmax(torch.autograd.Function):
             folded = gemm.operand_dtype != w.dtype
             w_op = _scaled_rows(w, w_inv_norm, scale, gemm.operand_dtype) if folded else w
             # fp32 out of the GEMM: a bf16 output would round the logits before the softmax
-            logits = gemm.mm(x_unit, w_op.t())
+            logits = _scaled_logits(gemm, x_unit, w_op, w_inv_norm, scale, folded)
             del w_op
-            if not folded:
-                logits.mul_(w_inv_norm * scale)  # now scale * cos(theta)
             nearest_centre = None
             if sub_centers > 1:
                 logits, nearest_centre = logits.view(logits.shape[0], -1, sub_centers).max(dim=2)
@@ -94,12 +119,11 @@ class ShardedMarginSoftmax(torch.autograd.Function):
             target_logit, margin_slope, norm_slope = ms.penalise_targets(
                 step, target_raw, has_target, scale, x_norm
             )
-            negative_slope, plain_max = None, None
-            if step.negatives is not None:  # modulated in place; their slopes kept for the backward
+            negatives, hard, plain_max = None, None, None
+            if step.negatives is not None:  # modulated in place; where, kept for the backward's slopes
                 plain_max = logits.max(dim=1).values
-                modulated, negative_slope = step.negatives.scaled(scale).apply(logits)
-                logits.copy_(modulated)
-                del modulated
+                negatives = step.negatives.scaled(scale)
+                hard = negatives.apply_(logits)
                 # rows whose target is elsewhere point at column 0: keep its modulated logit
                 target_logit = torch.where(has_target, target_logit, logits.gather(1, columns).squeeze(1))
             logits.scatter_(1, columns, target_logit[:, None])
@@ -116,9 +140,10 @@ class ShardedMarginSoftmax(torch.autograd.Function):
 
         ctx.save_for_backward(
             exps, row_stats, x_unit, x_norm, w, w_inv_norm, has_target, columns, margin_slope, norm_slope,
-            negative_slope, nearest_centre,
+            hard, nearest_centre,
         )  # fmt: skip
         ctx.scale, ctx.compute_dtype, ctx.folded = scale, gemm_dtype, folded
+        ctx.negatives, ctx.sub_centers = negatives, sub_centers
         ctx.embedding_dtype, ctx.weight_dtype = embeddings.dtype, weight.dtype
         ctx.mark_non_differentiable(hit_count)
         return loss, hit_count
@@ -128,7 +153,7 @@ class ShardedMarginSoftmax(torch.autograd.Function):
     def backward(ctx, grad_loss, _grad_hits):
         (
             exps, row_stats, x_unit, x_norm, w, w_inv_norm, has_target, columns, margin_slope, norm_slope,
-            negative_slope, nearest_centre,
+            hard, nearest_centre,
         ) = ctx.saved_tensors  # fmt: skip
         scale, gemm_dtype = ctx.scale, ctx.compute_dtype
         batch = exps.shape[0]
@@ -137,8 +162,23 @@ class ShardedMarginSoftmax(torch.autograd.Function):
             row_factor, corrected, grad_norm = ms.target_gradient(
                 row_stats, grad_loss, at_target, margin_slope, norm_slope, has_target, scale
             )
-            if negative_slope is not None:
-                exps.mul_(negative_slope)  # then rows whose target is elsewhere keep column 0's product
+            # the folded GEMM operand carries the column factor, cast and scaled in one pass again
+            w_op = _scaled_rows(w, w_inv_norm, scale, gemm_dtype) if ctx.folded else w
+            if hard is not None:
+                gemm = LogitGemm(x_unit.device, gemm_dtype, x_unit.dtype)
+                _multiply_by_negative_slopes(
+                    exps,
+                    hard,
+                    ctx.negatives,
+                    gemm,
+                    x_unit,
+                    w_op,
+                    w_inv_norm,
+                    scale,
+                    ctx.folded,
+                    ctx.sub_centers,
+                )
+                # rows whose target is elsewhere point at column 0: keep its product
                 corrected = torch.where(has_target, corrected, exps.gather(1, columns).squeeze(1))
             exps.scatter_(1, columns, corrected[:, None])
             if nearest_centre is not None:  # each class's gradient goes to its nearest centre's row
@@ -146,10 +186,7 @@ class ShardedMarginSoftmax(torch.autograd.Function):
                 spread = exps.new_zeros(batch, classes, centres)
                 exps = spread.scatter_(2, nearest_centre[..., None], exps[..., None]).view(batch, -1)
             column_factor = w_inv_norm * scale  # d logit / d raw dot product, per column
-            if ctx.folded:  # the GEMM operand carries the factor, cast and scaled in one pass again
-                grad_logits, w_op = exps.to(gemm_dtype), _scaled_rows(w, w_inv_norm, scale, gemm_dtype)
-            else:
-                grad_logits, w_op = exps.mul_(column_factor).to(gemm_dtype), w
+            grad_logits = (exps if ctx.folded else exps.mul_(column_factor)).to(gemm_dtype)
             grad_x_unit = _wide_mm(grad_logits, w_op, gemm_dtype, w.dtype).mul_(row_factor[:, None])
             del w_op
             grad_w = _wide_mm(grad_logits.t(), x_unit * row_factor[:, None], gemm_dtype, w.dtype)

@@ -35,7 +35,7 @@ def online_softmax_tile(logits, column_factor, in_tile, column, running_max, run
     target_raw = torch.where(in_tile, _replace_where(logits, in_tile, column, float("-inf")), target_raw)
     if negatives is not None:
         plain_max = torch.maximum(plain_max, logits.amax(dim=1))
-        logits.copy_(negatives.apply(logits)[0])
+        logits.copy_(negatives.modulated(logits, negatives.hard(logits)))
     new_max = torch.maximum(running_max, logits.amax(dim=1))
     # a row that has seen only its own (left out) target so far stays at -inf: shift by 0
     shift = torch.where(new_max == float("-inf"), 0.0, new_max)
