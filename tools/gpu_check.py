@@ -54,13 +54,25 @@ class Step:
         return tool[self.argv[0]] + self.argv[1:]
 
 
-def _head(out: Path, name: str, precision: str, heads: str, gib: float, timeout_s: int) -> Step:
+BESIDE_THE_PEERS = ("beside the peers", ["--peers", "insightface,liger,cce", "--peers-dir", str(PEERS_DIR)])
+EACH_MARGIN = (
+    "each margin on the untiled head and the Triton tiles",
+    ["--margins", "arcface,cosface,adaface,magface,curricularface,elasticface_arc"],
+)
+
+
+def _head(
+    out: Path, name: str, precision: str, heads: str, gib: float, timeout_s: int, compared=BESIDE_THE_PEERS
+) -> Step:
+    """The head bench at one size, C 1M, B 1024, D 512; `compared`: what it sets the heads beside (its
+    title and options)."""
+    title, options = compared
     return Step(
-        f"head alone {precision}, C 1M, B 1024, D 512, beside the peers",
+        f"head alone {precision}, C 1M, B 1024, D 512, {title}",
         ["facetrain", "bench", "head", "--device", "cuda", "--world-sizes", "1", "--batch", "1024",
-         "--dim", "512", "--classes", "1000000", "--heads", heads, "--precision", precision,
-         "--peers", "insightface,liger,cce", "--peers-dir", str(PEERS_DIR), "--steps", "5", "--warmup", "2",
-         "--memory-limit-gb", f"{0.9 * gib:.0f}", "--out", str(out / name), "--overwrite"],
+         "--dim", "512", "--classes", "1000000", "--heads", heads, "--precision", precision, *options,
+         "--steps", "5", "--warmup", "2", "--memory-limit-gb", f"{0.9 * gib:.0f}", "--out", str(out / name),
+         "--overwrite"],
         timeout_s,
         report=f"{name}/bench_head.json",
         table=f"{name}/bench_head.md",
@@ -95,18 +107,7 @@ def plan(out: Path, gpus: int, gib: float) -> list[Step]:
               "tiled_triton_softmax", gib, 150),
         Step("profile: untiled, tiled and Triton-tiled bf16 head step, C 1M", ["python", "tools/head_profile.py", "--out",
              str(out / "head_profile.json")], 40, report="head_profile.json", part=1),
-        Step(
-            "the margins on the untiled head and the Triton tiles, bf16, C 1M, B 1024, D 512",
-            ["facetrain", "bench", "head", "--device", "cuda", "--world-sizes", "1", "--batch", "1024",
-             "--dim", "512", "--classes", "1000000", "--heads", "sharded,tiled_triton", "--precision",
-             "bf16", "--margins", "arcface,cosface,adaface,magface,curricularface,elasticface_arc",
-             "--steps", "5", "--warmup", "2", "--memory-limit-gb", f"{0.9 * gib:.0f}",
-             "--out", str(out / "head_margins"), "--overwrite"],
-            90,
-            report="head_margins/bench_head.json",
-            table="head_margins/bench_head.md",
-            part=1,
-        ),
+        _head(out, "head_margins", "bf16", "sharded,tiled_triton", gib, 90, EACH_MARGIN),
         _head(out, "head_fp32", "fp32", "sharded,tiled,tiled_triton,sharded_softmax,tiled_triton_softmax", gib, 110),
         _train(out, "r50", 2_000_000, "sharded,tiled,linear", part=1),
         Step("pytest -m cuda: the rest", [*pytest, "-k", "not (head or triton)",
