@@ -90,3 +90,24 @@ def test_joined_training_lists_keep_each_sets_people_apart(tmp_path):
         rows = [(row["path"], int(row["label"])) for row in csv.DictReader(handle)]
     # LFW's people are classes 3 and 4, after CelebA's 0-2
     assert rows == sets["celeba"] + [("l/a.jpg", 3), ("l/b.jpg", 4), ("l/c.jpg", 4)]
+
+
+def test_a_validated_row_trains_on_neither_its_fold_nor_the_next_and_verifies_both(tmp_path):
+    from tools.ablate_celeba import validation_fold, write_celeba_split
+    from tools.celeba_folds import build_protocol
+
+    root = make_people(tmp_path / "people", [2 + index % 3 for index in range(40)])
+    dealt, _ = build_protocol(root, 10, 300, 0)
+    assert [validation_fold(fold) for fold in (2, 9, 10)] == [3, 10, 1]
+    train_list, pairs_csv, validation_csv = write_celeba_split(root, root, 10, 2, tmp_path / "split", 1)
+    with train_list.open(newline="") as handle:
+        trained = {Path(row["path"]).parent.name for row in csv.DictReader(handle)}
+    assert trained == set().union(*dealt) - set(dealt[9]) - set(dealt[0])
+    for path, fold in ((pairs_csv, 10), (validation_csv, 1)):
+        with path.open(newline="") as handle:
+            pairs = list(csv.DictReader(handle))
+        people = {Path(row[key]).parent.name for row in pairs for key in ("path1", "path2")}
+        assert people <= set(dealt[fold - 1]) and [row["same"] for row in pairs].count("1") > 0
+        assert [row["same"] for row in pairs].count("1") == [row["same"] for row in pairs].count("0")
+    plain = write_celeba_split(root, root, 10, 2, tmp_path / "plain")
+    assert plain[2] is None and plain[1].read_text() == pairs_csv.read_text()

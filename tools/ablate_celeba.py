@@ -25,6 +25,15 @@ of an LFW copy aligned the same way), to show what a fine-tune on CelebA does to
     .venv/bin/python tools/ablate_celeba.py dlib_finetune -c configs/finetune_dlib.yaml \\
         --celeba runs/celeba_dev_dlib --lfw runs/lfw_dev_dlib --lfw-folds 2 3
 
+A row that verifies fold k during training cannot use its best/ as a result: fold k chose it. With
+--validate STEPS a run keeps the next fold's people (k+1; 1 after 10) out of training too, verifies
+them every STEPS steps (and at step 0 for a fine-tune), so that best/ is the step that did best on
+people of neither, and reports best/ on fold k beside the last step (last_*). This is how a fine-tune
+that keeps its start when no step beats it is measured honestly:
+
+    .venv/bin/python tools/ablate_celeba.py dlib_ft_validated -c configs/finetune_dlib.yaml \\
+        --set model.init=runs/dlib_resnet --celeba runs/celeba_dev_dlib --validate 100 --folds 2 3 4
+
 With --train-lfw a run for fold k trains from scratch on both sets: CelebA-dev outside its fold k and
 the LFW-dev copy's people outside View 2 fold k (each person a class of their own; the two sets' people
 are assumed distinct, as CelebA's identities are numbers and cannot be matched to LFW's names), and is
@@ -68,22 +77,51 @@ def photo(root: Path, person: str, image: str) -> Path:
     return matches[0]
 
 
-def write_celeba_split(source: Path, root: Path, fold: int, min_photos: int, out: Path) -> tuple[Path, Path]:
-    """The training list (every person outside `fold`, photos from the copy `root`) and the fold's pairs
-    CSV, written under `out`."""
-    dealt, rows = build_protocol(source, FOLDS, PAIRS_PER_FOLD, PROTOCOL_SEED)
-    out.mkdir(parents=True, exist_ok=True)
-    outside = sorted(set().union(*dealt) - set(dealt[fold - 1]))
-    train_list = write_train_list(root, outside, min_photos, out / f"fold{fold}_train_min{min_photos}.csv")
-    pairs_csv = out / f"fold{fold}_pairs.csv"
-    with pairs_csv.open("w", newline="") as handle:
+def validation_fold(fold: int) -> int:
+    """The fold whose people --validate keeps out of fold `fold`'s training: the next one (1 after 10)."""
+    return fold % FOLDS + 1
+
+
+def write_pairs(root: Path, rows: list[tuple], fold: int, path: Path) -> Path:
+    """Fold `fold`'s pairs of the protocol `rows` as a pairs CSV of photos of the copy `root`."""
+    with path.open("w", newline="") as handle:
         writer = csv.writer(handle)
         writer.writerow(["path1", "path2", "same"])
         for number, person1, image1, person2, image2, same in rows:
             if number == fold:
                 left, right = photo(root, person1, image1), photo(root, person2, image2)
                 writer.writerow([left.resolve(), right.resolve(), same])
-    return train_list, pairs_csv
+    return path
+
+
+def write_celeba_split(
+    source: Path, root: Path, fold: int, min_photos: int, out: Path, validation: int | None = None
+) -> tuple[Path, Path, Path | None]:
+    """The training list (every person outside `fold` and the `validation` fold, photos from the copy
+    `root`), the fold's pairs CSV and the validation fold's (None without one), written under `out`."""
+    dealt, rows = build_protocol(source, FOLDS, PAIRS_PER_FOLD, PROTOCOL_SEED)
+    out.mkdir(parents=True, exist_ok=True)
+    kept_out = {fold} | ({validation} if validation else set())
+    outside = sorted(set().union(*dealt) - set().union(*(dealt[k - 1] for k in kept_out)))
+    name = f"fold{fold}_train_min{min_photos}" + (f"_without_fold{validation}" if validation else "")
+    train_list = write_train_list(root, outside, min_photos, out / f"{name}.csv")
+    pairs_csv = write_pairs(root, rows, fold, out / f"fold{fold}_pairs.csv")
+    validation_csv = (
+        write_pairs(root, rows, validation, out / f"fold{validation}_pairs.csv") if validation else None
+    )
+    return train_list, pairs_csv, validation_csv
+
+
+def chosen_by_validation(row: dict, run: Path, validation: int, pairs_csv: Path) -> dict:
+    """A --validate run's row: fold k's figures of best/ (chosen on the validation fold, which the run
+    verified), of its last step as last_*, and the validation fold's as validation_*."""
+    summary = json.loads((run / "summary.json").read_text())
+    figures = ("accuracy", "auc", "tar_far_1e-2")
+    chosen = {f"validation_{key}": row.pop(key) for key in figures}
+    chosen["validation_fold"], chosen["best_step"] = validation, summary["best_step"]
+    best = pick_figures(verify_extra(run / "checkpoints" / "best", run / "eval_best", pairs_csv))
+    last = pick_figures(verify_extra(run, run / "eval_last", pairs_csv))
+    return {**row, **best, **{f"last_{key}": value for key, value in last.items()}, **chosen}
 
 
 def main() -> None:
@@ -108,7 +146,16 @@ def main() -> None:
         action="store_true",
         help="also train on the --lfw copy's people outside View 2 fold k, and verify that fold (not --lfw-folds)",
     )
+    parser.add_argument(
+        "--validate",
+        type=int,
+        metavar="STEPS",
+        help="keep the next fold's people out of training, verify them every STEPS steps to choose best/, "
+        "and report best/ on fold k (the last step's figures too, as last_*)",
+    )
     args = parser.parse_args()
+    if args.validate is not None and (args.validate < 1 or args.zero_shot):
+        sys.exit("--validate: a number of steps of at least 1, and a training row (no --zero-shot)")
     if args.train_lfw and (args.lfw is None or args.zero_shot or 1 in args.folds):
         sys.exit("--train-lfw: needs --lfw, no --zero-shot, and folds 2-10 (LFW's fold 1 is held out)")
     if any(not 1 <= fold <= FOLDS for fold in args.folds):
@@ -132,8 +179,9 @@ def main() -> None:
     }
     for fold in args.folds:
         split = args.out / f"splits_{args.celeba.name}"
-        train_list, pairs_csv = write_celeba_split(
-            args.source, args.celeba.resolve(), fold, args.min_photos, split
+        validation = validation_fold(fold) if args.validate else None
+        train_list, pairs_csv, validation_csv = write_celeba_split(
+            args.source, args.celeba.resolve(), fold, args.min_photos, split, validation
         )
         if args.train_lfw:
             lfw_list, lfw_fold_pairs = write_fold_split(
@@ -146,36 +194,39 @@ def main() -> None:
             lfw_pairs = [(fold, lfw_fold_pairs)]
         if args.zero_shot:
             report = verify_extra(args.zero_shot, args.out / args.name / f"eval_fold{fold}", pairs=pairs_csv)
-            runs = [({"fold": fold, "steps": 0, "train_s": None, **pick_figures(report)}, args.zero_shot)]
+            runs = [
+                ({"fold": fold, "steps": 0, "train_s": None, **pick_figures(report)}, args.zero_shot, None)
+            ]
         else:
             runs = []
         for seed in () if args.zero_shot else args.seeds:
             overrides = [
                 "data.source=list",
                 f"data.path={train_list}",
-                f"eval.pairs={pairs_csv}",
+                f"eval.pairs={validation_csv or pairs_csv}",
+                *([f"eval.every={args.validate}"] if args.validate else []),
                 f"train.seed={seed}",
                 *args.set,
             ]
             run = args.out / args.name / f"fold{fold}_seed{seed}"
-            runs.append(
-                (
-                    {"fold": fold, "seed": seed, **train_and_verify(args.config, run, overrides, args.nproc)},
-                    run,
-                )
-            )
-        for row, model in runs:
+            row = {"fold": fold, "seed": seed, **train_and_verify(args.config, run, overrides, args.nproc)}
+            if args.validate:
+                row = chosen_by_validation(row, run, validation, pairs_csv)
+            runs.append((row, run / "checkpoints" / "best" if args.validate else run, run))
+        for row, model, out_dir in runs:
             for lfw_fold, pairs in lfw_pairs:
                 if args.zero_shot:
                     figures = zero_shot_lfw[lfw_fold]
                 else:
-                    figures = pick_figures(verify_extra(model, model / f"eval_lfw_fold{lfw_fold}", pairs))
+                    figures = pick_figures(verify_extra(model, out_dir / f"eval_lfw_fold{lfw_fold}", pairs))
                 prefix = "lfw" if args.train_lfw else f"lfw{lfw_fold}"  # with --train-lfw: the run's own fold
                 row.update({f"{prefix}_{key}": value for key, value in figures.items()})
             rows.append(row)
             print(json.dumps(row), flush=True)
     over = f"folds {args.folds}" + ("" if args.zero_shot else f" x seeds {args.seeds}")
     metrics = ["accuracy", "auc", "tar_far_1e-2"]
+    if args.validate:
+        metrics += [f"last_{m}" for m in metrics]
     lfw_metrics = (
         [f"lfw_{m}" for m in metrics]
         if args.train_lfw

@@ -118,7 +118,8 @@ def mean_std(values: list[float]) -> str:
 
 def summarize(name: str, rows: list[dict], metrics: list[str], over: str) -> dict:
     """Print the row's one-line summary and return its figures (mean ± std of each metric)."""
-    figures = {k: mean_std([row[k] for row in rows if row.get(k) is not None]) for k in metrics}
+    values = {k: [row[k] for row in rows if row.get(k) is not None] for k in metrics}
+    figures = {k: mean_std(v) for k, v in values.items() if v}  # a TAR no run reached is left out
     seconds = [r["train_s"] for r in rows if r.get("train_s") is not None]
     timing = f"training {min(seconds):.0f}-{max(seconds):.0f} s" if seconds else ""
     print(
