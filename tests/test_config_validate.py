@@ -137,6 +137,8 @@ BAD_VALUES = [
     (["eval.pairs=[lfw.bin, cfp.json]"], "eval.pairs", "['lfw.bin', 'cfp.json']"),
     (["eval.pairs=[]"], "eval.pairs", "[]"),
     (["eval.best_by=''"], "eval.best_by", "''"),
+    (["eval.best_min_gain=-0.01"], "eval.best_min_gain", "-0.01"),
+    (["eval.best_min_gain=1"], "eval.best_min_gain", "1.0"),
     (["eval.batch_size=0"], "eval.batch_size", "0"),
     # parallel
     (["parallel.backend=mpi"], "parallel.backend", "'mpi'"),

@@ -17,6 +17,7 @@ from facetrain.eval.pairs import load_pairs
 from facetrain.parallel.dims import init_parallel
 from facetrain.train.evaluation import (
     TrainingVerifier,
+    best_step,
     final_table,
     read_history,
     report_lines,
@@ -182,3 +183,18 @@ def test_lines_scalars_and_table_of_several_sets():
         "  * eval.best_by: cfp_fp chooses best/",
     ]
     assert final_table({}, ["lfw"], "lfw") is None
+
+
+def test_best_min_gain_keeps_the_earlier_step_unless_a_later_one_beats_it_by_more():
+    verified = {
+        0: {"accuracy": 0.95},
+        200: {"accuracy": 0.955},
+        400: {"accuracy": 0.962},
+        600: {"accuracy": 0.97},
+    }
+    assert best_step(verified) == 600
+    assert best_step(verified, 0.01) == 400  # 0.962 > 0.95 + 0.01; then 0.97 is not > 0.972
+    assert best_step(verified, 0.05) == 0
+    assert best_step({0: {"accuracy": 0.9}, 2: {"accuracy": 0.9}}) == 0  # the earliest on a tie
+    history = {"lfw": {step: figures(value["accuracy"], 0, 0) for step, value in verified.items()}}
+    assert final_table(history, ["lfw"], "lfw", 0.05).splitlines()[2].split()[-1] == "0"

@@ -105,6 +105,29 @@ def test_a_fine_tune_verifies_its_start_and_keeps_it_as_best_when_no_step_beats_
     assert "(the starting model, model.init: no step beat it, and best/ keeps it" in result.stdout
 
 
+def test_best_min_gain_keeps_the_start_when_the_learning_steps_do_not_beat_it_by_that_much(
+    earlier_run, tmp_path
+):
+    """#42: on a small validation set noise picks a step over the start; with eval.best_min_gain a step
+    must beat the kept model by more than it. Here the backbone learns from step 2, and no step can
+    beat the start by more than 0.99, so best/, the summary and the closing table all keep step 0."""
+    pairs = str(earlier_run / "synth" / "heldout" / "pairs.txt")
+    config = tiny_config(
+        tmp_path, "finetune", data={"path": str(earlier_run / "synth")},
+        eval={"pairs": pairs, "every": 2, "best_min_gain": 0.99}, optim={"head_only_steps": 1},
+        train={"steps": 4, "checkpoint_every": 100},
+    )  # fmt: skip
+    result = run_cli("train", "-c", str(config), "--init", str(earlier_run / "run"))
+    assert result.returncode == 0, result.stderr
+    run = tmp_path / "finetune"
+    summary = json.loads((run / "summary.json").read_text())
+    assert summary["best_step"] == 0 and summary["evaluation"]["best_step"] == 0
+    assert (run / "checkpoints" / "best").read_text().strip() == "step_00000000"
+    assert "no step beat it, and best/ keeps it" in result.stdout
+    initial, tuned = backbone_state(earlier_run / "run"), backbone_state(run)
+    assert any(not torch.equal(initial[key], tuned[key]) for key in initial)  # the last step did learn
+
+
 def test_a_run_without_init_verifies_no_step_0(earlier_run, tmp_path):
     pairs = str(earlier_run / "synth" / "heldout" / "pairs.txt")
     config = tiny_config(

@@ -7,7 +7,7 @@ from collections.abc import Iterator
 from dataclasses import dataclass
 
 from facetrain.config.bounds import BATCH_SIZE
-from facetrain.config.checks import NotEmpty, RegisteredSuffix, at_least, setting
+from facetrain.config.checks import NotEmpty, RegisteredSuffix, Within, at_least, setting
 from facetrain.config.validate import Problem
 from facetrain.eval.pairs import PAIR_FORMATS
 from facetrain.eval.set_names import duplicate_name, set_names
@@ -23,6 +23,10 @@ class EvalConfig:
     every: int = setting(0, at_least(0))  # verify every N steps during training (0: only at the end)
     # the set whose accuracy keeps best/, by name (cfp_fp for .../cfp_fp.bin); null: the first set
     best_by: str | None = setting(None, NotEmpty())
+    # a later step keeps best/ only when its accuracy beats the best so far by more than this (0.01: one
+    # point). On a few hundred pairs, whose accuracy has a standard error of about a point, noise alone
+    # would otherwise pick a fine-tune's step over a start it does not beat (docs/accuracy.md, CelebA-dev)
+    best_min_gain: float = setting(0.0, Within(0, 1, "[)"))
     batch_size: int = setting(128, BATCH_SIZE)
     flip: bool = True
 

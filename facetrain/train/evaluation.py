@@ -103,7 +103,7 @@ class TrainingVerifier:
         for name, figures in sets.items():
             verified = self.history.setdefault(name, {})
             verified[step] = figures
-            figures["best_step"] = best_step(verified)
+            figures["best_step"] = best_step(verified, self.cfg.eval.best_min_gain)
             figures["best_accuracy"] = verified[figures["best_step"]]["accuracy"]
         results = {**sets[self.best_by], "step": step, "best_by": self.best_by, "sets": sets}
         self.out_dir.mkdir(parents=True, exist_ok=True)
@@ -113,7 +113,7 @@ class TrainingVerifier:
     def final_table(self) -> str | None:
         """Every set's last and best verification, printed when `facetrain train` ends; None before any
         verification (and on the ranks that keep no history)."""
-        return final_table(self.history or {}, self.names, self.best_by)
+        return final_table(self.history or {}, self.names, self.best_by, self.cfg.eval.best_min_gain)
 
 
 def read_history(out_dir: Path, step: int) -> dict[str, dict[int, dict]]:
@@ -136,9 +136,14 @@ def read_history(out_dir: Path, step: int) -> dict[str, dict[int, dict]]:
     return history
 
 
-def best_step(verified: dict[int, dict]) -> int:
-    """The step of the highest accuracy; the earliest on a tie, as best/ keeps it."""
-    return max(sorted(verified), key=lambda step: verified[step]["accuracy"])
+def best_step(verified: dict[int, dict], min_gain: float = 0.0) -> int:
+    """The step best/ keeps: in step order, each step that beats the kept one by more than `min_gain`
+    (eval.best_min_gain) takes its place; with 0, the highest accuracy, the earliest on a tie."""
+    kept, *later = sorted(verified)
+    for step in later:
+        if verified[step]["accuracy"] > verified[kept]["accuracy"] + min_gain:
+            kept = step
+    return kept
 
 
 def report_lines(results: dict, best_by: str) -> list[str]:
@@ -166,14 +171,16 @@ def tensorboard_scalars(results: dict) -> dict[str, float]:
     }
 
 
-def final_table(history: dict[str, dict[int, dict]], names: list[str], best_by: str) -> str | None:
+def final_table(
+    history: dict[str, dict[int, dict]], names: list[str], best_by: str, min_gain: float = 0.0
+) -> str | None:
     """A row per set: its pairs, last accuracy (± its spread over folds), XNorm, best accuracy and step."""
     rows = [("set", "pairs", "last", "step", "XNorm", "best", "at step")]
     for name in names:
         verified = history.get(name)
         if not verified:
             continue
-        last_step, top_step = max(verified), best_step(verified)
+        last_step, top_step = max(verified), best_step(verified, min_gain)
         last, best = verified[last_step], verified[top_step]
         spread = f" ± {100 * last['accuracy_std']:.2f}" if last.get("accuracy_std") is not None else ""
         xnorm = last.get("xnorm")

@@ -250,7 +250,9 @@ class Trainer(Stateful):
         if self.dims.is_primary:
             for line in report_lines(outcome, self.verifier.best_by):
                 logger.info(line)
-        if state.best_accuracy is not None and outcome["accuracy"] <= state.best_accuracy:
+        if state.best_accuracy is not None and (
+            outcome["accuracy"] <= state.best_accuracy + self.cfg.eval.best_min_gain
+        ):  # the same rule as the verifier's best_step, so its reports name best/'s step
             return False
         state.best_accuracy, state.best_step = outcome["accuracy"], state.step
         return True
