@@ -136,12 +136,18 @@ def read_history(out_dir: Path, step: int) -> dict[str, dict[int, dict]]:
     return history
 
 
+def replaces_best(accuracy: float, best_accuracy: float, min_gain: float) -> bool:
+    """Whether a step of `accuracy` takes best/ from one of `best_accuracy`: it must beat it by more
+    than `min_gain` (eval.best_min_gain). The trainer's best/ and the reports' best step share it."""
+    return accuracy > best_accuracy + min_gain
+
+
 def best_step(verified: dict[int, dict], min_gain: float = 0.0) -> int:
-    """The step best/ keeps: in step order, each step that beats the kept one by more than `min_gain`
-    (eval.best_min_gain) takes its place; with 0, the highest accuracy, the earliest on a tie."""
+    """The step best/ keeps: in step order, each step that `replaces_best` the kept one takes its place;
+    with 0, the highest accuracy, the earliest on a tie."""
     kept, *later = sorted(verified)
     for step in later:
-        if verified[step]["accuracy"] > verified[kept]["accuracy"] + min_gain:
+        if replaces_best(verified[step]["accuracy"], verified[kept]["accuracy"], min_gain):
             kept = step
     return kept
 

@@ -35,7 +35,13 @@ from facetrain.progress import ProgressBar as tqdm  # plain lines when not on a 
 from facetrain.train.curves import CURVES_FILE, plot_curves, read_run_curves
 from facetrain.train.device_defaults import DeviceDefaults, apply_device_defaults, resolve_device_defaults
 from facetrain.train.ema import WeightEma
-from facetrain.train.evaluation import TrainingVerifier, evaluation_line, report_lines, tensorboard_scalars
+from facetrain.train.evaluation import (
+    TrainingVerifier,
+    evaluation_line,
+    replaces_best,
+    report_lines,
+    tensorboard_scalars,
+)
 from facetrain.train.metrics import MetricsLog, UnderfitWatch
 from facetrain.train.resume import hold_global_batch
 from facetrain.train.run_checks import validate
@@ -250,9 +256,9 @@ class Trainer(Stateful):
         if self.dims.is_primary:
             for line in report_lines(outcome, self.verifier.best_by):
                 logger.info(line)
-        if state.best_accuracy is not None and (
-            outcome["accuracy"] <= state.best_accuracy + self.cfg.eval.best_min_gain
-        ):  # the same rule as the verifier's best_step, so its reports name best/'s step
+        if state.best_accuracy is not None and not replaces_best(
+            outcome["accuracy"], state.best_accuracy, self.cfg.eval.best_min_gain
+        ):
             return False
         state.best_accuracy, state.best_step = outcome["accuracy"], state.step
         return True
