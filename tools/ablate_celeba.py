@@ -120,7 +120,10 @@ def chosen_by_validation(row: dict, run: Path, validation: int, pairs_csv: Path)
     chosen = {f"validation_{key}": row.pop(key) for key in figures}
     chosen["validation_fold"], chosen["best_step"] = validation, summary["best_step"]
     best = pick_figures(verify_extra(run / "checkpoints" / "best", run / "eval_best", pairs_csv))
-    last = pick_figures(verify_extra(run, run / "eval_last", pairs_csv))
+    if summary["best_step"] == summary["steps"]:  # best/ is the last step: one checkpoint, verified once
+        last = best
+    else:
+        last = pick_figures(verify_extra(run, run / "eval_last", pairs_csv))
     return {**row, **best, **{f"last_{key}": value for key, value in last.items()}, **chosen}
 
 
