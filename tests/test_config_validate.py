@@ -72,6 +72,7 @@ BAD_VALUES = [
     (["model.embedding_size=0"], "model.embedding_size", "0"),
     (["model.dropout=1.0"], "model.dropout", "1.0"),
     (["model.ema_decay=1.0"], "model.ema_decay", "1.0"),
+    (["model.pooling=max"], "model.pooling", "'max'"),
     (["model.init=''"], "model.init", "''"),
     (["model.init=/no/such/model"], "model.init", "'/no/such/model'"),
     # head
@@ -180,6 +181,7 @@ BAD_TYPES = [
     "model.channels_last",
     "model.compile",
     "model.bn_neck",
+    "model.ibn",
     "loss.teacher_cache",
     "head.fused_optimizer",
     "head.compile_tiles",

@@ -18,7 +18,7 @@ from facetrain.models import (  # noqa: F401  (fill the registry)
     timm_backbone,
 )
 from facetrain.models.backbone import Backbone, ConvStage
-from facetrain.models.config import ModelConfig
+from facetrain.models.config import ModelConfig, pooled_output_changes
 from facetrain.models.registry import BACKBONES, POOLED_OUTPUT_BACKBONES
 
 __all__ = ["BACKBONES", "POOLED_OUTPUT_BACKBONES", "Backbone", "ConvStage", "ModelConfig", "build_backbone"]
@@ -34,9 +34,12 @@ def build_backbone(cfg: ModelConfig, image_size: tuple[int, int] | list[int] | N
     size = None if image_size is None else (int(image_size[0]), int(image_size[1]))
     if size is not None and min(size) < 8:
         raise ValueError(f"image size {size[0]}x{size[1]} is too small for a backbone; use at least 8x8")
-    if not cfg.bn_neck and cfg.backbone not in POOLED_OUTPUT_BACKBONES:
-        raise ValueError(f"bn_neck=False needs a backbone with a pooled output, not {cfg.backbone}")
-    backbone = factory(cfg.embedding_size, cfg.dropout, size)
+    if cfg.backbone in POOLED_OUTPUT_BACKBONES:
+        backbone = factory(cfg.embedding_size, cfg.dropout, size, pooling=cfg.pooling, ibn=cfg.ibn)
+    else:
+        for key, value in pooled_output_changes(cfg):
+            raise ValueError(f"{key}={value} needs a backbone with a pooled output, not {cfg.backbone}")
+        backbone = factory(cfg.embedding_size, cfg.dropout, size)
     if not cfg.bn_neck:
         backbone.output.remove_neck()
     backbone.set_activation_checkpointing(cfg.activation_checkpointing)

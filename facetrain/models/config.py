@@ -6,7 +6,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from facetrain.config.bounds import FRACTION
-from facetrain.config.checks import NotEmpty, Registered, Within, setting
+from facetrain.config.checks import NotEmpty, OneOf, Registered, Within, setting
+from facetrain.models.embedding import POOLINGS
 from facetrain.models.registry import BACKBONES
 
 
@@ -18,6 +19,10 @@ class ModelConfig:
     # re-id backbones with a pooled output (small_pooled, reid_r50): a BatchNorm between the features
     # the triplet loss shapes and the embedding the identity loss and retrieval use; false: none
     bn_neck: bool = True
+    # how those backbones pool their last map: avg, or gem (generalised mean, its power learned)
+    pooling: str = setting("avg", OneOf(POOLINGS))
+    # IBN-a in those backbones: half instance normalisation in the early stages, for unseen cameras
+    ibn: bool = False
     activation_checkpointing: bool = False
     channels_last: bool = False
     # torch.compile the backbone in place (its state dict keeps its names): the first step compiles
@@ -28,3 +33,15 @@ class ModelConfig:
     # start the backbone from an earlier model: a checkpoint (e.g. `facetrain import insightface`'s) or an
     # export directory; the head starts fresh. Ignored when resuming, which restores everything.
     init: str | None = setting(None, NotEmpty(), path=True)
+
+
+POOLED_OUTPUT_KEYS = ("bn_neck", "pooling", "ibn")
+
+
+def pooled_output_changes(cfg: ModelConfig) -> list[tuple[str, object]]:
+    """(key, value) of the settings only a pooled re-id output has that `cfg` moves off their defaults:
+    any other backbone must leave them alone."""
+    defaults = ModelConfig()
+    return [
+        (key, getattr(cfg, key)) for key in POOLED_OUTPUT_KEYS if getattr(cfg, key) != getattr(defaults, key)
+    ]

@@ -5,6 +5,10 @@ from __future__ import annotations
 import torch
 from torch import nn
 
+from facetrain.models.gem import GeneralizedMeanPooling
+
+POOLINGS = ("avg", "gem")
+
 
 def downsampled(size: int, times: int) -> int:
     """The side of a feature map after `times` stride-2 3x3 convolutions with padding 1."""
@@ -55,7 +59,8 @@ class FlattenedEmbedding(nn.Sequential):
 
 
 class PooledEmbedding(nn.Sequential):
-    """The re-id output: global average pooling, then a BN neck.
+    """The re-id output: global pooling (average, or generalised-mean with `pooling="gem"`), then a BN
+    neck.
 
     Pedestrian crops are not aligned, so position is pooled away; the BN neck separates the space the
     metric losses shape from the one the classifier sees (Luo et al., "Bag of Tricks" for re-id): the
@@ -65,9 +70,11 @@ class PooledEmbedding(nn.Sequential):
     always get the embeddings alone.
     """
 
-    def __init__(self, channels: int, embedding_size: int, dropout: float):
+    def __init__(self, channels: int, embedding_size: int, dropout: float, pooling: str = "avg"):
         super().__init__()
-        self.pool = nn.AdaptiveAvgPool2d(1)
+        if pooling not in POOLINGS:
+            raise ValueError(f"pooling {pooling!r} is not one of {', '.join(POOLINGS)}")
+        self.pool = GeneralizedMeanPooling() if pooling == "gem" else nn.AdaptiveAvgPool2d(1)
         self.flatten = nn.Flatten()
         self.dropout = nn.Dropout(dropout)
         self.reduce = (

@@ -10,8 +10,9 @@ from facetrain.registry import Registry
 
 BACKBONES: Registry[nn.Module] = Registry("backbone")
 
-# Backbones whose output is a `PooledEmbedding`: model.bn_neck (false: no BN neck) applies to these
-# alone, and the config check reads this set without building a backbone.
+# Backbones whose output is a `PooledEmbedding`: model.bn_neck (false: no BN neck), model.pooling and
+# model.ibn apply to these alone (their factories take `pooling` and `ibn` too), and the config check
+# reads this set without building a backbone.
 POOLED_OUTPUT_BACKBONES: set[str] = set()
 
 

@@ -12,6 +12,7 @@ from torch import nn
 
 from facetrain.models.backbone import Backbone, ConvStage
 from facetrain.models.embedding import FlattenedEmbedding, PooledEmbedding, downsampled
+from facetrain.models.ibn import InstanceBatchNorm2d
 from facetrain.models.registry import BACKBONES, register_pooled
 
 SMALL_INPUT_SIZE = (112, 112)
@@ -20,10 +21,13 @@ WIDE_WIDTHS = (48, 96, 192, 320)
 SQUEEZED = 48
 
 
-def conv_bn_prelu(in_channels: int, out_channels: int, kernel: int = 3, stride: int = 1) -> nn.Sequential:
+def conv_bn_prelu(
+    in_channels: int, out_channels: int, kernel: int = 3, stride: int = 1, ibn: bool = False
+) -> nn.Sequential:
+    """`ibn`: IBN-a's half-instance normalisation in place of the BatchNorm."""
     return nn.Sequential(
         nn.Conv2d(in_channels, out_channels, kernel, stride=stride, padding=kernel // 2, bias=False),
-        nn.BatchNorm2d(out_channels),
+        InstanceBatchNorm2d(out_channels) if ibn else nn.BatchNorm2d(out_channels),
         nn.PReLU(out_channels),
     )
 
@@ -34,19 +38,22 @@ def small_network(
     input_size: tuple[int, int] | None,
     widths: tuple[int, ...] = WIDTHS,
     pooled: bool = False,
+    pooling: str = "avg",
+    ibn: bool = False,
 ) -> Backbone:
-    """`pooled` averages the last map over its positions instead of flattening it: a face that sits
-    anywhere in an unaligned crop then gives the same features."""
+    """`pooled` pools the last map over its positions (`pooling`) instead of flattening it: a face that
+    sits anywhere in an unaligned crop then gives the same features. `ibn` follows IBN-a: the first
+    normalisation of every stage but the last is half instance, half batch."""
     input_size = input_size or SMALL_INPUT_SIZE
     modules: OrderedDict[str, nn.Module] = OrderedDict(
         stem=ConvStage(OrderedDict(conv=conv_bn_prelu(3, widths[0], stride=2)), checkpointable=False)
     )
+    last = len(widths) - 1
     for index, (in_channels, width) in enumerate(zip(widths, widths[1:]), start=1):
-        modules[f"stage{index}"] = ConvStage(
-            OrderedDict(down=conv_bn_prelu(in_channels, width, stride=2), conv=conv_bn_prelu(width, width))
-        )
+        down = conv_bn_prelu(in_channels, width, stride=2, ibn=ibn and index < last)
+        modules[f"stage{index}"] = ConvStage(OrderedDict(down=down, conv=conv_bn_prelu(width, width)))
     if pooled:
-        modules["output"] = PooledEmbedding(widths[-1], embedding_size, dropout)
+        modules["output"] = PooledEmbedding(widths[-1], embedding_size, dropout, pooling)
         return Backbone(modules, embedding_size, input_size, [(name,) for name in modules])
     modules["squeeze"] = ConvStage(
         OrderedDict(conv=conv_bn_prelu(widths[-1], SQUEEZED, kernel=1)), checkpointable=False
@@ -69,6 +76,8 @@ def small_wide(embedding_size: int, dropout: float, input_size: tuple[int, int] 
 
 
 @register_pooled("small_pooled")
-def small_pooled(embedding_size: int, dropout: float, input_size: tuple[int, int] | None) -> Backbone:
+def small_pooled(
+    embedding_size: int, dropout: float, input_size: tuple[int, int] | None, pooling: str, ibn: bool
+) -> Backbone:
     """`small` with a pooled output: for unaligned crops."""
-    return small_network(embedding_size, dropout, input_size, pooled=True)
+    return small_network(embedding_size, dropout, input_size, pooled=True, pooling=pooling, ibn=ibn)

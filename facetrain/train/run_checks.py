@@ -20,6 +20,7 @@ from facetrain.data.config import synth_problems
 from facetrain.eval.config import set_problems
 from facetrain.heads.config import margin_problems, storage_problems
 from facetrain.models import POOLED_OUTPUT_BACKBONES
+from facetrain.models.config import pooled_output_changes
 from facetrain.parallel.config import schedule_problems
 from facetrain.train.config_paths import missing_path
 from facetrain.train.optim import lr_problems
@@ -209,11 +210,12 @@ def rule_problems(cfg: Config, world_size: int | None, device_type: str | None) 
             "folder outside the data",
         )
 
-    # the BN neck and the features before it exist only in a pooled re-id output (small_pooled,
-    # reid_r50): the ablation without the neck and the triplet loss need such a backbone
+    # the BN neck, the pooling, IBN and the features before the neck exist only in a pooled re-id
+    # output (small_pooled, reid_r50): their settings and the triplet loss need such a backbone
     pooled = ", ".join(sorted(POOLED_OUTPUT_BACKBONES))
-    if cfg.model.backbone not in POOLED_OUTPUT_BACKBONES and not cfg.model.bn_neck:
-        yield "model.bn_neck", False, f"needs a backbone with a pooled re-id output ({pooled}); remove it"
+    if cfg.model.backbone not in POOLED_OUTPUT_BACKBONES:
+        for key, value in pooled_output_changes(cfg.model):
+            yield f"model.{key}", value, f"needs a backbone with a pooled re-id output ({pooled}); remove it"
     if cfg.model.backbone not in POOLED_OUTPUT_BACKBONES and triplet:
         yield (
             "loss.name",
