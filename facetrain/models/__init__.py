@@ -37,7 +37,9 @@ def build_backbone(cfg: ModelConfig, image_size: tuple[int, int] | list[int] | N
     if cfg.backbone in POOLED_OUTPUT_BACKBONES:
         backbone = factory(cfg.embedding_size, cfg.dropout, size, pooling=cfg.pooling, ibn=cfg.ibn)
     else:
-        for key, value in pooled_output_changes(cfg):
+        changed = pooled_output_changes(cfg)
+        if changed:
+            key, value = changed[0]
             raise ValueError(f"{key}={value} needs a backbone with a pooled output, not {cfg.backbone}")
         backbone = factory(cfg.embedding_size, cfg.dropout, size)
     if not cfg.bn_neck:

@@ -15,7 +15,7 @@ class GeneralizedMeanPooling(nn.Module):
     p = 1 is average pooling and a large p approaches max pooling: the network learns how much the
     strongest responses of a crop (a bag, a logo) should outweigh the rest, which re-id baselines that
     transfer across datasets (fast-reid, AGW) adopted over plain averaging. The power needs positive
-    inputs, so the map is clamped at `eps` first: negative activations (PReLU) count as zero. The
+    inputs, so the map is clamped at `eps` first: negative activations (PReLU) count as (almost) zero. The
     powers run in at least fp32, since x^3 of a bf16 map loses most of its digits.
     """
 
