@@ -3,7 +3,7 @@ compute (issue #22, item 11).
 
 fp64 to 1e-10 against both, fp32 to 4e-6 of the largest value, with a tile width that leaves a
 remainder tile (two compiled shapes), Partial FC's gathered rows and the fused SGD updating inside the
-backward.
+backward; with label smoothing too.
 Compilation (Inductor's C++ backend on the CPU) takes a few tens of seconds, hence `slow`.
 """
 
@@ -39,10 +39,11 @@ def problem(dtype):
     return weight, embeddings, labels
 
 
-def step(weight, embeddings, labels, tile_classes=None, compile_tiles=False, sample_rate=1.0, fused=False):
+def step(weight, embeddings, labels, tile_classes=None, compile_tiles=False, sample_rate=1.0, fused=False,
+         label_smoothing=0.0):  # fmt: skip
     torch.manual_seed(1)  # Partial FC's draw
     head = ShardedMarginHead(
-        CLASSES, DIM, sample_rate=sample_rate,
+        CLASSES, DIM, sample_rate=sample_rate, label_smoothing=label_smoothing,
         plan=head_plan(tile_classes, fused, weight.dtype, compile_tiles),
     )  # fmt: skip
     with torch.no_grad():
@@ -83,3 +84,14 @@ def test_compiled_tiles_with_partial_fc_and_fused_sgd():
     for got, expected in zip(compiled, eager):
         assert_close(got, expected, torch.float64)
     assert not torch.equal(compiled[2], weight)  # the fused SGD moved the weight
+
+
+def test_compiled_tiles_with_label_smoothing():
+    """The compiled tiles' smoothing (each row's sum of logits, eps / C off every column's gradient)."""
+    weight, embeddings, labels = problem(torch.float64)
+    untiled = step(weight, embeddings, labels, label_smoothing=0.1)
+    compiled = step(weight, embeddings, labels, TILE, compile_tiles=True, label_smoothing=0.1)
+    for got, expected in zip(compiled, untiled):
+        assert_close(got, expected, torch.float64)
+    plain = step(weight, embeddings, labels)
+    assert abs(float(compiled[0] - plain[0])) > 1e-3  # the smoothing is in the loss

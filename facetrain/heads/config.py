@@ -33,6 +33,10 @@ class HeadConfig:
     margin_params: dict[str, float] = field(default_factory=dict)
     # the margin grows linearly from none (plain normalised softmax) to its full value over these steps
     margin_warmup_steps: int = setting(0, at_least(0))
+    # label smoothing (torch's cross_entropy label_smoothing, on the margin's logits): eps of each row's
+    # target mass spread over the step's classes, exact in the sharded head (one more B-sized
+    # statistic); Bag of Tricks' re-id recipe uses 0.1. The tiled head runs it on the torch tiles
+    label_smoothing: float = setting(0.0, Within(0, 1, "[)"))
     # sub-center ArcFace: K centres a class, a class's cosine is its nearest centre's; K > 1 lets a class
     # with noisy or varied photos keep its outliers on a centre of their own (untiled head only)
     sub_centers: int = setting(1, Within(1, 1024))
@@ -72,6 +76,16 @@ def margin_problems(head: HeadConfig) -> Iterator[Problem]:
             build_margin(head.margin, **head.margin_params)
         except FacetrainError as error:
             yield "head.margin_params", head.margin_params, str(error)
+
+
+def smoothing_problems(head: HeadConfig) -> Iterator[Problem]:
+    """Triton's tiles have no label smoothing (head.kernel auto picks the torch tiles for it)."""
+    if head.label_smoothing and head.kernel == "triton":
+        yield (
+            "head.kernel",
+            "triton",
+            "has no label smoothing: head.kernel auto or torch, or head.label_smoothing 0",
+        )
 
 
 def storage_problems(head: HeadConfig) -> Iterator[Problem]:

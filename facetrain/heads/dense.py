@@ -28,7 +28,7 @@ class DenseMarginHead(MarginHead):
     """normalize + linear + margin + cross_entropy over the full weight, with autograd doing the rest.
 
     With `sub_centers` K > 1 the weight has K rows a class (class-major) and a class's cosine is the
-    largest of its K.
+    largest of its K. `label_smoothing` is torch's, on the margin's logits.
     """
 
     def __init__(
@@ -38,11 +38,13 @@ class DenseMarginHead(MarginHead):
         margin: str = "arcface",
         scale: float = 64.0,
         sub_centers: int = 1,
+        label_smoothing: float = 0.0,
         **margin_params: float,
     ):
         rows = num_classes * sub_centers
         super().__init__(num_classes, embedding_size, rows, margin, scale, **margin_params)
         self.sub_centers = sub_centers
+        self.label_smoothing = float(label_smoothing)
 
     def forward(self, embeddings: torch.Tensor, labels: torch.Tensor) -> HeadOutput:
         cos = F.linear(F.normalize(embeddings), F.normalize(self.weight))
@@ -54,7 +56,7 @@ class DenseMarginHead(MarginHead):
         target_cos = plain_target if self.margin.needs_target_cos else None
         step = prepare_step(self.margin, self.margin_buffers(), norm, valid, target_cos, self.training)
         logits = margin_logits(cos, labels, step, self.scale, norm)
-        loss = F.cross_entropy(logits, labels)
+        loss = F.cross_entropy(logits, labels, label_smoothing=self.label_smoothing)
         regulariser = regulariser_mean(self.margin, norm, valid)
         if regulariser is not None:
             loss = loss + regulariser

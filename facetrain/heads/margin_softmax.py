@@ -4,8 +4,14 @@ statistics and loss, and the backward's correction at the targets and through th
 differ only in how they walk the class rows.
 
 Only batch-sized statistics cross ranks: an all-reduce MAX of each row's max (done by the kernels, which
-need it at different moments), then one all-reduce SUM of [sum of exponentials, target logit, hit]; a
-margin that needs the target cosines (CurricularFace) adds one all-reduce SUM of B values first.
+need it at different moments), then one all-reduce SUM of [sum of exponentials, target logit, hit] (and
+each row's sum of logits, with label smoothing); a margin that needs the target cosines (CurricularFace)
+adds one all-reduce SUM of B values first.
+
+Label smoothing (`Smoothing`) is torch's `cross_entropy(label_smoothing=eps)` on the margin's logits:
+(1 - eps) x CE + eps x the mean over the C classes of -log softmax, which is CE + eps x (target logit -
+mean logit). The mean logit needs each row's sum of logits, one more B-sized statistic; its gradient
+is softmax - (1 - eps) x onehot - eps / C, so the kernels subtract one value a row from every column.
 Statistics are fp32 (fp64 only when the caller works in fp64, as the exactness tests do).
 """
 
@@ -45,6 +51,22 @@ def through_normalization(
     if grad_norm is not None:
         radial = radial - grad_norm * norm.squeeze(1)
     return (grad_unit - unit * radial[:, None]) / norm
+
+
+class Smoothing(NamedTuple):
+    """Label smoothing: `epsilon` of each row's target mass spread over the `classes` of the step's
+    softmax (all C, or the classes Partial FC kept on every rank together)."""
+
+    epsilon: float = 0.0
+    classes: int = 1
+
+    def shift(self, sum_exp: torch.Tensor) -> torch.Tensor | None:
+        """eps / C in the kernels' unscaled units (times the row's sum of exponentials): what each
+        column's logit gradient loses; None without smoothing (no pass is spent on it)."""
+        return sum_exp * (self.epsilon / self.classes) if self.epsilon else None
+
+
+NO_SMOOTHING = Smoothing()
 
 
 class MarginInput(NamedTuple):
@@ -94,26 +116,32 @@ def softmax_loss(
     valid: torch.Tensor,
     group,
     plain_max: torch.Tensor | None = None,
+    smoothing: Smoothing = NO_SMOOTHING,
+    logit_sum: torch.Tensor | None = None,
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """The loss from this rank's share, in one all-reduce: `sum_exp` of exp(logit - global max) over its
     classes (penalised targets included), the penalised `target_logit` and plain `target_raw` where it
-    owns the target. Returns the loss (the mean over valid rows), the statistics the backward needs
-    (`target_gradient`) and the global top-1 hit count (no gradient). Where the margin modulated the
-    negatives, `plain_max` is the global row max of the plain logits, which decides the hits."""
+    owns the target, and with label smoothing `logit_sum`, the sum of its classes' logits (penalised
+    and modulated as in the softmax). Returns the loss (the mean over valid rows), the statistics the
+    backward needs (`target_gradient`) and the global top-1 hit count (no gradient). Where the margin
+    modulated the negatives, `plain_max` is the global row max of the plain logits, which decides the
+    hits."""
     zero = sum_exp.new_zeros(())
     hit_max = global_max if plain_max is None else plain_max
-    stats = torch.stack(
-        [
-            sum_exp,
-            torch.where(has_target, target_logit, zero),
-            # top-1 without another pass: margins only lower the target logit, so the plain one
-            # reaches the row max exactly when no other class beats it
-            torch.where(has_target, (target_raw >= hit_max).to(sum_exp.dtype), zero),
-        ]
-    )
-    collectives.all_reduce_(stats, "sum", group)
-    sum_exp, target_logit, hits = stats
+    shares = [
+        sum_exp,
+        torch.where(has_target, target_logit, zero),
+        # top-1 without another pass: margins only lower the target logit, so the plain one
+        # reaches the row max exactly when no other class beats it
+        torch.where(has_target, (target_raw >= hit_max).to(sum_exp.dtype), zero),
+    ]
+    if smoothing.epsilon:
+        shares.append(logit_sum)
+    stats = collectives.all_reduce_(torch.stack(shares), "sum", group)
+    sum_exp, target_logit, hits = stats[:3]
     row_loss = sum_exp.log() + global_max - target_logit
+    if smoothing.epsilon:
+        row_loss = row_loss + smoothing.epsilon * (target_logit - stats[3] / smoothing.classes)
     # padding rows of a short batch are not in the mean: their denominator is inf, their factor 0
     n_valid = valid.sum().to(row_loss.dtype)
     loss = torch.where(valid, row_loss, 0.0).sum() / n_valid
@@ -129,15 +157,21 @@ def target_gradient(
     norm_slope: torch.Tensor,
     has_target: torch.Tensor,
     scale: float,
-) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    smoothing: Smoothing = NO_SMOOTHING,
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor | None]:
     """d loss / d logit = (softmax - onehot) x grad / B. The row factor grad / (B x sum_exp) is returned
     for the kernels to apply to their B x D GEMM operands instead of the B x c logits, so the targets
     are corrected in unscaled units: softmax - 1 = (exp - sum_exp) / sum_exp, times the margin's slope.
     `at_target` is exp(target logit - global max); rows without a target here keep it. Also returns
     d loss / d |x| through the margin's target (zero where another rank owns the target: the ranks'
-    shares add up in the embeddings' gradient)."""
+    shares add up in the embeddings' gradient), and with label smoothing the value every column of a
+    row loses (`Smoothing.shift`, None without): onehot's 1 becomes 1 - eps, and eps / C leaves every
+    class, the target included, so rows without a target here keep `at_target` less it."""
     sum_exp, denominator = row_stats.unbind(0)
     row_factor = grad_loss.to(denominator.dtype) / denominator
-    grad_target = (at_target - sum_exp) * row_factor  # d loss / d target logit
-    grad_norm = torch.where(has_target, grad_target * scale * norm_slope, 0.0)
-    return row_factor, torch.where(has_target, (at_target - sum_exp) * margin_slope, at_target), grad_norm
+    shift = smoothing.shift(sum_exp)
+    at_target_less = at_target if shift is None else at_target - shift
+    unscaled = at_target_less - (1.0 - smoothing.epsilon) * sum_exp  # d loss / d target logit, unscaled
+    grad_norm = torch.where(has_target, unscaled * row_factor * scale * norm_slope, 0.0)
+    corrected = torch.where(has_target, unscaled * margin_slope, at_target_less)
+    return row_factor, corrected, grad_norm, shift

@@ -14,8 +14,8 @@ import facetrain.heads.collectives as collectives
 from facetrain.errors import EveryRankError, FacetrainError
 from facetrain.heads.base import HeadOutput, MarginHead, regulariser_mean
 from facetrain.heads.fused_optim import FusedOptimizer
-from facetrain.heads.margin_softmax import MarginInput
-from facetrain.heads.partition import class_range
+from facetrain.heads.margin_softmax import MarginInput, Smoothing
+from facetrain.heads.partition import all_class_ranges, class_range
 from facetrain.heads.plan import UNTILED, HeadPlan
 from facetrain.heads.sharded_softmax import ShardedMarginSoftmax
 from facetrain.heads.tile_kernel import tile_ops
@@ -66,10 +66,15 @@ class ShardedMarginHead(MarginHead):
         sub_centers: int = 1,
         check_every_step: bool = False,
         gradient_reduction: str = "mean",
+        label_smoothing: float = 0.0,
         **margin_params: float,
     ):
         if not 0.0 < sample_rate <= 1.0:
             raise ValueError(f"sample_rate must be in (0, 1], got {sample_rate}")
+        if not 0.0 <= label_smoothing < 1.0:
+            raise ValueError(f"label_smoothing must be in [0, 1), got {label_smoothing}")
+        if label_smoothing and plan.kernel == "triton":
+            raise ValueError("label smoothing runs on the torch tiles: HeadPlan(kernel='torch')")
         if sub_centers < 1 or (sub_centers > 1 and plan.tiled):
             raise ValueError(
                 f"sub_centers must be >= 1 and needs the untiled head when > 1, got {sub_centers}"
@@ -91,6 +96,7 @@ class ShardedMarginHead(MarginHead):
         self.world_size, self.rank = world_size, rank
         self.class_start, self.class_count = class_start, class_count
         self.sample_rate = float(sample_rate)
+        self.label_smoothing = float(label_smoothing)
         self.check_every_step = check_every_step
         self.tile_ops = tile_ops(plan.compile_tiles, plan.kernel)
         self.gradient_reduction = gradient_reduction
@@ -144,7 +150,8 @@ class ShardedMarginHead(MarginHead):
         return (
             f"classes={self.class_start}:{self.class_stop} of {self.num_classes}, "
             f"embedding_size={self.embedding_size}, margin={self.margin}, scale={self.scale}, "
-            f"sample_rate={self.sample_rate}, sub_centers={self.sub_centers}, {self.plan}, "
+            f"sample_rate={self.sample_rate}, sub_centers={self.sub_centers}, "
+            f"label_smoothing={self.label_smoothing}, {self.plan}, "
             f"rank={self.rank}/{self.world_size}"
         )
 
@@ -175,16 +182,17 @@ class ShardedMarginHead(MarginHead):
                 "the head's plan fuses its optimizer: call head.fuse_optimizer(FusedSGD(...)) first"
             )
         margin = MarginInput(self.margin, self.margin_buffers(), self.training)
+        smoothing = Smoothing(self.label_smoothing, self._softmax_classes(global_labels.shape[0]))
         if not self.plan.tiled:
             weight = self.weight if kept is None else self.per_class(self.weight)[kept]
             loss, hits = ShardedMarginSoftmax.apply(
                 global_embeddings, weight.view(-1, self.embedding_size), target_column, valid, margin,
-                self.scale, self.group, self.sub_centers,
+                self.scale, self.group, self.sub_centers, smoothing,
             )  # fmt: skip
         else:
             loss, hits = TiledMarginSoftmax.apply(
                 global_embeddings, self.weight, kept, target_column, valid, margin, self.scale,
-                self.group, self.plan.tile_classes, self.fused_optimizer, self.tile_ops,
+                self.group, self.plan.tile_classes, self.fused_optimizer, self.tile_ops, smoothing,
             )  # fmt: skip
         regulariser = self._regulariser(global_embeddings, valid)
         if regulariser is not None:
@@ -229,6 +237,20 @@ class ShardedMarginHead(MarginHead):
             raise EveryRankError("the global batch is empty: every rank passed zero embeddings")
         return counts
 
+    def _kept_classes(self, class_count: int, rows: int) -> int:
+        """How many of a shard's `class_count` classes a step of `rows` global rows keeps (Partial FC)."""
+        if self.sample_rate >= 1.0:
+            return class_count
+        return min(class_count, max(int(self.sample_rate * class_count), rows, 1))
+
+    def _softmax_classes(self, rows: int) -> int:
+        """The number of classes in a step's softmax over every rank: all of them, or what Partial FC keeps
+        (known from the shard sizes, so label smoothing's eps / C needs no communication)."""
+        if self.sample_rate >= 1.0:
+            return self.num_classes
+        shards = all_class_ranges(self.num_classes, self.world_size)
+        return sum(self._kept_classes(shard.count, rows) for shard in shards)
+
     def _sample_classes(self, local_labels: torch.Tensor) -> tuple[torch.Tensor | None, torch.Tensor]:
         """Partial FC: this step's positives plus random negatives, sample_rate of the shard in all.
 
@@ -236,7 +258,7 @@ class ShardedMarginHead(MarginHead):
         among them. The number kept is fixed per run, max(sample_rate x shard, global batch) capped at
         the shard, so every positive fits without the step waiting on the host to count them.
         """
-        keep = min(self.class_count, max(int(self.sample_rate * self.class_count), local_labels.shape[0], 1))
+        keep = self._kept_classes(self.class_count, local_labels.shape[0])
         if keep >= self.class_count:
             return None, local_labels
         # positives get priority 2 (above any uniform draw); rows owned elsewhere write to a spare slot

@@ -76,7 +76,7 @@ class ShardedMarginSoftmax(torch.autograd.Function):
 
     Inputs: `embeddings` (B x D, the global batch), `weight` (cK x D: this rank's c classes, K rows a
     class), `target_column` (B,) the column of each row's target among the c classes, or -1 where
-    another rank owns it. Returns the loss (identical on every rank) and the global top-1 hit count
+    another rank owns it; `smoothing` label smoothing over the step's classes (`ms.Smoothing`). Returns the loss (identical on every rank) and the global top-1 hit count
     (no gradient).
     """
 
@@ -91,6 +91,7 @@ class ShardedMarginSoftmax(torch.autograd.Function):
         scale: float,
         group,
         sub_centers=1,
+        smoothing: ms.Smoothing = ms.NO_SMOOTHING,
     ):
         gemm_dtype = ms.compute_dtype(embeddings.device, embeddings.dtype)
         with torch.autocast(embeddings.device.type, enabled=False):
@@ -127,6 +128,7 @@ class ShardedMarginSoftmax(torch.autograd.Function):
                 # rows whose target is elsewhere point at column 0: keep its modulated logit
                 target_logit = torch.where(has_target, target_logit, logits.gather(1, columns).squeeze(1))
             logits.scatter_(1, columns, target_logit[:, None])
+            logit_sum = logits.sum(dim=1) if smoothing.epsilon else None
 
             row_max = logits.max(dim=1).values  # every shard has >= 1 class: the head refuses C < N
             if plain_max is None:
@@ -135,15 +137,16 @@ class ShardedMarginSoftmax(torch.autograd.Function):
                 row_max, plain_max = collectives.all_reduce_(torch.stack([row_max, plain_max]), "max", group)
             exps = logits.sub_(row_max[:, None]).exp_()
             loss, row_stats, hit_count = ms.softmax_loss(
-                exps.sum(dim=1), target_logit, target_raw, has_target, row_max, valid, group, plain_max
-            )
+                exps.sum(dim=1), target_logit, target_raw, has_target, row_max, valid, group, plain_max,
+                smoothing, logit_sum,
+            )  # fmt: skip
 
         ctx.save_for_backward(
             exps, row_stats, x_unit, x_norm, w, w_inv_norm, has_target, columns, margin_slope, norm_slope,
             hard, nearest_centre,
         )  # fmt: skip
         ctx.scale, ctx.compute_dtype, ctx.folded = scale, gemm_dtype, folded
-        ctx.negatives, ctx.sub_centers = negatives, sub_centers
+        ctx.negatives, ctx.sub_centers, ctx.smoothing = negatives, sub_centers, smoothing
         ctx.embedding_dtype, ctx.weight_dtype = embeddings.dtype, weight.dtype
         ctx.mark_non_differentiable(hit_count)
         return loss, hit_count
@@ -159,9 +162,11 @@ class ShardedMarginSoftmax(torch.autograd.Function):
         batch = exps.shape[0]
         with torch.autocast(exps.device.type, enabled=False):
             at_target = exps.gather(1, columns).squeeze(1)
-            row_factor, corrected, grad_norm = ms.target_gradient(
-                row_stats, grad_loss, at_target, margin_slope, norm_slope, has_target, scale
+            row_factor, corrected, grad_norm, shift = ms.target_gradient(
+                row_stats, grad_loss, at_target, margin_slope, norm_slope, has_target, scale, ctx.smoothing
             )
+            if shift is not None:  # label smoothing: eps / C off every column, before any slope
+                exps.sub_(shift[:, None])
             # the folded GEMM operand carries the column factor, cast and scaled in one pass again
             w_op = _scaled_rows(w, w_inv_norm, scale, gemm_dtype) if ctx.folded else w
             if hard is not None:
@@ -198,4 +203,5 @@ class ShardedMarginSoftmax(torch.autograd.Function):
                 grad_w.mul_(column_factor[:, None])
 
             grad_x = ms.through_normalization(grad_x_unit, x_unit, x_norm, grad_norm)
-        return grad_x.to(ctx.embedding_dtype), grad_w.to(ctx.weight_dtype), None, None, None, None, None, None
+        grads = (grad_x.to(ctx.embedding_dtype), grad_w.to(ctx.weight_dtype))
+        return *grads, None, None, None, None, None, None, None

@@ -25,35 +25,46 @@ def _replace_where(buffer, in_tile, column, values):
 
 
 def online_softmax_tile(logits, column_factor, in_tile, column, running_max, running_sum, target_raw,
-                        negatives=None, plain_max=None):  # fmt: skip
+                        negatives=None, plain_max=None, logit_sum=None):  # fmt: skip
     """One tile's share of the online softmax: `logits` (B x t raw dot products) become scale * cos,
     then exp(logit - new row max) in place with each row's target column masked out (its margin is
     applied after the last tile). Returns the new running max and sum and the raw target logits, and
     with `negatives` (a margin's `NegativeModulation` of the scaled logits) the running max of the
-    plain logits (`plain_max`), which decides the hits."""
+    plain logits (`plain_max`), which decides the hits; with label smoothing, `logit_sum` adds the
+    tile's (modulated) logits, each row's own target left out."""
     logits.mul_(column_factor)
     target_raw = torch.where(in_tile, _replace_where(logits, in_tile, column, float("-inf")), target_raw)
     if negatives is not None:
         plain_max = torch.maximum(plain_max, logits.amax(dim=1))
         logits.copy_(negatives.modulated(logits, negatives.hard(logits)))
+    if logit_sum is not None:
+        _replace_where(logits, in_tile, column, 0.0)
+        logit_sum = logit_sum + logits.sum(1)
+        _replace_where(logits, in_tile, column, float("-inf"))
     new_max = torch.maximum(running_max, logits.amax(dim=1))
     # a row that has seen only its own (left out) target so far stays at -inf: shift by 0
     shift = torch.where(new_max == float("-inf"), 0.0, new_max)
     tile_sum = logits.sub_(shift[:, None]).exp_().sum(1)
     running_sum = running_sum * (running_max - shift).exp() + tile_sum
-    return new_max, running_sum, target_raw, plain_max
+    return new_max, running_sum, target_raw, plain_max, logit_sum
 
 
-def logit_grad_tile(exps, column_factor, global_max, in_tile, column, corrected_target, negatives=None):
+def logit_grad_tile(exps, column_factor, global_max, in_tile, column, corrected_target, negatives=None,
+                    shift=None):  # fmt: skip
     """The tile's gradient with respect to its raw dot products, in place of `exps` (B x t raw dot
-    products): exp(logit - global max) (times the modulation's slope where the margin modulates the
-    negatives), the targets' corrected values, times scale / |w|. The row factor grad / (B sum_exp) is
-    left to the B x D operands."""
+    products): exp(logit - global max) (less label smoothing's `shift` a row, then times the
+    modulation's slope where the margin modulates the negatives), the targets' corrected values, times
+    scale / |w|. The row factor grad / (B sum_exp) is left to the B x D operands."""
     if negatives is None:
         torch.addcmul(-global_max[:, None], exps, column_factor, out=exps).exp_()
+        if shift is not None:
+            exps.sub_(shift[:, None])
     else:
         modulated, slope = negatives.apply(exps.mul_(column_factor))
-        exps.copy_(modulated.sub_(global_max[:, None]).exp_().mul_(slope))
+        modulated.sub_(global_max[:, None]).exp_()
+        if shift is not None:
+            modulated.sub_(shift[:, None])
+        exps.copy_(modulated.mul_(slope))
     _replace_where(exps, in_tile, column, corrected_target)
     return exps.mul_(column_factor)
 

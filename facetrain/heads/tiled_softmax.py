@@ -58,14 +58,14 @@ def _target_in_tile(target_column, rows):
 
 
 def _logit_grad(ctx, scratch, gemm, x_logit_op, w, w_op, rows, column_factor, global_max, target_column,
-                corrected_target):  # fmt: skip
+                corrected_target, shift):  # fmt: skip
     """The torch tiles' logit gradient: the recomputed logits, then `tile_kernel.logit_grad_tile`."""
     w_logit_op = w if gemm.operand_dtype == w.dtype else w_op
     logits_out = scratch.get("logits", x_logit_op.shape[0], len(rows), w.dtype)
     dots = gemm.mm(x_logit_op, w_logit_op.t(), out=logits_out)
     in_tile, column = _target_in_tile(target_column, rows)
     logit_grad = ctx.tile_ops.logit_grad(
-        dots, column_factor, global_max, in_tile, column, corrected_target, ctx.negatives
+        dots, column_factor, global_max, in_tile, column, corrected_target, ctx.negatives, shift
     )
     return scratch.cast("grad_raw", logit_grad, ctx.compute_dtype)
 
@@ -76,7 +76,8 @@ class TiledMarginSoftmax(torch.autograd.Function):
     Inputs: `embeddings` (B x D, the global batch); `weight` (c x D, this rank's whole shard, any
     storage dtype); `index` None (every row of the shard, in order) or the sorted rows Partial FC kept;
     `target_column` (B,) each row's target among those columns, -1 where another rank owns it;
-    `optimizer` the head's FusedOptimizer, or None to return a c x D weight gradient instead.
+    `optimizer` the head's FusedOptimizer, or None to return a c x D weight gradient instead;
+    `smoothing` label smoothing over the step's classes (`ms.Smoothing`; the torch tiles only).
     Returns the loss (identical on every rank) and the global top-1 hit count (no gradient).
     """
 
@@ -94,6 +95,7 @@ class TiledMarginSoftmax(torch.autograd.Function):
         tile_classes: int,
         optimizer: FusedOptimizer | None,
         tile_ops: TileOps = EAGER_TILE_OPS,
+        smoothing: ms.Smoothing = ms.NO_SMOOTHING,
     ):
         gemm_dtype = ms.compute_dtype(embeddings.device, embeddings.dtype)
         width = weight.shape[0] if index is None else index.shape[0]
@@ -108,6 +110,8 @@ class TiledMarginSoftmax(torch.autograd.Function):
             negatives = None if step.negatives is None else step.negatives.scaled(scale)
             if tile_ops.fused_gemm and gemm_dtype not in tile_ops.dtypes:
                 tile_ops = EAGER_TILE_OPS  # fp64 (the exactness tests' dtype) runs the torch tiles
+            if tile_ops.fused_gemm and smoothing.epsilon:
+                raise ValueError("label smoothing runs on the torch tiles: HeadPlan(kernel='torch')")
             gemm = LogitGemm(x_unit.device, gemm_dtype, x_unit.dtype)
             x_op = x_unit.to(gemm_dtype if tile_ops.fused_gemm else gemm.operand_dtype)
 
@@ -117,6 +121,7 @@ class TiledMarginSoftmax(torch.autograd.Function):
             running_sum = torch.zeros_like(running_max)
             target_raw = torch.zeros_like(running_max)
             plain_max = None if negatives is None else running_max.clone()
+            logit_sum = torch.zeros_like(running_max) if smoothing.epsilon else None
             inv_norms = x_unit.new_empty(width)
             scratch = Scratch(x_unit.device)
             for rows in tiles:
@@ -129,9 +134,9 @@ class TiledMarginSoftmax(torch.autograd.Function):
                     continue
                 dots = _tile_dots(scratch, gemm, x_op, weight, rows, tile_norms)
                 in_tile, column = _target_in_tile(target_column, rows)
-                running_max, running_sum, target_raw, plain_max = tile_ops.online_softmax(
+                running_max, running_sum, target_raw, plain_max, logit_sum = tile_ops.online_softmax(
                     dots, tile_norms * scale, in_tile, column, running_max, running_sum, target_raw,
-                    negatives, plain_max,
+                    negatives, plain_max, logit_sum,
                 )  # fmt: skip
 
             target_logit, margin_slope, norm_slope = ms.penalise_targets(
@@ -147,16 +152,18 @@ class TiledMarginSoftmax(torch.autograd.Function):
                     [row_max, torch.where(has_target, torch.maximum(plain_max, target_raw), plain_max)]
                 )
                 global_max, plain_max = collectives.all_reduce_(maxima, "max", group)
+            if logit_sum is not None:  # the tiles left each row's own target out
+                logit_sum = logit_sum + torch.where(has_target, target_logit, 0.0)
             loss, row_stats, hit_count = ms.softmax_loss(
                 sum_exp * (row_max - global_max).exp(), target_logit, target_raw, has_target, global_max,
-                valid, group, plain_max,
+                valid, group, plain_max, smoothing, logit_sum,
             )  # fmt: skip
 
         ctx.save_for_backward(
             x_unit, x_norm, weight, index, inv_norms, target_column, target_logit,
             margin_slope, norm_slope, row_stats, global_max,
         )  # fmt: skip
-        ctx.negatives = negatives
+        ctx.negatives, ctx.smoothing = negatives, smoothing
         ctx.scale, ctx.tile_classes, ctx.optimizer, ctx.tile_ops = scale, tile_classes, optimizer, tile_ops
         ctx.compute_dtype, ctx.embedding_dtype = gemm_dtype, embeddings.dtype
         ctx.mark_non_differentiable(hit_count)
@@ -179,8 +186,8 @@ class TiledMarginSoftmax(torch.autograd.Function):
             x_logit_op = x_unit.to(ctx.compute_dtype if fused_gemm else gemm.operand_dtype)
             at_target = (target_logit - global_max).exp()
             has_target = target_column >= 0
-            row_factor, corrected_target, grad_norm = ms.target_gradient(
-                row_stats, grad_loss, at_target, margin_slope, norm_slope, has_target, scale
+            row_factor, corrected_target, grad_norm, shift = ms.target_gradient(
+                row_stats, grad_loss, at_target, margin_slope, norm_slope, has_target, scale, ctx.smoothing
             )
             scaled_x = (x_unit * row_factor[:, None]).to(ctx.compute_dtype)
             grad_x_unit = torch.zeros_like(x_unit) if wants_x else None
@@ -202,7 +209,7 @@ class TiledMarginSoftmax(torch.autograd.Function):
                     )  # fmt: skip
                 else:
                     grad_raw = _logit_grad(ctx, scratch, gemm, x_logit_op, w, w_op, rows, inv_norm * scale,
-                                           global_max, target_column, corrected_target)  # fmt: skip
+                                           global_max, target_column, corrected_target, shift)  # fmt: skip
                 if wants_x and grad_raw.dtype == stat_dtype:
                     grad_x_unit.addmm_(grad_raw, w_op)
                 elif wants_x:
@@ -225,4 +232,4 @@ class TiledMarginSoftmax(torch.autograd.Function):
                 grad_x = ms.through_normalization(grad_x_unit, x_unit, x_norm, grad_norm).to(
                     ctx.embedding_dtype
                 )
-        return grad_x, grad_weight, None, None, None, None, None, None, None, None, None
+        return grad_x, grad_weight, None, None, None, None, None, None, None, None, None, None

@@ -48,6 +48,7 @@ def build_head(
         group=dims.dp_group,
         plan=plan,
         sub_centers=settings.sub_centers,
+        label_smoothing=settings.label_smoothing,
         **settings.margin_params,
     )
     head.reset_parameters(seed=cfg.train.seed)
@@ -95,6 +96,9 @@ def resolve_head_plan(
         reasons.append(f"no fused optimizer with {key} {show(value)}")
     tile = tile_classes(settings.tile_classes, dims.device.type)
     kernel = resolve_kernel(settings.kernel, dims.device.type) if mode == "tiled" else "torch"
+    if kernel == "triton" and settings.label_smoothing:  # auto: Triton's tiles have no smoothing
+        kernel = "torch"
+        reasons.append("torch tiles for head.label_smoothing")
     plan = HeadPlan(
         mode, tile, weight_dtype, state_dtype, fused and conflict is None, settings.compile_tiles, kernel
     )

@@ -18,7 +18,7 @@ from pathlib import Path
 from facetrain.config.validate import Problem, field_problems, raise_first
 from facetrain.data.config import synth_problems
 from facetrain.eval.config import set_problems
-from facetrain.heads.config import margin_problems, storage_problems
+from facetrain.heads.config import margin_problems, smoothing_problems, storage_problems
 from facetrain.models import POOLED_OUTPUT_BACKBONES
 from facetrain.models.config import pooled_output_changes
 from facetrain.parallel.config import schedule_problems
@@ -111,6 +111,7 @@ def rule_problems(cfg: Config, world_size: int | None, device_type: str | None) 
             "must be unset when parallel.pipeline_stages > 1 (no stage holds both the images and the embeddings)",
         )
     yield from margin_problems(head)
+    yield from smoothing_problems(head)
     if head.init == "class_means" and cfg.model.init is None:
         yield (
             "head.init",
