@@ -142,7 +142,8 @@ def test_label_smoothing_equals_torch_cross_entropy(world_size):
 
 
 def test_smoothing_moves_the_loss_by_eps_times_the_target_logit_over_the_mean():
-    """At eps 0 the head is plain cross-entropy (the dense head's); eps adds eps x (target logit - mean logit)."""
+    """At eps 0 the head is plain cross-entropy (the dense head's); eps adds eps x (target logit -
+    mean logit)."""
     weight, steps = batches()
     embeddings, labels = steps[0]
     losses = []

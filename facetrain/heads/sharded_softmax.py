@@ -76,8 +76,8 @@ class ShardedMarginSoftmax(torch.autograd.Function):
 
     Inputs: `embeddings` (B x D, the global batch), `weight` (cK x D: this rank's c classes, K rows a
     class), `target_column` (B,) the column of each row's target among the c classes, or -1 where
-    another rank owns it; `smoothing` label smoothing over the step's classes (`ms.Smoothing`). Returns the loss (identical on every rank) and the global top-1 hit count
-    (no gradient).
+    another rank owns it; `smoothing` label smoothing over the step's classes (`ms.Smoothing`).
+    Returns the loss (identical on every rank) and the global top-1 hit count (no gradient).
     """
 
     @staticmethod
