@@ -14,7 +14,7 @@ import facetrain.heads.collectives as collectives
 from facetrain.errors import EveryRankError, FacetrainError
 from facetrain.heads.base import HeadOutput, MarginHead, regulariser_mean
 from facetrain.heads.fused_optim import FusedOptimizer
-from facetrain.heads.margin_softmax import MarginInput, Smoothing
+from facetrain.heads.margin_softmax import NO_SMOOTHING, MarginInput, Smoothing
 from facetrain.heads.partition import all_class_ranges, class_range
 from facetrain.heads.plan import UNTILED, HeadPlan
 from facetrain.heads.sharded_softmax import ShardedMarginSoftmax
@@ -182,7 +182,9 @@ class ShardedMarginHead(MarginHead):
                 "the head's plan fuses its optimizer: call head.fuse_optimizer(FusedSGD(...)) first"
             )
         margin = MarginInput(self.margin, self.margin_buffers(), self.training)
-        smoothing = Smoothing(self.label_smoothing, self._softmax_classes(global_labels.shape[0]))
+        smoothing = NO_SMOOTHING
+        if self.label_smoothing:
+            smoothing = Smoothing(self.label_smoothing, self._softmax_classes(global_labels.shape[0]))
         if not self.plan.tiled:
             weight = self.weight if kept is None else self.per_class(self.weight)[kept]
             loss, hits = ShardedMarginSoftmax.apply(
@@ -239,8 +241,6 @@ class ShardedMarginHead(MarginHead):
 
     def _kept_classes(self, class_count: int, rows: int) -> int:
         """How many of a shard's `class_count` classes a step of `rows` global rows keeps (Partial FC)."""
-        if self.sample_rate >= 1.0:
-            return class_count
         return min(class_count, max(int(self.sample_rate * class_count), rows, 1))
 
     def _softmax_classes(self, rows: int) -> int:
