@@ -16,6 +16,7 @@ from __future__ import annotations
 import json
 import os
 import time
+import traceback
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -54,8 +55,33 @@ from facetrain.train.trackers import check_installed
 
 
 def train(cfg: Config, resume: str | None = None) -> dict:
-    """Train with the config; `resume` is None, "auto" or a checkpoint path. Returns the summary."""
-    owns_group = not is_initialized()  # a caller that set up the group keeps it
+    """Train with the config; `resume` is None, "auto" or a checkpoint path. Returns the summary.
+
+    A caller that set up the process group keeps it; otherwise the run joins one and destroys it
+    before returning or raising, once nothing of the run refers to it any more (`destroy_parallel`).
+    """
+    if is_initialized():
+        return _train_in_group(cfg, resume)
+    try:
+        return _train_in_group(cfg, resume)
+    except BaseException as error:
+        _drop_frame_locals(error)  # the run's modules hold the groups, the traceback's frames the run
+        raise
+    finally:
+        destroy_parallel()
+
+
+def _drop_frame_locals(error: BaseException | None) -> None:
+    """Clear the locals of the frames an exception and its causes hold; their code and line numbers,
+    all a traceback prints, stay."""
+    seen = set()
+    while error is not None and id(error) not in seen:
+        seen.add(id(error))
+        traceback.clear_frames(error.__traceback__)
+        error = error.__cause__ or error.__context__
+
+
+def _train_in_group(cfg: Config, resume: str | None) -> dict:
     dims = init_parallel(cfg.parallel.pipeline_stages, cfg.parallel.backend, cfg.parallel.timeout_s)
     trainer = None
     device_defaults = resolve_run_config(cfg, dims)
@@ -89,8 +115,6 @@ def train(cfg: Config, resume: str | None = None) -> dict:
     finally:
         run_log.detach()
         checkpointer.close()
-        if owns_group:
-            destroy_parallel()
 
 
 def resolve_run_config(cfg: Config, dims: ParallelDims) -> DeviceDefaults:
