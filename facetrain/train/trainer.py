@@ -65,7 +65,8 @@ def train(cfg: Config, resume: str | None = None) -> dict:
     try:
         return _train_in_group(cfg, resume)
     except BaseException as error:
-        _drop_frame_locals(error)  # the run's modules hold the groups, the traceback's frames the run
+        if is_initialized():  # the run's modules hold the groups, the traceback's frames the run
+            _drop_frame_locals(error)
         raise
     finally:
         destroy_parallel()
