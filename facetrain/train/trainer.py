@@ -4,7 +4,8 @@ Read `_train_in_group` and then `Trainer.fit` from top to bottom: join the proce
 config once (the run holds that one object) and check it, build the run (`setup.build_training_run`:
 data, model parts, optimizer, schedule, resumed state), then step until `train.steps`. Each step is
 `train_step`; after it come the logging, verification and checkpointing that are due. `train` around
-them destroys the group the run joined. Step figures stay on the device until a log, so the loop never stalls the GPU.
+them destroys the group the run joined. Step figures stay on the device until a log, so the loop never
+stalls the GPU.
 
 Nothing a run did is lost to a fault it can survive. Before each step the ranks agree on whether to
 stop (`step_gate`): a SIGTERM or SIGINT, or a data error on any rank, stops every rank at the same step
