@@ -94,6 +94,8 @@ BAD_VALUES = [
     (["head.state_dtype=fp64"], "head.state_dtype", "'fp64'"),
     (["head.sub_centers=0"], "head.sub_centers", "0"),
     (["head.sub_centers=3", "head.mode=tiled"], "head.sub_centers", "3"),
+    (["head.gradient_filter=1"], "head.gradient_filter", "1.0"),
+    (["head.gradient_filter=0.001", "head.mode=untiled"], "head.gradient_filter", "0.001"),
     # loss
     (["loss.name=bogus"], "loss.name", "'bogus'"),
     (["loss.identity_weight=0"], "loss.identity_weight", "0.0"),

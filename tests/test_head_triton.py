@@ -30,6 +30,7 @@ from facetrain.heads import margin_softmax as ms
 from facetrain.heads.fused_optim import FusedAdamW, FusedSGD
 from facetrain.heads.kernel_choice import resolve_kernel
 from facetrain.heads.margins import MARGINS
+from facetrain.heads.tile_kernel import EAGER_TILE_OPS
 from facetrain.parallel.dims import init_parallel
 from facetrain.train.head_plan import describe_plan, resolve_head_plan
 from facetrain.train.run_config import Config
@@ -75,11 +76,12 @@ def relative_error(actual, expected):
 
 
 def run_head(kernel, device, weight, embeddings, labels, margin="arcface", optimizer=None, storage=None,
-             sample_rate=1.0, steps=1, autocast=False, group=None, rows=slice(None)):  # fmt: skip
+             sample_rate=1.0, steps=1, autocast=False, group=None, rows=slice(None), gradient_filter=0.0):  # fmt: skip
     """`steps` steps of a tiled head: the losses, the last dX, and the weight's gradient (no optimizer)
     or the weight and optimizer state after the fused updates."""
     storage = storage or weight.dtype
-    plan = HeadPlan("tiled", TILE, storage, storage, fused_optimizer=optimizer is not None, kernel=kernel)
+    plan = HeadPlan("tiled", TILE, storage, storage, fused_optimizer=optimizer is not None, kernel=kernel,
+                    gradient_filter=gradient_filter)  # fmt: skip
     head = ShardedMarginHead(
         weight.shape[0], weight.shape[1], margin=margin, sample_rate=sample_rate, group=group, plan=plan,
         gradient_reduction="sum",
@@ -136,6 +138,26 @@ def test_fused_optimizer_steps_equal_torch_tiles(device, optimizer, sample_rate,
             apart = (got.float() - expected.float()).abs()
             assert bool((apart <= step).all()) and float((apart > 0).float().mean()) <= 0.01
     assert not torch.equal(triton[2], weight.to(storage))  # the weight moved
+
+
+@pytest.mark.parametrize(
+    ("margin", "optimizer", "sample_rate"),
+    [("arcface", None, 1.0), ("curricularface", None, 0.5), ("magface", "sgd", 1.0), ("cosface", "sgd", 0.5)],
+)
+def test_gradient_filter_equals_torch_tiles(kernels, device, margin, optimizer, sample_rate):
+    """The kernels skip the blocks the torch tiles skip (the interpreter's blocks are theirs), margins'
+    modulated negatives, Partial FC's rows and the fused update included; the filter changed the result."""
+    if device.type == "cpu":
+        assert kernels.TRITON_TILE_OPS.filter_block == EAGER_TILE_OPS.filter_block
+    # 200 classes: blocks without a target, which the filter may skip
+    weight, embeddings, labels = make_problem("spread", torch.float32, 4 * CLASSES, BATCH)
+    arguments = (device, weight, embeddings, labels, margin, optimizer, None, sample_rate)
+    triton = run_head("triton", *arguments, gradient_filter=0.1)
+    torch_tiles = run_head("torch", *arguments, gradient_filter=0.1)
+    unfiltered = run_head("torch", *arguments)
+    for got, expected in zip(triton, torch_tiles):
+        assert relative_error(got, expected) <= EXACT
+    assert min(relative_error(torch_tiles[i], unfiltered[i]) for i in (1, 2)) > 10 * EXACT
 
 
 def fp64_loss_of_bf16_operands(weight, embeddings, labels, monkeypatch):
@@ -241,15 +263,18 @@ def compile_for_hopper(operand: str, storage: str) -> None:
     outputs = {
         kernels._softmax_stats_kernel: ["part_max_ptr", "part_sum_ptr", "target_raw_ptr", *modulation,
                                         "part_plain_ptr"],
-        kernels._logit_grad_kernel: ["global_max_ptr", "corrected_ptr", "out_ptr", *modulation],
+        kernels._logit_grad_kernel: ["global_max_ptr", "corrected_ptr", "out_ptr", *modulation, "limit_ptr"],
     }  # fmt: skip
-    strides = {kernels._softmax_stats_kernel: ["c_blocks"], kernels._logit_grad_kernel: ["stride_out"]}
+    stats, grad = kernels._softmax_stats_kernel, kernels._logit_grad_kernel
+    strides = {stats: ["c_blocks"], grad: ["stride_out", "c_blocks"]}
+    filtered = {stats: {}, grad: {"FILTER": True}}  # the gradient filter's test of its blocks
     for kernel, names in outputs.items():
         for modulate in (False, True):
             signature = pointers | {"inv_norm_ptr": "*fp32"} | dict.fromkeys(names, "*fp32")
-            signature |= {"out_ptr": f"*{operand}"} if "out_ptr" in names else {}
+            signature |= {"out_ptr": f"*{operand}", "kept_ptr": "*i8"} if "out_ptr" in names else {}
             signature |= sizes | dict.fromkeys(["stride_x", "stride_w", *strides[kernel]], "i32")
             constants = {"HAS_INDEX": True, **blocks, "PRECISION": "ieee", "MODULATE": modulate}
+            constants |= filtered[kernel]
             signature |= dict.fromkeys(constants, "constexpr")
             places = {(list(signature).index(name),): value for name, value in constants.items()}
             source = ASTSource(kernel, signature, constexprs=places)

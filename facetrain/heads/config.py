@@ -60,6 +60,11 @@ class HeadConfig:
     # updated with stochastic rounding and needs the fused optimizer
     weight_dtype: str = setting("fp32", OneOf(("fp32", "bf16")))
     state_dtype: str = setting("fp32", OneOf(("fp32", "bf16")))
+    # tiled: skip the backward's blocks of logit gradient whose every probability (|softmax - onehot|,
+    # times a margin's slopes) is below this, as Cut Cross-Entropy's filter_eps (its bf16 default is
+    # 0.000244 = 2^-12). Approximate: dX and dW lose what was skipped (docs/head.md, "The gradient
+    # filter"); the loss is unchanged. 0 (default): off, exact
+    gradient_filter: float = setting(0.0, Within(0, 1, "[)"))
 
     def low_precision_keys(self) -> list[str]:
         """The storage settings (weight_dtype, state_dtype) that ask for bf16."""
@@ -90,8 +95,18 @@ def smoothing_problems(head: HeadConfig) -> Iterator[Problem]:
 
 def storage_problems(head: HeadConfig) -> Iterator[Problem]:
     """bf16 storage needs the tiled head's fused optimizer (it alone rounds updates stochastically);
-    sub-centers exist in the untiled head only (head.mode auto then always picks it)."""
+    sub-centers exist in the untiled head only (head.mode auto then always picks it), the gradient
+    filter in the tiled head only."""
     low_precision = head.low_precision_keys()
+    if head.gradient_filter and (head.mode == "untiled" or head.sub_centers > 1):
+        untiled = head.mode == "untiled"
+        key, value = ("head.mode", "untiled") if untiled else ("head.sub_centers", head.sub_centers)
+        yield (
+            "head.gradient_filter",
+            head.gradient_filter,
+            f"skips the tiled head's blocks, and {key} {value} means the untiled head: head.mode tiled "
+            "(sub_centers 1), or head.gradient_filter 0",
+        )
     if head.sub_centers > 1 and (head.mode == "tiled" or low_precision):
         yield (
             "head.sub_centers",

@@ -195,6 +195,7 @@ class ShardedMarginHead(MarginHead):
             loss, hits = TiledMarginSoftmax.apply(
                 global_embeddings, self.weight, kept, target_column, valid, margin, self.scale,
                 self.group, self.plan.tile_classes, self.fused_optimizer, self.tile_ops, smoothing,
+                self.plan.gradient_filter,
             )  # fmt: skip
         regulariser = self._regulariser(global_embeddings, valid)
         if regulariser is not None:

@@ -15,6 +15,8 @@ import functools
 
 import torch
 
+from facetrain.heads.gradient_filter import TORCH_BLOCK, filter_blocks_
+
 
 def _replace_where(buffer, in_tile, column, values):
     """buffer[i, column[i]] = values[i] for the rows whose target is in the tile, by mask (no host
@@ -50,11 +52,13 @@ def online_softmax_tile(logits, column_factor, in_tile, column, running_max, run
 
 
 def logit_grad_tile(exps, column_factor, global_max, in_tile, column, corrected_target, negatives=None,
-                    shift=None):  # fmt: skip
+                    shift=None, limits=None):  # fmt: skip
     """The tile's gradient with respect to its raw dot products, in place of `exps` (B x t raw dot
     products): exp(logit - global max) (less label smoothing's `shift` a row, then times the
     modulation's slope where the margin modulates the negatives), the targets' corrected values, times
-    scale / |w|. The row factor grad / (B sum_exp) is left to the B x D operands."""
+    scale / |w|. The row factor grad / (B sum_exp) is left to the B x D operands. With the gradient
+    filter's row `limits`, the blocks below them are zeroed (`gradient_filter.filter_blocks_`) before the
+    class factor; returns the gradient and which blocks were kept (None without the filter)."""
     if negatives is None:
         torch.addcmul(-global_max[:, None], exps, column_factor, out=exps).exp_()
         if shift is not None:
@@ -66,7 +70,8 @@ def logit_grad_tile(exps, column_factor, global_max, in_tile, column, corrected_
             modulated.sub_(shift[:, None])
         exps.copy_(modulated.mul_(slope))
     _replace_where(exps, in_tile, column, corrected_target)
-    return exps.mul_(column_factor)
+    kept = None if limits is None else filter_blocks_(exps, limits, TORCH_BLOCK)
+    return exps.mul_(column_factor), kept
 
 
 class TileOps:
@@ -75,6 +80,7 @@ class TileOps:
     (`fused_gemm`; `triton_tile.TritonTileOps` fuses it)."""
 
     fused_gemm = False
+    filter_block = TORCH_BLOCK
 
     def __init__(self, compiled: bool):
         self.compiled = compiled

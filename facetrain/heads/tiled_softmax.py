@@ -22,6 +22,7 @@ import facetrain.heads.collectives as collectives
 import facetrain.heads.margin_softmax as ms
 from facetrain.heads.class_rows import class_tiles
 from facetrain.heads.fused_optim import FusedOptimizer
+from facetrain.heads.gradient_filter import row_limits
 from facetrain.heads.logit_gemm import LogitGemm
 from facetrain.heads.scratch import Scratch
 from facetrain.heads.tile_kernel import EAGER_TILE_OPS, TileOps
@@ -58,16 +59,26 @@ def _target_in_tile(target_column, rows):
 
 
 def _logit_grad(ctx, scratch, gemm, x_logit_op, w, w_op, rows, column_factor, global_max, target_column,
-                corrected_target, shift):  # fmt: skip
-    """The torch tiles' logit gradient: the recomputed logits, then `tile_kernel.logit_grad_tile`."""
+                corrected_target, shift, limits):  # fmt: skip
+    """The torch tiles' logit gradient: the recomputed logits, then `tile_kernel.logit_grad_tile`; and
+    with the gradient filter's `limits`, which blocks it kept."""
     w_logit_op = w if gemm.operand_dtype == w.dtype else w_op
     logits_out = scratch.get("logits", x_logit_op.shape[0], len(rows), w.dtype)
     dots = gemm.mm(x_logit_op, w_logit_op.t(), out=logits_out)
     in_tile, column = _target_in_tile(target_column, rows)
-    logit_grad = ctx.tile_ops.logit_grad(
-        dots, column_factor, global_max, in_tile, column, corrected_target, ctx.negatives, shift
+    logit_grad, kept = ctx.tile_ops.logit_grad(
+        dots, column_factor, global_max, in_tile, column, corrected_target, ctx.negatives, shift, limits
     )
-    return scratch.cast("grad_raw", logit_grad, ctx.compute_dtype)
+    return scratch.cast("grad_raw", logit_grad, ctx.compute_dtype), kept
+
+
+def _kept_columns(kept: torch.Tensor, block: tuple[int, int], width: int) -> torch.Tensor | None:
+    """The tile's columns in a block of classes the gradient filter kept for some row (the others are
+    zero in every row), or None when it kept every block of classes. One host synchronisation a tile."""
+    blocks = kept.bool().any(dim=0)
+    if bool(blocks.all()):
+        return None
+    return blocks.repeat_interleave(block[1])[:width].nonzero().squeeze(1)
 
 
 class TiledMarginSoftmax(torch.autograd.Function):
@@ -77,7 +88,8 @@ class TiledMarginSoftmax(torch.autograd.Function):
     storage dtype); `index` None (every row of the shard, in order) or the sorted rows Partial FC kept;
     `target_column` (B,) each row's target among those columns, -1 where another rank owns it;
     `optimizer` the head's FusedOptimizer, or None to return a c x D weight gradient instead;
-    `smoothing` label smoothing over the step's classes (`ms.Smoothing`; the torch tiles only).
+    `smoothing` label smoothing over the step's classes (`ms.Smoothing`; the torch tiles only);
+    `gradient_filter` the threshold of `gradient_filter.py`'s filter of the backward (0: exact).
     Returns the loss (identical on every rank) and the global top-1 hit count (no gradient).
     """
 
@@ -96,6 +108,7 @@ class TiledMarginSoftmax(torch.autograd.Function):
         optimizer: FusedOptimizer | None,
         tile_ops: TileOps = EAGER_TILE_OPS,
         smoothing: ms.Smoothing = ms.NO_SMOOTHING,
+        gradient_filter: float = 0.0,
     ):
         gemm_dtype = ms.compute_dtype(embeddings.device, embeddings.dtype)
         width = weight.shape[0] if index is None else index.shape[0]
@@ -163,7 +176,7 @@ class TiledMarginSoftmax(torch.autograd.Function):
             x_unit, x_norm, weight, index, inv_norms, target_column, target_logit,
             margin_slope, norm_slope, row_stats, global_max,
         )  # fmt: skip
-        ctx.negatives, ctx.smoothing = negatives, smoothing
+        ctx.negatives, ctx.smoothing, ctx.gradient_filter = negatives, smoothing, gradient_filter
         ctx.scale, ctx.tile_classes, ctx.optimizer, ctx.tile_ops = scale, tile_classes, optimizer, tile_ops
         ctx.compute_dtype, ctx.embedding_dtype = gemm_dtype, embeddings.dtype
         ctx.mark_non_differentiable(hit_count)
@@ -190,6 +203,7 @@ class TiledMarginSoftmax(torch.autograd.Function):
                 row_stats, grad_loss, at_target, margin_slope, norm_slope, has_target, scale, ctx.smoothing
             )
             scaled_x = (x_unit * row_factor[:, None]).to(ctx.compute_dtype)
+            limits = row_limits(ctx.gradient_filter, row_stats) if ctx.gradient_filter else None
             grad_x_unit = torch.zeros_like(x_unit) if wants_x else None
             grad_weight = torch.zeros_like(weight) if wants_weight and optimizer is None else None
             if wants_weight and optimizer is not None:
@@ -203,13 +217,16 @@ class TiledMarginSoftmax(torch.autograd.Function):
                 w_op = scratch.cast("operand", stored, ctx.compute_dtype) if gemm.reduced else w
                 inv_norm = inv_norms[rows.start : rows.stop]
                 if fused_gemm:
-                    grad_raw = ctx.tile_ops.logit_grad_rows(
+                    grad_raw, kept = ctx.tile_ops.logit_grad_rows(
                         x_logit_op, weight, rows, inv_norm, scale, global_max, target_column, corrected_target,
-                        scratch.get("grad_raw", batch, len(rows), ctx.compute_dtype), ctx.negatives,
+                        scratch.get("grad_raw", batch, len(rows), ctx.compute_dtype), ctx.negatives, limits,
                     )  # fmt: skip
                 else:
-                    grad_raw = _logit_grad(ctx, scratch, gemm, x_logit_op, w, w_op, rows, inv_norm * scale,
-                                           global_max, target_column, corrected_target, shift)  # fmt: skip
+                    grad_raw, kept = _logit_grad(ctx, scratch, gemm, x_logit_op, w, w_op, rows, inv_norm * scale,
+                                                 global_max, target_column, corrected_target, shift, limits)  # fmt: skip
+                columns = None if kept is None else _kept_columns(kept, ctx.tile_ops.filter_block, len(rows))
+                if columns is not None:  # the gradient filter left these classes out of both products
+                    grad_raw, w_op = grad_raw.index_select(1, columns), w_op.index_select(0, columns)
                 if wants_x and grad_raw.dtype == stat_dtype:
                     grad_x_unit.addmm_(grad_raw, w_op)
                 elif wants_x:
@@ -217,6 +234,9 @@ class TiledMarginSoftmax(torch.autograd.Function):
                 if not wants_weight:
                     continue
                 raw_grad = scratch.mm("weight_grad", grad_raw.t(), scaled_x, stat_dtype)
+                if columns is not None:  # the classes left out have no gradient but are still updated
+                    all_rows = scratch.get("weight_grad_rows", len(rows), raw_grad.shape[1], stat_dtype)
+                    raw_grad = all_rows.zero_().index_copy_(0, columns, raw_grad)
                 if single_pass and optimizer.single_pass_update(weight, rows, raw_grad, inv_norm):
                     continue  # the radial part and the update in one Triton pass
                 # through 1/|w|: the component along w is removed, per class
@@ -232,4 +252,4 @@ class TiledMarginSoftmax(torch.autograd.Function):
                 grad_x = ms.through_normalization(grad_x_unit, x_unit, x_norm, grad_norm).to(
                     ctx.embedding_dtype
                 )
-        return grad_x, grad_weight, None, None, None, None, None, None, None, None, None, None
+        return grad_x, grad_weight, None, None, None, None, None, None, None, None, None, None, None

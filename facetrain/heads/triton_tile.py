@@ -141,11 +141,11 @@ def _softmax_stats_kernel(x_ptr, w_ptr, index_ptr, target_ptr, inv_norm_ptr, par
 
 @triton.jit
 def _logit_grad_kernel(x_ptr, w_ptr, index_ptr, target_ptr, inv_norm_ptr, global_max_ptr, corrected_ptr,
-                       out_ptr, threshold_ptr, linear_ptr, quadratic_ptr, B, T, D, tile_start, scale, stride_x,
-                       stride_w, stride_out, HAS_INDEX: tl.constexpr, BLOCK_B: tl.constexpr,
-                       BLOCK_C: tl.constexpr, BLOCK_D: tl.constexpr, PRECISION: tl.constexpr,
-                       MODULATE: tl.constexpr):  # fmt: skip
-    _, _, b_offs, c_offs = _program_block(B, BLOCK_B, BLOCK_C)
+                       out_ptr, threshold_ptr, linear_ptr, quadratic_ptr, limit_ptr, kept_ptr, B, T, D,
+                       tile_start, scale, stride_x, stride_w, stride_out, c_blocks, HAS_INDEX: tl.constexpr,
+                       BLOCK_B: tl.constexpr, BLOCK_C: tl.constexpr, BLOCK_D: tl.constexpr,
+                       PRECISION: tl.constexpr, MODULATE: tl.constexpr, FILTER: tl.constexpr):  # fmt: skip
+    pid_b, pid_c, b_offs, c_offs = _program_block(B, BLOCK_B, BLOCK_C)
     b_mask, c_mask = b_offs < B, c_offs < T
     dots, _ = _tile_logits(x_ptr, w_ptr, index_ptr, b_offs, c_offs, B, T, D, tile_start, stride_x, stride_w,
                            HAS_INDEX, BLOCK_B, BLOCK_C, BLOCK_D, PRECISION)  # fmt: skip
@@ -159,7 +159,14 @@ def _logit_grad_kernel(x_ptr, w_ptr, index_ptr, target_ptr, inv_norm_ptr, global
         exps = tl.exp(dots * column_factor[None, :] - global_max[:, None])
     target = tl.load(target_ptr + b_offs, mask=b_mask, other=-1) - tile_start
     corrected = tl.load(corrected_ptr + b_offs, mask=b_mask, other=0.0)
-    grad = tl.where(c_offs[None, :] == target[:, None], corrected[:, None], exps) * column_factor[None, :]
+    grad = tl.where(c_offs[None, :] == target[:, None], corrected[:, None], exps)
+    if FILTER:  # the gradient filter (`gradient_filter.py`): a block all below its rows' limits is zeroed
+        limit = tl.load(limit_ptr + b_offs, mask=b_mask, other=float("inf"))
+        above = (tl.abs(grad) >= limit[:, None]) & c_mask[None, :]
+        kept = tl.max(tl.max(above.to(tl.int32), axis=1), axis=0)
+        tl.store(kept_ptr + pid_b * c_blocks + pid_c, kept.to(tl.int8))
+        grad = grad * (kept > 0).to(tl.float32)
+    grad = grad * column_factor[None, :]
     out = out_ptr + b_offs[:, None] * stride_out + c_offs[None, :]
     tl.store(
         out,
@@ -221,22 +228,31 @@ def online_softmax_rows(x_op, weight, rows, inv_norm, scale, target_column, runn
 
 
 def logit_grad_rows(x_op, weight, rows, inv_norm, scale, global_max, target_column, corrected_target, out,
-                    negatives=None):  # fmt: skip
+                    negatives=None, limits=None):  # fmt: skip
     """The tile's gradient with respect to its raw dot products (`tile_kernel.logit_grad_tile`'s), from
-    the logits recomputed on-chip, into `out` (B x t in the GEMM dtype)."""
+    the logits recomputed on-chip, into `out` (B x t in the GEMM dtype), and with the gradient filter's
+    row `limits` which blocks it kept (row blocks x class blocks, int8; None without the filter)."""
     grid, pointers, sizes, has_index = _launch_args(x_op, weight, rows)
+    c_blocks = triton.cdiv(len(rows), BLOCKS["BLOCK_C"])
+    kept = None
+    if limits is not None:
+        row_blocks = triton.cdiv(x_op.shape[0], BLOCKS["BLOCK_B"])
+        kept = torch.empty(row_blocks, c_blocks, dtype=torch.int8, device=out.device)
     _logit_grad_kernel[grid](
         *pointers, target_column, inv_norm, global_max, corrected_target, out,
-        *_modulation_args(negatives, global_max), *sizes, scale, x_op.stride(0), weight.stride(0), out.stride(0),
-        HAS_INDEX=has_index, PRECISION=fp32_dot_precision(), MODULATE=negatives is not None, **BLOCKS,
+        *_modulation_args(negatives, global_max), global_max if limits is None else limits,
+        out if kept is None else kept, *sizes, scale, x_op.stride(0), weight.stride(0), out.stride(0), c_blocks,
+        HAS_INDEX=has_index, PRECISION=fp32_dot_precision(), MODULATE=negatives is not None,
+        FILTER=limits is not None, **BLOCKS,
     )  # fmt: skip
-    return out
+    return out, kept
 
 
 class TritonTileOps:
     """`tile_kernel.TileOps`' counterpart for `TiledMarginSoftmax`: the tile's GEMM is inside its ops."""
 
     fused_gemm = True
+    filter_block = (BLOCKS["BLOCK_B"], BLOCKS["BLOCK_C"])  # the gradient filter skips the kernels' blocks
     compiled = False
     dtypes = DTYPES
     online_softmax_rows = staticmethod(online_softmax_rows)

@@ -99,9 +99,13 @@ def resolve_head_plan(
     if kernel == "triton" and settings.label_smoothing:  # auto: Triton's tiles have no smoothing
         kernel = "torch"
         reasons.append("torch tiles for head.label_smoothing")
+    if settings.gradient_filter and mode != "tiled":  # head.mode auto chose the exact untiled head
+        reasons.append("no head.gradient_filter on the untiled head")
+    gradient_filter = settings.gradient_filter if mode == "tiled" else 0.0
     plan = HeadPlan(
-        mode, tile, weight_dtype, state_dtype, fused and conflict is None, settings.compile_tiles, kernel
-    )
+        mode, tile, weight_dtype, state_dtype, fused and conflict is None, settings.compile_tiles, kernel,
+        gradient_filter,
+    )  # fmt: skip
     return plan, "; ".join(reasons)
 
 
@@ -116,6 +120,7 @@ def describe_plan(plan: HeadPlan, reasons: str, cfg: Config, num_classes: int, d
         reduced_precision_gemm=cfg.train.precision != "fp32",
     )  # fmt: skip
     kernel = ", triton kernel" if plan.kernel == "triton" else ""
+    kernel += f", gradient filter {plan.gradient_filter:g}" if plan.gradient_filter else ""
     how = f"tiled, {plan.tile_classes:,} classes a tile{kernel}" if plan.tiled else "untiled"
     why = f" ({reasons})" if reasons else ""
     updates = f"fused {cfg.optim.name}" if plan.fused_optimizer else f"torch {cfg.optim.name}"
