@@ -10,7 +10,10 @@ import torch
 from click.testing import CliRunner
 
 from facetrain.bench.common import mean_of_max_over_ranks, timed_repeats
+from facetrain.bench.head_bytes import summarize_passes, tiled_passes
 from facetrain.bench.head_capacity_report import FILES as CAPACITY_FILES
+from facetrain.bench.head_cases import BENCH_HEADS, HeadCase
+from facetrain.bench.head_peers import PEERS
 from facetrain.bench.head_report import FILES
 from facetrain.cli import main
 from facetrain.parallel.workers import WorkerError, WorkerPool
@@ -114,6 +117,28 @@ def test_tiled_rows_send_what_the_untiled_head_sends_and_hold_less(tiny_run):
                 tiled[num_classes]["bytes_sent_per_rank_per_step"]
                 == (sharded[num_classes]["bytes_sent_per_rank_per_step"])
             )
+
+
+def test_tiled_rows_report_their_memory_traffic(tiny_run):
+    """The modelled bytes of the largest shard's step (head_bytes.py), the copy bandwidth measured in the
+    worker, and what follows from them; the untiled rows have no model."""
+    out, report, _ = tiny_run
+    for row in report["results"]:
+        assert ("traffic" in row) == (row["head"] == "tiled"), row["head"]
+        if "traffic" not in row:
+            continue
+        traffic = row["traffic"]
+        shard = max(row["shard_classes_per_rank"])
+        expected = summarize_passes(tiled_passes(shard, DIM, BATCH, 4, 4, "torch"))
+        assert traffic["bytes_by_kind"] == expected and traffic["bytes_moved"] == expected["total"]
+        assert traffic["copy_gbs"] > 0
+        assert traffic["achieved_gbs"] == pytest.approx(expected["total"] / row["step_ms"] * 1e3 / 1e9)
+        assert traffic["bandwidth_fraction"] == pytest.approx(traffic["achieved_gbs"] / traffic["copy_gbs"])
+        assert traffic["floor_ms"] == pytest.approx(expected["total"] / (traffic["copy_gbs"] * 1e9) * 1e3)
+    assert "traffic" in report["methods"]
+    table = (out / FILES.names["table"]).read_text()
+    assert "Memory traffic of the tiled steps" in table
+    assert table.count("| tiled | ") == 2 * len(CLASSES) * len(WORLD_SIZES)  # the main table and this one
 
 
 @pytest.mark.slow
@@ -239,3 +264,15 @@ def test_worker_pool_runs_every_rank_and_reports_failures():
             pool.run(report_rank, 1)
         with pytest.raises(WorkerError, match="closed"):
             pool.run(report_rank, -1)
+
+
+def test_filter_rows_run_the_tiled_heads_at_cce_default():
+    """bench head's filter rows: facetrain's heads with Cut Cross-Entropy's default threshold, beside
+    CCE's own rows with and without its filter (`--peers cce`)."""
+    case = HeadCase("tiled_filter", 40, 1, 8, 16, tile_classes=16)
+    head = BENCH_HEADS.build("tiled_filter").build(case)
+    assert head.plan.gradient_filter == 2.0**-12 and head.plan.kernel == "torch"
+    for name in ("tiled_triton_filter", "tiled_triton_softmax_filter"):
+        assert BENCH_HEADS.build(name).gradient_filter == 2.0**-12
+    assert "2^-12" in BENCH_HEADS.build("tiled_triton_softmax_filter").describe(case)
+    assert PEERS["cce"] == ("cce", "cce_exact")

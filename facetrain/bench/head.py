@@ -24,6 +24,7 @@ from facetrain.bench.common import (
     parse_int_list,
     parse_name_list,
 )
+from facetrain.bench.head_bytes import summarize_passes, traffic_figures
 from facetrain.bench.head_capacity import CapacitySettings, run_capacity_benchmark
 from facetrain.bench.head_cases import BENCH_HEADS, HeadCase
 from facetrain.bench.head_measure import measure_case
@@ -56,6 +57,11 @@ METHODS = {
     "(cuda-max-allocated)",
     "bytes_sent": "per rank per step, counted by facetrain.parallel.traffic around the last step (ring model: all-gather sends "
     "(N-1)/N of the result, all-reduce twice its buffer's (N-1)/N)",
+    "traffic": "tiled heads: the bytes the largest shard's step reads and writes in device memory, counted from its "
+    "plan pass by pass (facetrain/bench/head_bytes.py: each pass over a C x D or B x C tensor once, B x D "
+    "left out); copy_gbs: a device copy of 2 x 128 MiB (CPU) or 2 x 1 GiB (CUDA) buffers, read + write "
+    "over its best of 5, on the rank's device and threads; achieved_gbs: bytes / step time; floor_ms: "
+    "bytes / copy bandwidth",
 }
 
 
@@ -146,6 +152,14 @@ def summarize(case: HeadCase, ranks: list[dict]) -> dict:
     if ranks[0]["gemm_s"] is not None:
         summary["gemm_ms"] = 1000 * mean_of_max_over_ranks([rank["gemm_s"] for rank in ranks])
         summary["step_over_gemm"] = step_ms / summary["gemm_ms"]
+    passes = BENCH_HEADS.build(case.head).traffic(case)
+    if passes is not None and ranks[0].get("copy_bandwidth"):
+        bandwidth = min(rank["copy_bandwidth"] for rank in ranks)
+        parts = summarize_passes(passes)
+        summary["traffic"] = {
+            "bytes_by_kind": parts,
+            **traffic_figures(parts["total"], step_ms / 1000, bandwidth),
+        }
     return summary
 
 

@@ -13,9 +13,11 @@ from dataclasses import dataclass
 import torch
 from torch import nn
 
+from facetrain.bench.head_bytes import Pass, tiled_passes
 from facetrain.errors import FacetrainError
 from facetrain.heads import DenseMarginHead, HeadPlan, ShardedMarginHead, class_range, collectives
 from facetrain.heads.fused_optim import FusedSGD
+from facetrain.heads.gradient_filter import CCE_DEFAULT
 from facetrain.heads.kernel_choice import resolve_kernel
 from facetrain.heads.margins import build_margin
 from facetrain.heads.memory import estimate_head_memory
@@ -89,6 +91,11 @@ class BenchHead:
         for a head that updates itself inside the backward."""
         return torch.optim.SGD(head.parameters(), **SGD_SETTINGS)
 
+    def traffic(self, case: HeadCase) -> list[Pass] | None:
+        """The passes over C x D and B x C tensors the largest shard's step makes (`head_bytes.py`), or
+        None where the benchmark has no model of them."""
+        return None
+
     def estimate_bytes_per_rank(self, case: HeadCase, with_optimizer: bool = False) -> list[int]:
         """Peak growth per rank; with the optimizer, the torch optimizer's momentum is added."""
         momentum = [
@@ -144,18 +151,24 @@ class TiledBench(BenchHead):
     times_gemms = True
     storage = torch.float32
     kernel = "torch"
+    gradient_filter = 0.0
     computes = "{margin}, its fused SGD update included"
 
     def build(self, case: HeadCase) -> nn.Module:
         plan = HeadPlan(
-            "tiled", case.tile_classes, self.storage, self.storage, fused_optimizer=True, kernel=self.kernel
-        )
+            "tiled", case.tile_classes, self.storage, self.storage, fused_optimizer=True, kernel=self.kernel,
+            gradient_filter=self.gradient_filter,
+        )  # fmt: skip
         head = ShardedMarginHead(case.num_classes, case.dim, margin=self.margin_of(case), plan=plan)
         head.fuse_optimizer(FusedSGD([head.weight], state_dtype=self.storage, **SGD_SETTINGS))
         return head
 
     def optimizer(self, head: nn.Module) -> torch.optim.Optimizer | None:
         return None
+
+    def traffic(self, case: HeadCase) -> list[Pass] | None:
+        storage, gemm = self.storage.itemsize, case.gemm_dtype.itemsize
+        return tiled_passes(case.shard_classes(0), case.dim, case.batch, storage, gemm, self.kernel)
 
     def estimate_bytes_per_rank(self, case: HeadCase, with_optimizer: bool = False) -> list[int]:
         return [
@@ -165,6 +178,14 @@ class TiledBench(BenchHead):
             ).total
             for rows in self.weight_rows_per_rank(case)
         ]  # fmt: skip
+
+
+@BENCH_HEADS.register("tiled_filter")
+class TiledFilterBench(TiledBench):
+    """The tiled head with Cut Cross-Entropy's default gradient filter (`head.gradient_filter` 2^-12)."""
+
+    gradient_filter = CCE_DEFAULT
+    computes = "{margin}, gradient blocks below 2^-12 skipped (approximate), its fused SGD update included"
 
 
 @BENCH_HEADS.register("tiled_bf16")
@@ -229,6 +250,25 @@ class TiledTritonSoftmaxBench(TiledTritonBench):
 
     margin = "softmax"
     computes = "normalised softmax s 64, no margin, Triton tiles, its fused SGD update included"
+
+
+@BENCH_HEADS.register("tiled_triton_filter")
+class TiledTritonFilterBench(TiledTritonBench):
+    """The Triton tiles with the gradient filter at Cut Cross-Entropy's default (2^-12)."""
+
+    gradient_filter = CCE_DEFAULT
+    computes = "{margin}, Triton tiles, gradient blocks below 2^-12 skipped (approximate), fused SGD included"
+
+
+@BENCH_HEADS.register("tiled_triton_softmax_filter")
+class TiledTritonSoftmaxFilterBench(TiledTritonSoftmaxBench):
+    """No margin, Triton tiles, the gradient filter at 2^-12: what CCE's default row computes, normalised."""
+
+    gradient_filter = CCE_DEFAULT
+    computes = (
+        "normalised softmax s 64, no margin, Triton tiles, gradient blocks below 2^-12 skipped "
+        "(approximate), fused SGD included"
+    )
 
 
 @BENCH_HEADS.register("dense")

@@ -13,6 +13,7 @@ import torch
 
 import facetrain.bench.head_peers  # noqa: F401  (registers the peers in the worker)
 from facetrain.bench.common import peak_memory, timed_repeats
+from facetrain.bench.head_bytes import copy_bandwidth
 from facetrain.bench.head_cases import BENCH_HEADS, BenchHead, HeadCase
 from facetrain.devices import rank_device
 from facetrain.heads import collectives
@@ -89,7 +90,8 @@ def measure_case(
     """One rank's figures for `case`: step times, peak memory growth, bytes sent, GEMM times.
 
     A step is forward + backward (+ the optimizer with `with_optimizer`; the tiled head's own update is
-    part of its backward). Runs inside a benchmark worker; ranks line up at a barrier before every
+    part of its backward). Where the kind has a model of its step's memory traffic, the copy bandwidth of
+    this rank's device (measured once a process) comes with the figures. Runs inside a benchmark worker; ranks line up at a barrier before every
     step, so each step's time on the slowest rank is the step time of the group. `time_gemms=False`
     skips the GEMM timing, whose fp32 C x D and B x C operands would not fit beside a bf16 head sized
     to fill the memory (the capacity benchmark's largest runs).
@@ -112,4 +114,5 @@ def measure_case(
         "gemm_s": _time_shard_gemms(case, rank, steps, warmup, device)
         if kind.times_gemms and time_gemms
         else None,
+        "copy_bandwidth": copy_bandwidth(device.type) if kind.traffic(case) is not None else None,
     }

@@ -122,7 +122,29 @@ def table(report: dict) -> str:
         "sent/rank/step",
     ]
     lines = markdown_table(titles, map(_table_row, report["results"]))
-    return "\n".join(lines + _computes(report) + peer_table(report) + report_footer(report)) + "\n"
+    tables = _computes(report) + traffic_table(report) + peer_table(report)
+    return "\n".join(lines + tables + report_footer(report)) + "\n"
+
+
+def traffic_table(report: dict) -> list[str]:
+    """The tiled heads' step against the device's memory bandwidth (`head_bytes.py`); empty without them."""
+    titles = ["C", "N", "head", "step ms", "moved", "weight + state", "row copies", "grad tiles", "logit tiles",
+              "floor ms", "achieved GB/s", "copy GB/s", "of copy bandwidth"]  # fmt: skip
+    cells = []
+    for row in report["results"]:
+        if row["status"] != "ok" or "traffic" not in row:
+            continue
+        traffic, parts = row["traffic"], row["traffic"]["bytes_by_kind"]
+        cells.append(
+            [
+                f"{row['num_classes']:,}", str(row["world_size"]), label(row), f"{row['step_ms']:.1f}",
+                format_bytes(parts["total"]), *(format_bytes(parts[kind]) for kind in ("weight", "copies", "grad", "logits")),
+                f"{traffic['floor_ms']:.3g}", f"{traffic['achieved_gbs']:.3g}", f"{traffic['copy_gbs']:.3g}",
+                f"{100 * traffic['bandwidth_fraction']:.0f} %",
+            ]
+        )  # fmt: skip
+    return ["", "Memory traffic of the tiled steps (modelled bytes, measured bandwidth):", "",
+            *markdown_table(titles, cells)] if cells else []  # fmt: skip
 
 
 def _computes(report: dict) -> list[str]:
