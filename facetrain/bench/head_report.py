@@ -139,7 +139,7 @@ def traffic_table(report: dict) -> list[str]:
             [
                 f"{row['num_classes']:,}", str(row["world_size"]), label(row), f"{row['step_ms']:.1f}",
                 format_bytes(parts["total"]), *(format_bytes(parts[kind]) for kind in ("weight", "copies", "grad", "logits")),
-                f"{traffic['floor_ms']:.3g}", f"{traffic['achieved_gbs']:.3g}", f"{traffic['copy_gbs']:.3g}",
+                f"{traffic['floor_ms']:,.1f}", f"{traffic['achieved_gbs']:.3g}", f"{traffic['copy_gbs']:.3g}",
                 f"{100 * traffic['bandwidth_fraction']:.0f} %",
             ]
         )  # fmt: skip
