@@ -62,11 +62,12 @@ def compiled_ddp_step_warnings(rank: int, world_size: int) -> list[str]:
 
 
 @pytest.mark.slow
+@pytest.mark.timeout(1200)  # two ranks compile at once: 3-10 minutes each on 2 busy cores
 @NEEDS_A_COMPILER
 def test_a_compiled_backbone_under_ddp_gets_its_gradients_without_a_layout_warning():
     """The compiled backward hands the 1x1 convolutions' weight gradients in channels_last strides;
     they reach DDP's buckets without torch's "Grad strides do not match bucket view strides" warning
     on each rank (issue 58). Measured when written: both ranks warned before
     `gradient_as_bucket_view`; with model.channels_last neither did, before or after."""
-    per_rank = run_distributed(compiled_ddp_step_warnings, 2, timeout=600)
+    per_rank = run_distributed(compiled_ddp_step_warnings, 2, timeout=1100)
     assert [[text for text in caught if "bucket view strides" in text] for caught in per_rank] == [[], []]
