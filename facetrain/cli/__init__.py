@@ -57,7 +57,7 @@ def main() -> None:
     \b
     Examples:
       facetrain synth -o data/synth                   # make the built-in dataset
-      facetrain train -c configs/demo.yaml --nproc 2  # train on 2 CPU processes
+      facetrain train -c demo --nproc 2               # recipe demo on 2 CPU processes
       facetrain eval runs/demo/checkpoints/last --pairs data/synth/heldout/pairs.txt
       facetrain export runs/demo/checkpoints/best -o runs/demo/export
       facetrain compare runs/demo/export a.png b.png

@@ -5,15 +5,11 @@ from __future__ import annotations
 import click
 import yaml
 
+from facetrain.cli.conventions import config_option
+
 
 @click.command()
-@click.option(
-    "-c",
-    "--config",
-    "config_path",
-    type=click.Path(dir_okay=False),
-    help="A recipe's name (--recipes lists them) or a YAML config file.",
-)
+@config_option
 @click.option("--set", "overrides", multiple=True, metavar="SECTION.KEY=VALUE", help="Override a value.")
 @click.option(
     "--world-size",
