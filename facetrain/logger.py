@@ -17,7 +17,7 @@ test's captured stream gets it). A progress bar draws on stderr and redraws in p
 under it would be overwritten, or break it in two. `progress` installs a writer (`set_console_writer`)
 that clears the bars, writes the line and redraws them. The run's `train.log` is another handler on
 the same logger (`run_log`); a record logged with `extra=LOG_ONLY` goes to it and to no console, for
-lines the user already sees another way (a progress bar's own line, a Python warning).
+lines the user already sees another way (a progress bar's own line).
 """
 
 from __future__ import annotations

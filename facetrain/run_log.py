@@ -24,7 +24,7 @@ import time
 import warnings
 from pathlib import Path
 
-from facetrain.logger import LOG_ONLY, RankFilter, logger, rank, rank_line
+from facetrain.logger import RankFilter, logger, rank, rank_line
 
 LOG_NAME = "train.log"
 _MAX_HELD = 1000  # lines held before the run directory is known
@@ -91,7 +91,9 @@ def start_header(started: str, world_size: int) -> str:
 
 def attach(run_dir: Path, header: str) -> None:
     """From now on this process's lines go to `run_dir`'s log; rank 0 writes `header` and the lines
-    held so far. Python warnings of any rank go there too (and on to stderr, as ever)."""
+    held so far. A Python warning of any rank (torch's among them) becomes one facetrain warning line,
+    on the console and in the log, the first time its text comes: torch's run over several lines, and
+    a rank that repeats one at every step would bury the run's own lines."""
     global _previous_showwarning
     _handler.path = Path(run_dir) / LOG_NAME
     if rank() == "0":
@@ -99,10 +101,13 @@ def attach(run_dir: Path, header: str) -> None:
     _handler.held.clear()
     if _previous_showwarning is None:
         _previous_showwarning = warnings.showwarning
+        said: set[str] = set()
 
         def showwarning(message, category, filename, lineno, file=None, line=None):
-            logger.warning(f"warning: {category.__name__}: {message}", extra=LOG_ONLY)
-            _previous_showwarning(message, category, filename, lineno, file, line)
+            text = f"warning: {category.__name__}: {' '.join(str(message).split())}"
+            if text not in said:
+                said.add(text)
+                logger.warning(text)
 
         warnings.showwarning = showwarning
 

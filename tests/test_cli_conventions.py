@@ -21,7 +21,7 @@ from tests.support.train_helpers import tiny_config
 
 MODEL_COMMANDS = ("eval", "export", "embed", "compare")
 # commands that show no progress bar, so have no -q/--quiet
-WITHOUT_PROGRESS = {"compare", "config", "plot", "pairs", "bench train"}
+WITHOUT_PROGRESS = {"compare", "config", "plot", "pairs", "bench train", "slurm-script"}
 NOTICE = "is the old spelling, kept for this release only; write"
 
 

@@ -37,7 +37,7 @@ def test_top_level_help_lists_commands_in_the_order_of_the_work():
     assert result.exit_code == 0, result.output
     listed = _listed_commands(result.output)
     assert listed[: len(WORK_ORDER) + 1] == [*WORK_ORDER, "bench"]
-    assert sorted(listed[len(WORK_ORDER) + 1 :]) == ["config", "plot"]
+    assert sorted(listed[len(WORK_ORDER) + 1 :]) == ["config", "plot", "slurm-script"]
 
 
 def test_train_help_names_the_sections_and_points_to_facetrain_config():

@@ -166,6 +166,7 @@ def test_the_readme_blocks_are_parsed_run_or_named_here():
     blocks = readme_blocks()
     assert set(blocks) == {
         "Quick start",  # run on tiny data below
+        "Quick start #2",  # pip: tests/test_packaging.py runs it with the wheel installed in a fresh venv
         "On a laptop (CPU)",  # run exactly as printed below
         "On a laptop (CPU) #2",  # dlib: parsed only
         "Person re-identification quick start",  # run on tiny pedestrians below
@@ -181,15 +182,22 @@ def test_the_readme_blocks_are_parsed_run_or_named_here():
         assert block_commands(blocks[heading]), heading
 
 
-def test_the_readme_slurm_commands_submit_shipped_scripts_with_train_arguments():
+def test_the_readme_slurm_commands_write_the_shipped_scripts_and_submit_them_with_train_arguments():
     from facetrain.cli.train_cmd import train
 
     lines = [line for line in readme_blocks()["On GPUs #3"].splitlines() if line.strip()]
-    assert len(lines) == 2
-    for line in lines:
+    assert len(lines) == 4
+    written = {}
+    for line in lines[0::2]:  # facetrain slurm-script [--nodes N] > SCRIPT
+        words = shlex.split(line, comments=True)
+        result = CliRunner().invoke(main, words[1 : words.index(">")])
+        assert result.exit_code == 0 and result.stdout.startswith("#!/usr/bin/env bash"), line
+        written[words[-1]] = result.stdout
+    assert "#SBATCH --nodes=2\n" in written["train_multinode.sbatch"]
+    for line in lines[1::2]:
         words = shlex.split(line)
         script = next(word for word in words if word.endswith(".sbatch"))
-        assert words[0] == "sbatch" and (REPO / script).is_file(), line
+        assert words[0] == "sbatch" and script in written, line
         train.make_context("train", words[words.index(script) + 1 :])  # raises on an unknown option
 
 

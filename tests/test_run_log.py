@@ -64,6 +64,19 @@ def test_other_ranks_log_only_their_problems_named_by_rank(attached, monkeypatch
     ]
 
 
+def test_a_python_warning_is_one_line_once_in_the_log_and_on_the_console(attached, capsys):
+    """torch's warnings run over several lines and may come at every step (issue 58): the run says
+    each once, in one line, and nothing else of it reaches the console."""
+    with warnings.catch_warnings():
+        warnings.simplefilter("always")
+        for _ in range(3):
+            warnings.warn("Grad strides do not match.\ngrad.sizes() = [8, 4]", UserWarning, stacklevel=1)
+    line = "warning: UserWarning: Grad strides do not match. grad.sizes() = [8, 4]"
+    assert logged_lines(attached) == ["=== header", line]
+    console = capsys.readouterr()
+    assert (console.out + console.err).splitlines() == [line]
+
+
 def test_a_bar_on_a_terminal_leaves_its_plain_last_line_in_the_log(attached):
     with ProgressBar(total=4, desc="train", unit="step") as bar:
         bar.plain_lines = False  # drawn as on a terminal

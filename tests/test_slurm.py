@@ -1,4 +1,4 @@
-"""tools/slurm/train.sbatch on a real one-node Slurm (tests/support/slurm_cluster.py): requeued from outside,
+"""`facetrain slurm-script`'s train.sbatch on a real one-node Slurm (tests/support/slurm_cluster.py): requeued from outside,
 stopped by its time-limit warning and requeued by itself, it ends bit for bit where an uninterrupted
 run ends, leaves no process behind, and its output and train.log say what happened. And
 train_multinode.sbatch, on a one-node allocation.
@@ -26,13 +26,11 @@ from facetrain.data import prepare_train_data
 from facetrain.train.run_config import load_config
 from tests.support.fault_helpers import ENV, assert_same_checkpoint, logged_step
 from tests.support.slurm_cluster import SlurmCluster, job_processes, slurm_cluster  # noqa: F401 (a fixture)
-from tests.support.train_helpers import REPO, tiny_config
+from tests.support.train_helpers import run_cli, tiny_config
 
 pytestmark = pytest.mark.slow
 
 TORCHRUN = str(Path(sys.executable).parent / "torchrun")
-SCRIPT = REPO / "tools" / "slurm" / "train.sbatch"
-MULTINODE_SCRIPT = REPO / "tools" / "slurm" / "train_multinode.sbatch"
 # the second start must still train when the controller's time-limit check comes, up to 30 s after the
 # test shortens the limit: on 2 cores, beside the reference run, 2 ranks took 11-18 steps a second
 STEPS = 1000
@@ -54,6 +52,15 @@ def wait_for(condition, what: str, timeout: float = 120) -> None:
     while not condition():
         assert time.monotonic() < deadline, f"{what} not within {timeout} s"
         time.sleep(0.2)
+
+
+def written_script(folder: Path, *options: str) -> str:
+    """`facetrain slurm-script OPTIONS > NAME.sbatch` in `folder`, as a user writes it: the name."""
+    name = "train_multinode.sbatch" if options else "train.sbatch"
+    printed = run_cli("slurm-script", *options)
+    assert printed.returncode == 0, printed.stderr
+    (folder / name).write_text(printed.stdout)
+    return name
 
 
 def submit(cluster: SlurmCluster, folder: Path, *arguments: str) -> str:
@@ -120,7 +127,7 @@ def test_a_requeued_and_time_limited_job_ends_exactly_like_an_uninterrupted_run(
 
 
 def check_the_job(cluster: SlurmCluster, tmp_path: Path, config: Path, reference: subprocess.Popen) -> None:
-    job_id = submit(cluster, tmp_path, str(SCRIPT), "-c", str(config), "-q")
+    job_id = submit(cluster, tmp_path, written_script(tmp_path), "-c", str(config), "-q")
     run_dir = tmp_path / "runs" / f"{JOB_NAME}-{job_id}"
 
     wait_for(lambda: logged_step(run_dir) >= 3, "the job's first steps")
@@ -156,7 +163,15 @@ def test_the_several_node_script_trains_on_a_one_node_allocation(slurm_cluster, 
     run directory; several physical nodes are not tested (docs/cluster.md)."""
     config = tiny_config(tmp_path, "run", data={"num_workers": 2})
     job_id = submit(
-        slurm_cluster, tmp_path, "--nodes=1", str(MULTINODE_SCRIPT), "-c", str(config), "-o", "mine", "-q"
+        slurm_cluster,
+        tmp_path,
+        "--nodes=1",
+        written_script(tmp_path, "--nodes", "2"),
+        "-c",
+        str(config),
+        "-o",
+        "mine",
+        "-q",
     )
     wait_for(lambda: slurm_cluster.job(job_id).get("JobState") == "COMPLETED", "the job's end", 120)
     output = (tmp_path / f"{JOB_NAME}-{job_id}.out").read_text()

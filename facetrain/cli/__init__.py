@@ -11,6 +11,7 @@ from __future__ import annotations
 import click
 
 from facetrain.cli.lazy_group import LazyGroup
+from facetrain.cli.version import show_version
 
 # name -> "module:attribute" of the click command, in the order of the work, which `--help` keeps:
 # make or prepare data, train, evaluate (the model, then its training set), ship and use the model, bring one in, measure, then the tools
@@ -30,6 +31,7 @@ COMMANDS = {
     "bench": "facetrain.cli.bench_cmd:bench",
     "config": "facetrain.cli.config_cmd:config",
     "plot": "facetrain.cli.plot_cmd:plot",
+    "slurm-script": "facetrain.cli.slurm_cmd:slurm_script",
 }
 
 
@@ -38,7 +40,14 @@ COMMANDS = {
     lazy_commands=COMMANDS,
     context_settings={"help_option_names": ["-h", "--help"], "max_content_width": 100},
 )
-@click.version_option(package_name="facetrain")
+@click.option(
+    "--version",
+    is_flag=True,
+    expose_value=False,
+    is_eager=True,
+    callback=show_version,
+    help="Show the version (and the commit, run from a checkout) and exit.",
+)
 def main() -> None:
     """facetrain: train face recognition and re-id models whose classifier is sharded over ranks.
 
@@ -48,7 +57,7 @@ def main() -> None:
     \b
     Examples:
       facetrain synth -o data/synth                   # make the built-in dataset
-      facetrain train -c configs/demo.yaml --nproc 2  # train on 2 CPU processes
+      facetrain train -c demo --nproc 2               # recipe demo on 2 CPU processes
       facetrain eval runs/demo/checkpoints/last --pairs data/synth/heldout/pairs.txt
       facetrain export runs/demo/checkpoints/best -o runs/demo/export
       facetrain compare runs/demo/export a.png b.png

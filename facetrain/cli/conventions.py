@@ -56,6 +56,17 @@ workers_option = click.option(
     "--workers", type=click.IntRange(min=0), default=0, show_default=True, help="Image decoding processes."
 )
 
+# train's and config's -c: a recipe by name (facetrain.config.recipes) or a YAML file
+config_option = click.option(
+    "-c",
+    "--config",
+    "config_path",
+    type=click.Path(dir_okay=False),
+    metavar="NAME|FILE",
+    help="A recipe's name (`facetrain config --recipes`; in a clone, configs/NAME.yaml) or a YAML file; "
+    "without one, the defaults (r50, GPU-sized).",
+)
+
 
 def batch_size_option(default: int = 128) -> Callable:
     return click.option(

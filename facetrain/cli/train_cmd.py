@@ -10,17 +10,11 @@ from pathlib import Path
 
 import click
 
-from facetrain.cli.conventions import checked_output, quiet_option
+from facetrain.cli.conventions import checked_output, config_option, quiet_option
 
 
 @click.command()
-@click.option(
-    "-c",
-    "--config",
-    "config_path",
-    type=click.Path(dir_okay=False),
-    help="YAML config file, e.g. configs/demo.yaml; without one, the defaults (r50, GPU-sized).",
-)
+@config_option
 @click.option(
     "--set",
     "overrides",
@@ -71,13 +65,14 @@ def train(
     resumes it; under Slurm a requeued job resumes by itself (docs/cluster.md).
 
     Settings come from the config (-c) and --set, in sections data, model, head, loss, optim, train,
-    eval and parallel; `facetrain config -c FILE` prints every key with its value, and a config in
-    configs/ is the place to start (demo.yaml: synthetic faces; laptop.yaml: your own photos).
+    eval and parallel; `facetrain config -c FILE` prints every key with its value, and a recipe is
+    the place to start (`facetrain config --recipes`; demo: synthetic faces; laptop: your own photos;
+    in a clone, configs/demo.yaml and configs/laptop.yaml are the same files).
 
     \b
     Examples:
-      facetrain train -c configs/demo.yaml --nproc 2
-      facetrain train -c configs/laptop.yaml -o runs/mine --set data.path=~/faces --nproc 2 -q
+      facetrain train -c demo --nproc 2
+      facetrain train -c laptop -o runs/mine --set data.path=~/faces --nproc 2 -q
       facetrain train -c configs/ms1mv3_r100.yaml --set train.batch_size=64 --resume auto
       facetrain train -c configs/finetune_iresnet50.yaml --init runs/imported/ms1mv3_r50
       torchrun --nproc-per-node 8 -m facetrain train -c configs/ms1mv3_r100.yaml

@@ -20,6 +20,7 @@ import yaml
 
 from facetrain.config.checks import is_path_field
 from facetrain.config.plain_yaml import PlainYamlError, parse_plain_yaml
+from facetrain.config.recipes import config_file
 from facetrain.errors import FacetrainError
 from facetrain.files import atomic_write_text
 from facetrain.input_files import read_regular_bytes
@@ -35,12 +36,12 @@ MAX_YAML_BYTES = 4 << 20
 def load_tree(
     schema: type[T], path: str | Path | None = None, overrides: list[str] | tuple[str, ...] = ()
 ) -> T:
-    """The dataclass `schema` from YAML file `path` (or its defaults) with `section.key=value` overrides
-    applied."""
+    """The dataclass `schema` from YAML file `path` (a recipe's name names a shipped one, or the
+    defaults) with `section.key=value` overrides applied."""
     raw: dict[str, Any] = {}
     source = config_source(path)
     if path is not None:
-        raw = read_yaml_file(path, "config") or {}
+        raw = read_yaml_file(config_file(path), "config") or {}
         if not isinstance(raw, dict):
             raise FacetrainError(f"config {path}: the top level must be a mapping of sections")
     for override in overrides:

@@ -51,12 +51,20 @@ def wrap_data_parallel(
     default, `facetrain.train.device_defaults`), each replica keeps statistics of its own batches,
     saving a collective a step. Either way the forward normalises with the batch's own statistics and
     checkpoints keep replica 0's running ones.
+
+    The gradients are views of DDP's buckets (`gradient_as_bucket_view`, as torch recommends): each is
+    laid out as its bucket is, with no copy between them. Otherwise a compiled backbone's backward
+    hands a 1x1 convolution's weight gradient in channels_last strides to a bucket laid out as the
+    weight (the two agree but for the size-1 dimensions, which autograd ignores and DDP does not), and
+    DDP warns on every rank that the copy may impair performance.
     """
     if not (dist.is_available() and dist.is_initialized()) or dist.get_world_size(group) == 1:
         return module
     device_ids = [device.index] if device.type == "cuda" else None
     options = {} if broadcast_buffers else {BUFFER_SYNC_OPTION: False}
-    return _TaggedDataParallel(module, device_ids=device_ids, process_group=group, **options)
+    return _TaggedDataParallel(
+        module, device_ids=device_ids, process_group=group, gradient_as_bucket_view=True, **options
+    )
 
 
 def unwrap(module: nn.Module) -> nn.Module:

@@ -33,17 +33,18 @@ def validate(
     source: str = "",
     device_type: str | None = None,
     given: Mapping[str, str] | None = None,
+    reported: Problem | None = None,
 ) -> None:
     """Raise one FacetrainError for the first value the config does not allow.
 
     `source` names the config file in the message, `given` the option that set a key instead
     (`override_origins`: "--set"), so a user looks where the bad value was typed; `world_size` and
     `device_type` ("cpu", "cuda") enable the rules that need them (None: those rules are skipped):
-    pipeline stages must divide the world size, fp16 and nccl need CUDA.
+    pipeline stages must divide the world size, fp16 and nccl need CUDA. `reported` is a problem the
+    caller says itself and is not raised (`facetrain config`'s note on a recipe's placeholder path).
     """
-    raise_first(
-        itertools.chain(field_problems(cfg), rule_problems(cfg, world_size, device_type)), source, given
-    )
+    problems = itertools.chain(field_problems(cfg), rule_problems(cfg, world_size, device_type))
+    raise_first((problem for problem in problems if problem != reported), source, given)
 
 
 def fused_optimizer_conflict(cfg: Config) -> Problem | None:
