@@ -18,10 +18,10 @@ from facetrain.heads.memory import choose_mode, estimate_head_memory
 from facetrain.process_memory import PeakRss
 from tests.support.distributed import run_distributed
 from tests.support.head_plans import head_plan
-from tests.test_head import (
+from tests.support.head_problems import (
+    COSINE_MARGINS,
     EMBEDDING,
     LABEL_PATTERNS,
-    MARGINS,
     NUM_CLASSES,
     assert_matches,
     dense_reference,
@@ -54,7 +54,7 @@ def exactness_worker(rank, world_size):
     results = {}
     for pattern in LABEL_PATTERNS:
         weight, embeddings, labels = make_problem(pattern, torch.float64, world_size=world_size)
-        for margin in MARGINS:
+        for margin in COSINE_MARGINS:
             for tile in TILES:
                 results[pattern, margin, tile] = tiled_step(
                     rank, world_size, margin, tile, weight, embeddings, labels
@@ -68,7 +68,7 @@ def test_tiled_equals_dense_reference(world_size):
         per_rank = [exactness_worker(0, 1)]
     else:
         per_rank = run_distributed(exactness_worker, world_size, timeout=240)
-    assert len(per_rank[0]) == len(LABEL_PATTERNS) * len(MARGINS) * len(TILES)
+    assert len(per_rank[0]) == len(LABEL_PATTERNS) * len(COSINE_MARGINS) * len(TILES)
     for pattern, margin, tile in per_rank[0]:
         weight, embeddings, labels = make_problem(pattern, torch.float64, world_size=world_size)
         loss, grad_x, grad_w, accuracy = dense_reference(margin, weight, embeddings, labels)
