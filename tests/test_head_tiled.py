@@ -239,16 +239,16 @@ def test_a_step_holds_tiles_not_the_class_count():
         del head
     # the memory model (the training log's, head.mode auto's and the scaling model's) to 10 %
     for peak, storage in ((tiled_peak, torch.float32), (bf16_peak, torch.bfloat16)):
-        model = estimate_head_memory(classes, dim, batch, "tiled", tile_classes=tile, weight_dtype=storage,
-                                     state_dtype=storage).total  # fmt: skip
+        plan = HeadPlan("tiled", tile, storage, storage, fused_optimizer=True)
+        model = estimate_head_memory(classes, dim, batch, plan).total
         assert peak.growth_bytes == pytest.approx(model, rel=0.1), storage
 
 
 def test_memory_model_and_auto_mode():
-    untiled = estimate_head_memory(1_000_000, 512, 256, "untiled")
-    tiled = estimate_head_memory(1_000_000, 512, 256, "tiled")
+    untiled = estimate_head_memory(1_000_000, 512, 256, HeadPlan())
+    tiled = estimate_head_memory(1_000_000, 512, 256, HeadPlan("tiled", fused_optimizer=True))
     bf16 = estimate_head_memory(
-        1_000_000, 512, 256, "tiled", weight_dtype=torch.bfloat16, state_dtype=torch.bfloat16
+        1_000_000, 512, 256, HeadPlan("tiled", 8192, torch.bfloat16, torch.bfloat16, fused_optimizer=True)
     )
     assert untiled.persistent == 3 * 4 * 512 * 1_000_000 and untiled.step >= 4 * 256 * 1_000_000
     assert tiled.persistent == 2 * 4 * 512 * 1_000_000 and tiled.gradient == 0
