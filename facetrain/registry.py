@@ -78,6 +78,14 @@ class Registry(Generic[T]):
     def names(self) -> list[str]:
         return sorted(self._entries)
 
+    def canonical_names(self) -> list[str]:
+        """One name per factory, the first it was registered under (aliases such as am_softmax for
+        cosface left out), sorted: what tests run over to cover each entry once."""
+        first: dict[Callable[..., T], str] = {}
+        for name, factory in self._entries.items():
+            first.setdefault(factory, name)
+        return sorted(first.values())
+
     def __contains__(self, name: str) -> bool:
         return name in self._entries or (self._prefix_of(name) is not None and self.problem(name) is None)
 

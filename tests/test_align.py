@@ -24,7 +24,7 @@ from facetrain.align.aligner import FaceAligner
 from facetrain.align.runner import align_folder
 from facetrain.cli import main
 from facetrain.data.decode import decode_image
-from facetrain.eval.embedding import embed_images
+from facetrain.eval.embedding import EmbedSettings, embed_images
 from facetrain.export.exporter import export_loaded
 from facetrain.interop.card import build_card
 from facetrain.interop.loading import LoadedModel, load_model
@@ -203,7 +203,7 @@ def test_compare_align_takes_two_raw_photos(shared_data: Path, model_dir: Path):
     model = load_model(model_dir)
     aligner = FaceAligner(MODEL_SIZE)
     crops = [aligner.align(decode_image(photo)).crop for photo in photos]
-    vectors = embed_images(model.module, crops, MODEL_SIZE, progress=False)
+    vectors = embed_images(model.module, crops, EmbedSettings(MODEL_SIZE, progress=False))
     assert f"similarity {float(vectors[0] @ vectors[1]):.4f}" in result.output
 
 

@@ -21,6 +21,7 @@ from facetrain.bench.scaling_model import (
 from facetrain.bench.scaling_report import FILES
 from facetrain.cli import main
 from facetrain.heads.memory import estimate_head_memory
+from facetrain.heads.plan import HeadPlan
 
 # C 10 over N 2: shards of 5; b 2 a rank: B 4; D 4
 HAND = Step(classes=10, dim=4, batch_per_rank=2, world_size=2)
@@ -86,10 +87,10 @@ def test_the_scaling_model_and_the_training_log_count_memory_alike(mode, precisi
     `facetrain train` logs and head.mode auto decides by is the scaling model's."""
     step = Step(1_000_000, 512, 128, 8, mode=mode, precision=precision, tile_classes=65536)
     storage = torch.bfloat16 if step.weight_bytes == 2 else torch.float32
+    plan = HeadPlan(mode, step.tile_classes, storage, storage, fused_optimizer=mode == "tiled")
     logged = estimate_head_memory(
-        step.shard, step.dim, step.global_batch, mode, tile_classes=step.tile_classes,
-        weight_dtype=storage, state_dtype=storage, reduced_precision_gemm=precision == "bf16",
-    )  # fmt: skip
+        step.shard, step.dim, step.global_batch, plan, reduced_precision_gemm=precision == "bf16"
+    )
     assert logged.total == sum(memory_bytes(step).values())
 
 

@@ -22,8 +22,8 @@ from facetrain.heads import ShardedMarginHead
 from facetrain.models.config import ModelConfig
 from facetrain.parallel.workers import WorkerPool
 from tests.support.head_plans import head_plan
+from tests.support.head_problems import dense_reference, local_rows, make_problem
 from tests.support.train_helpers import logged_losses, run_cli, tiny_config
-from tests.test_head import dense_reference, local_rows, make_problem
 
 pytestmark = [
     pytest.mark.cuda,

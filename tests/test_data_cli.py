@@ -15,7 +15,7 @@ from facetrain.data.folder import scan_image_folder
 from facetrain.data.recordio import write_recordio
 from facetrain.data.stats import find_corrupt_images, guess_source
 from facetrain.errors import FacetrainError
-from tests.test_data_sources import random_rgb, write_image, write_market_tree
+from tests.support.images import random_rgb, write_image, write_market_tree
 
 
 def invoke(*args: str) -> Result:

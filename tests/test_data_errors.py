@@ -14,7 +14,7 @@ from facetrain.data.decode import BadImageError, DataError, decode_image
 from facetrain.data.folder import scan_image_folder
 from facetrain.data.listfile import scan_list_file
 from facetrain.errors import FacetrainError
-from tests.test_data_sources import random_rgb, write_image
+from tests.support.images import random_rgb, write_image
 
 
 def label_only(image: np.ndarray) -> torch.Tensor:

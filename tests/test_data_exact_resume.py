@@ -14,7 +14,7 @@ from facetrain.data import build_train_dataset, build_train_loader
 from facetrain.data.config import AugmentConfig, DataConfig
 from facetrain.data.sample_key import SampleKey, augment_seeds
 from facetrain.data.samplers import IdentitySampler, ResumableDistributedSampler
-from tests.test_data_sources import random_rgb, write_image
+from tests.support.images import random_rgb, write_image
 
 SEED, IMAGES = 11, 36
 EVERY_AUGMENT = AugmentConfig(

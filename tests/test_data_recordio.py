@@ -25,7 +25,7 @@ from facetrain.data.recordio import (
     write_recordio,
 )
 from facetrain.errors import FacetrainError
-from tests.test_data_sources import write_image
+from tests.support.images import write_image
 
 
 def pixels_as_tensor(image: np.ndarray) -> torch.Tensor:

@@ -12,7 +12,7 @@ from facetrain.data.config import DataConfig
 from facetrain.data.samplers import IdentitySampler, ResumableDistributedSampler
 from facetrain.errors import EveryRankError, FacetrainError
 from tests.support.distributed import run_distributed
-from tests.test_data_sources import random_rgb, write_image
+from tests.support.images import random_rgb, write_image
 
 
 def rank_orders(

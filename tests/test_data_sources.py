@@ -2,13 +2,14 @@
 
 from __future__ import annotations
 
+import shutil
 from pathlib import Path
 
-import cv2
 import numpy as np
 import pytest
 import torch
 
+from facetrain.choices import STATS_SOURCES
 from facetrain.data import SOURCES, build_train_dataset, build_train_loader
 from facetrain.data.config import DataConfig
 from facetrain.data.dataset import FaceDataset
@@ -22,23 +23,16 @@ from facetrain.data.market1501 import (
     parse_market1501_name,
     scan_market1501_train,
 )
+from facetrain.data.sources import inspectable_sources, source_record
+from facetrain.data.stats import guess_source
 from facetrain.data.transforms import build_eval_transform
 from facetrain.errors import FacetrainError
+from facetrain.eval.config import EvalConfig
+from facetrain.models.config import ModelConfig
+from facetrain.train.config_paths import missing_path
+from tests.support.images import MARKET_FILES, random_rgb, write_image, write_market_tree
 
 LOSSLESS = (".png", ".bmp", ".pgm")
-
-
-def write_image(path: Path, rgb: np.ndarray) -> None:
-    """Writes RGB (or 2-D grayscale) pixels in the format the suffix names."""
-    path.parent.mkdir(parents=True, exist_ok=True)
-    pixels = rgb[:, :, ::-1] if rgb.ndim == 3 else rgb
-    assert cv2.imwrite(str(path), np.ascontiguousarray(pixels))
-
-
-def random_rgb(rng: np.random.Generator, height: int = 20, width: int = 16) -> np.ndarray:
-    """Smooth random colours, so that lossy formats keep them closely (noise would not survive JPEG)."""
-    coarse = rng.integers(0, 256, (3, 3, 3), dtype=np.uint8)
-    return cv2.resize(coarse, (width, height), interpolation=cv2.INTER_LINEAR)
 
 
 @pytest.fixture
@@ -129,28 +123,6 @@ def test_list_file_without_camera_column(tmp_path):
     assert table.labels.tolist() == [0] and table.cameras.tolist() == [-1]
 
 
-MARKET_FILES = {
-    "bounding_box_train": ["0002_c1s1_000451_03.jpg", "0002_c2s1_000551_01.jpg", "0007_c3s3_012345_02.jpg"],
-    "bounding_box_test": [
-        "-1_c1s1_000401_03.jpg",
-        "0000_c2s1_000301_01.jpg",
-        "0002_c4s2_000801_02.jpg",
-        "0009_c6s4_001201_01.jpg",
-    ],
-    "query": ["0002_c5s1_000901_00.jpg", "0009_c1s1_001001_00.jpg"],
-}
-
-
-def write_market_tree(root: Path) -> Path:
-    """MARKET_FILES as 32x16 images, plus a Thumbs.db in every split as real copies often have."""
-    rng = np.random.default_rng(3)
-    for folder, names in MARKET_FILES.items():
-        for name in names:
-            write_image(root / folder / name, random_rgb(rng, 32, 16))
-        (root / folder / "Thumbs.db").write_bytes(b"\0")
-    return root
-
-
 @pytest.fixture
 def market_root(tmp_path: Path) -> Path:
     return write_market_tree(tmp_path / "market")
@@ -194,19 +166,80 @@ def test_market1501_test_splits_keep_junk_and_distractors_for_the_protocol(marke
         load_market1501_split(market_root, "val")
 
 
-def test_every_source_builds_a_training_dataset(tmp_path, mixed_folder, market_root):
-    root, _ = mixed_folder
+def _recordio_example(tmp_path: Path, folder: Path) -> Path:
     from facetrain.data.recordio import write_recordio
 
-    rec_path, _ = write_recordio(root, tmp_path / "rec" / "train", progress=False)
-    (root / "list.csv").write_text("path,label\nzoe/0.jpg,4\nadam/0.bmp,9\n")
-    paths = {"folder": root, "list": root / "list.csv", "recordio": rec_path, "market1501": market_root}
-    assert set(paths) <= set(SOURCES.names())
-    for source, path in paths.items():
-        dataset = build_train_dataset(DataConfig(source=source, path=str(path), image_size=[16, 16]))
-        image, label = dataset[0]
-        assert image.shape == (3, 16, 16), source
-        assert 0 <= label < dataset.num_classes
+    return write_recordio(folder, tmp_path / "rec" / "train", progress=False)[0]
+
+
+def _list_example(tmp_path: Path, folder: Path) -> Path:
+    (folder / "list.csv").write_text("path,label\nzoe/0.jpg,4\nadam/0.bmp,9\n")
+    return folder / "list.csv"
+
+
+def _synthetic_example(tmp_path: Path, folder: Path) -> Path:
+    shutil.copytree(folder, tmp_path / "synth" / "train")
+    return tmp_path / "synth"
+
+
+# a small example of every registered source, made from the mixed image folder in tmp_path
+EXAMPLES = {
+    "folder": lambda tmp_path, folder: folder,
+    "list": _list_example,
+    "recordio": _recordio_example,
+    "market1501": lambda tmp_path, folder: write_market_tree(tmp_path / "market"),
+    "reid": lambda tmp_path, folder: write_market_tree(tmp_path / "market") / "bounding_box_train",
+    "synthetic": _synthetic_example,
+}
+
+
+def test_every_registered_source_has_an_example_here():
+    assert set(EXAMPLES) == set(SOURCES.names())
+
+
+@pytest.fixture
+def example(request, tmp_path, mixed_folder) -> Path:
+    return EXAMPLES[request.param](tmp_path, mixed_folder[0])
+
+
+@pytest.mark.parametrize("source, example", [(name, name) for name in SOURCES.names()], indirect=["example"])
+def test_every_source_builds_a_training_dataset(source, example):
+    dataset = build_train_dataset(DataConfig(source=source, path=str(example), image_size=[16, 16]))
+    image, label = dataset[0]
+    assert image.shape == (3, 16, 16), source
+    assert 0 <= label < dataset.num_classes
+
+
+GUESSED = [name for name in SOURCES.names() if source_record(name).recognise or source_record(name).fallback]
+
+
+@pytest.mark.parametrize("source, example", [(name, name) for name in GUESSED], indirect=["example"])
+def test_facetrain_data_guesses_each_source_from_its_example(source, example):
+    assert guess_source(example) == source
+
+
+def test_the_cli_source_list_is_the_registry():
+    """`facetrain data --source` offers a constant (its --help imports no reader); it must not drift."""
+    assert sorted(STATS_SOURCES) == inspectable_sources()
+    assert "synthetic" not in STATS_SOURCES  # the set a run makes: `facetrain data` reads it as a folder
+
+
+@pytest.mark.parametrize("source", inspectable_sources())
+def test_a_missing_data_path_says_what_its_source_reads(tmp_path, source):
+    record = source_record(source)
+    config = DataConfig(source=source, path=str(tmp_path / "none"))
+    problem = missing_path(config, EvalConfig(), ModelConfig())
+    assert problem == (
+        "data.path",
+        config.path,
+        f"does not exist; give {record.description}: --set data.path=PATH",
+    )
+    if record.path_kind is not None:
+        other = tmp_path / "other"
+        other.mkdir() if record.path_kind == "file" else other.write_text("")
+        config = DataConfig(source=source, path=str(other))
+        _, _, why = missing_path(config, EvalConfig(), ModelConfig())
+        assert why == f"is not a {record.path_kind}; data.source {source!r} reads {record.description}"
 
 
 def test_orl_faces_read_as_40_identities_of_10_images(shared_data):

@@ -11,7 +11,7 @@ from click.testing import CliRunner
 from facetrain.cli import main
 from facetrain.data.folder import scan_image_folder
 from facetrain.export.inputs import collect_images
-from tests.test_data_sources import random_rgb, write_image
+from tests.support.images import random_rgb, write_image
 
 
 def linked_faces(tmp_path: Path) -> Path:

@@ -23,6 +23,7 @@ from facetrain.heads.memory import (
     cuda_margin,
     estimate_head_memory,
 )
+from facetrain.heads.plan import HeadPlan
 from facetrain.models import build_backbone
 from facetrain.models.config import ModelConfig
 from facetrain.train.device_defaults import (
@@ -164,7 +165,7 @@ def test_the_cuda_margin_is_a_tenth_of_free_memory_and_at_least_a_gib():
 
 
 def test_auto_on_cuda_fits_the_head_into_free_memory_less_backbone_and_margin():
-    untiled = estimate_head_memory(100_000, 512, 1024, "untiled")
+    untiled = estimate_head_memory(100_000, 512, 1024, HeadPlan())
     free = 20 * GiB
     room = free - cuda_margin(free) - untiled.total  # the most the backbone may reserve
     assert choose_mode("auto", untiled, free, False, device_type="cuda", reserved_bytes=room) == "untiled"
@@ -174,7 +175,7 @@ def test_auto_on_cuda_fits_the_head_into_free_memory_less_backbone_and_margin():
 
 
 def test_auto_on_cuda_uses_more_than_the_cpus_half_and_the_cpu_rule_is_unchanged():
-    untiled = estimate_head_memory(1_000_000, 512, 1024, "untiled")
+    untiled = estimate_head_memory(1_000_000, 512, 1024, HeadPlan())
     free = untiled.total + 2 * GiB
     assert untiled.total > AUTO_MEMORY_FRACTION * free
     assert choose_mode("auto", untiled, free, False) == "tiled"
@@ -184,8 +185,8 @@ def test_auto_on_cuda_uses_more_than_the_cpus_half_and_the_cpu_rule_is_unchanged
 
 def test_reduced_precision_gemm_counts_the_16_bit_copy_of_the_class_rows():
     rows, batch = 50_000, 256
-    fp32 = estimate_head_memory(rows, 512, batch, "untiled")
-    autocast = estimate_head_memory(rows, 512, batch, "untiled", reduced_precision_gemm=True)
+    fp32 = estimate_head_memory(rows, 512, batch, HeadPlan())
+    autocast = estimate_head_memory(rows, 512, batch, HeadPlan(), reduced_precision_gemm=True)
     # the rows' 16-bit copy replaces the row-wise dot's fp32 block (never alive beside it); the logit
     # gradient gets a 16-bit copy too
     assert autocast.step - fp32.step == 2 * rows * 512 - 8192 * 512 * 4 + 2 * batch * rows

@@ -23,8 +23,7 @@ from facetrain.train.run_checks import validate
 from facetrain.train.run_config import Config
 from facetrain.train.state import TrainState
 from facetrain.train.step_gate import StepGate, StopSignals
-from tests.support.distributed import run_distributed
-from tests.test_elastic_nodes import free_port
+from tests.support.distributed import free_port, run_distributed
 
 IMAGES, BATCH, GLOBAL = 100, 4, 16
 

@@ -21,6 +21,7 @@ from pathlib import Path
 import pytest
 
 from facetrain.checkpoint import read_meta, resolve_checkpoint
+from tests.support.distributed import free_port
 from tests.support.fault_helpers import ENV, assert_same_weights, wait_for_step
 from tests.support.train_helpers import REPO, tiny_config
 
@@ -35,12 +36,6 @@ def doc_command(document: str, heading: str) -> tuple[dict[str, str], list[str]]
     tokens = shlex.split(next(line for line in lines if "torchrun " in line))
     start = tokens.index("torchrun")
     return dict(token.split("=", 1) for token in tokens[:start]), tokens[start:]
-
-
-def free_port() -> int:
-    with socket.socket() as probe:
-        probe.bind(("127.0.0.1", 0))
-        return probe.getsockname()[1]
 
 
 def on_this_machine(

@@ -12,6 +12,7 @@ from torch import nn
 
 from facetrain.checkpoint import resolve_checkpoint
 from facetrain.checkpoint.names import BACKBONE, EMA
+from facetrain.eval.embedding import EmbedSettings
 from facetrain.eval.verify_pairs import load_pairs, verify
 from facetrain.interop import load_model
 from facetrain.train.ema import WeightEma
@@ -74,7 +75,9 @@ def test_training_verifies_and_reads_back_the_average(tmp_path):
     for name, tensor in backbone.state_dict().items():
         assert torch.equal(tensor, average[name]), name
     evaluation = json.loads((run / "summary.json").read_text())["evaluation"]
-    outcome = verify(load_pairs(pairs), backbone, tuple(config.data.image_size), progress=False)
+    outcome = verify(
+        load_pairs(pairs), backbone, EmbedSettings(tuple(config.data.image_size), progress=False)
+    )
     assert evaluation["xnorm"] == pytest.approx(outcome.xnorm, rel=1e-5)
     assert evaluation["accuracy"] == pytest.approx(outcome.accuracy, abs=1e-9)
     assert (run / "curves.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"

@@ -11,6 +11,7 @@ import torch
 from click.testing import CliRunner
 
 from facetrain.cli import main
+from facetrain.eval.embedding import EmbedSettings
 from facetrain.eval.pairs import load_pairs
 from facetrain.eval.retrieval import evaluate_market1501
 from facetrain.eval.set_names import report_file_name
@@ -20,7 +21,7 @@ from facetrain.interop.card import build_card, with_verification_report
 from facetrain.interop.loading import LoadedModel, load_model
 from facetrain.models import build_backbone
 from facetrain.train.run_config import Config
-from tests.test_eval_support import write_lfw_style_set, write_market
+from tests.support.eval_sets import write_lfw_style_set, write_market
 
 IMAGE_SIZE = (32, 32)
 
@@ -78,7 +79,7 @@ def test_eval_pairs_writes_the_report_beside_the_model(model_dir: Path, pairs_fi
     assert f"wrote {report / name}.json" in output
     figures = json.loads((report / f"{name}.json").read_text())
     loaded = load_model(model_dir)
-    expected = verify(load_pairs(pairs_file), loaded.module, loaded.image_size, progress=False)
+    expected = verify(load_pairs(pairs_file), loaded.module, EmbedSettings(loaded.image_size, progress=False))
     assert figures["model"] == str(model_dir)
     assert figures["step"] == 1  # the card's training step; the ROC plot's title names it and the model
     assert figures["accuracy"] == pytest.approx(expected.accuracy)
@@ -179,7 +180,9 @@ def test_eval_market(model_dir: Path, tmp_path: Path):
     assert "rank-1" in output and "mAP" in output
     figures = json.loads((tmp_path / "r" / "market1501.json").read_text())
     loaded = load_model(model_dir)
-    expected = evaluate_market1501(loaded.module, tmp_path / "market", loaded.image_size, progress=False)
+    expected = evaluate_market1501(
+        loaded.module, tmp_path / "market", EmbedSettings(loaded.image_size, progress=False)
+    )
     assert figures["mAP"] == pytest.approx(expected.metrics.mean_ap)
     assert figures["rank1"] == pytest.approx(expected.metrics.cmc[1])
 
@@ -206,7 +209,7 @@ def test_eval_folder_makes_balanced_pairs_and_keeps_them(model_dir: Path, tmp_pa
     kept = load_pairs(tmp_path / "r" / f"{name}.pairs.csv")
     assert kept.num_pairs == 72 and kept.num_matched == 36 and len(set(kept.folds.tolist())) == 4
     loaded = load_model(model_dir)
-    expected = verify(kept, loaded.module, loaded.image_size, progress=False)
+    expected = verify(kept, loaded.module, EmbedSettings(loaded.image_size, progress=False))
     assert figures["accuracy"] == pytest.approx(expected.accuracy)
     assert figures["threshold"] == pytest.approx(expected.metrics.operating_point.threshold)
     assert figures["baseline_accuracy"] == 0.5 and figures["folds_source"] == "stratified"

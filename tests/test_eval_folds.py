@@ -17,7 +17,7 @@ from facetrain.eval.folds import (
 )
 from facetrain.eval.metrics import best_threshold, verification_metrics
 from facetrain.eval.pairs import load_pairs
-from tests.test_eval_pairs import touch_lfw_images
+from tests.support.eval_sets import touch_lfw_images
 
 PEOPLE = 40
 

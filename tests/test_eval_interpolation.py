@@ -13,7 +13,7 @@ from torch import nn
 
 from facetrain.data.transforms import RESIZE_LINEAR, build_eval_transform, normalize_hwc
 from facetrain.errors import FacetrainError
-from facetrain.eval.embedding import compute_embeddings
+from facetrain.eval.embedding import EmbedSettings, compute_embeddings
 from facetrain.interop.card import build_card, card_interpolation
 from facetrain.models import build_backbone
 from facetrain.train.run_config import Config
@@ -38,11 +38,13 @@ class Pixels(nn.Module):
 
 def test_embeddings_follow_the_interpolation():
     linear = compute_embeddings(
-        Pixels(), [PHOTO], (112, 112), flip=False, progress=False, interpolation="linear"
+        Pixels(), [PHOTO], EmbedSettings((112, 112), flip=False, progress=False, interpolation="linear")
     )
     expected = normalize_hwc(cv2.resize(PHOTO, (112, 112))).flatten()
     np.testing.assert_allclose(linear.vectors[0], (expected / expected.norm()).numpy(), rtol=0, atol=1e-6)
-    raw = compute_embeddings(Pixels(), [PHOTO], (112, 112), flip=False, progress=False, normalized=False)
+    raw = compute_embeddings(
+        Pixels(), [PHOTO], EmbedSettings((112, 112), flip=False, progress=False), normalized=False
+    )
     assert raw.xnorm == pytest.approx(float(np.linalg.norm(raw.vectors[0].astype(np.float64))), rel=1e-5)
 
 

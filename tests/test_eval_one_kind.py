@@ -16,6 +16,7 @@ from torch import nn
 
 from facetrain.cli import main
 from facetrain.errors import FacetrainError
+from facetrain.eval.embedding import EmbedSettings
 from facetrain.eval.pairs import load_pairs
 from facetrain.eval.set_names import report_file_name
 from facetrain.eval.verify_pairs import verify
@@ -24,7 +25,7 @@ from facetrain.interop.card import build_card
 from facetrain.interop.loading import LoadedModel
 from facetrain.models import build_backbone
 from facetrain.train.run_config import Config
-from tests.test_eval_support import colour_face
+from tests.support.eval_sets import colour_face
 
 SIZE = (32, 32)
 
@@ -48,7 +49,7 @@ class NeverCalled(nn.Module):
 def test_verify_refuses_a_one_kind_set_before_embedding(tmp_path: Path):
     pairs = load_pairs(small_lfw_bin(tmp_path / "small_lfw.bin"))
     with pytest.raises(FacetrainError) as caught:
-        verify(pairs, NeverCalled(), SIZE)
+        verify(pairs, NeverCalled(), EmbedSettings(SIZE))
     assert str(caught.value).startswith(
         f"{tmp_path / 'small_lfw.bin'} holds 10 pairs: 10 matched, 0 mismatched; verification accuracy, its "
         "threshold, ROC and TAR at FAR need mismatched pairs too; use a pack with both"

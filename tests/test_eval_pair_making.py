@@ -13,7 +13,7 @@ from facetrain.cli import main
 from facetrain.errors import FacetrainError
 from facetrain.eval.pair_making import balanced_pair_plan
 from facetrain.eval.pairs import load_pairs
-from tests.test_eval_support import write_lfw_style_set
+from tests.support.eval_sets import write_lfw_style_set
 
 
 def as_pairs(left, right) -> set[tuple[int, int]]:

@@ -10,13 +10,7 @@ import pytest
 from facetrain.errors import FacetrainError
 from facetrain.eval.lfw_pairs import parse_lfw_pairs
 from facetrain.eval.pairs import load_pairs
-
-
-def touch_lfw_images(root: Path, names: dict[str, int], extension: str = ".jpg") -> None:
-    for name, count in names.items():
-        (root / name).mkdir(parents=True, exist_ok=True)
-        for index in range(1, count + 1):
-            (root / name / f"{name}_{index:04d}{extension}").write_bytes(b"")
+from tests.support.eval_sets import touch_lfw_images
 
 
 def write_small_lfw(path: Path) -> None:

@@ -11,6 +11,7 @@ import numpy as np
 import pytest
 import torch
 
+from facetrain.eval.embedding import EmbedSettings
 from facetrain.eval.folds import FOLDS_STRATIFIED
 from facetrain.eval.metrics import verification_metrics
 from facetrain.eval.norm_summary import PairNorms, summarize_norms
@@ -230,7 +231,7 @@ def test_verify_measures_the_norms_of_every_image_of_the_pairs(tmp_path):
     pairs = PairSet("x.txt", images, left, right, issame, folds=np.array([0, 0, 1, 1]))
     torch.manual_seed(0)
     backbone = nn.Sequential(nn.Flatten(), nn.Linear(3 * 16 * 16, 8))
-    result = verify(pairs, backbone, (16, 16), progress=False)
+    result = verify(pairs, backbone, EmbedSettings((16, 16), progress=False))
     with torch.no_grad():
         from facetrain.data.transforms import build_eval_transform
 
@@ -244,4 +245,7 @@ def test_verify_measures_the_norms_of_every_image_of_the_pairs(tmp_path):
         def forward(self, x):
             return nn.functional.normalize(backbone(x), dim=1)
 
-    assert verify(pairs, Unit(), (16, 16), progress=False).as_dict()["norms"]["normalized_inside"] is True
+    assert (
+        verify(pairs, Unit(), EmbedSettings((16, 16), progress=False)).as_dict()["norms"]["normalized_inside"]
+        is True
+    )

@@ -10,9 +10,10 @@ import torch
 from sklearn.metrics import average_precision_score
 
 from facetrain.errors import FacetrainError
+from facetrain.eval.embedding import EmbedSettings
 from facetrain.eval.report import retrieval_table
 from facetrain.eval.retrieval import evaluate_market1501, retrieval_metrics
-from tests.test_eval_support import ColourMean, write_market
+from tests.support.eval_sets import ColourMean, write_market
 
 
 def fan(count: int) -> np.ndarray:
@@ -70,7 +71,9 @@ def test_no_scorable_query_is_a_user_error():
 def test_evaluate_market1501_folders(tmp_path: Path):
     write_market(tmp_path)
     torch.set_num_threads(1)
-    result = evaluate_market1501(ColourMean(), tmp_path, (32, 16), batch_size=4, progress=False)
+    result = evaluate_market1501(
+        ColourMean(), tmp_path, EmbedSettings((32, 16), batch_size=4, progress=False)
+    )
     assert result.metrics.cmc[1] == 1.0 and result.metrics.mean_ap == 1.0
     assert result.metrics.num_queries == 3 and result.metrics.num_gallery == 7
     figures = result.as_dict()

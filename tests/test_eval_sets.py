@@ -25,8 +25,8 @@ from facetrain.train.evaluation import (
 )
 from facetrain.train.run_checks import validate
 from facetrain.train.run_config import load_config
+from tests.support.eval_sets import write_lfw_style_set
 from tests.support.train_helpers import run_cli, tiny_config
-from tests.test_eval_support import write_lfw_style_set
 
 
 def config_error(*overrides: str) -> str:

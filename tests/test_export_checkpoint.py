@@ -22,7 +22,7 @@ from facetrain.interop.loading import load_model
 from facetrain.parallel.dims import init_parallel
 from facetrain.train.state import TrainState
 from tests.support.distributed import run_distributed
-from tests.test_export_formats import IMAGE_SIZE, fresh_backbone, images, small_config
+from tests.support.small_models import IMAGE_SIZE, fresh_backbone, images, small_config
 
 NUM_CLASSES = 10
 STEP = 7

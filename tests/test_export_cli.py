@@ -14,10 +14,10 @@ import torch
 from click.testing import CliRunner
 
 from facetrain.cli import main
-from facetrain.eval.embedding import embed_images
+from facetrain.eval.embedding import EmbedSettings, embed_images
 from facetrain.export.exporter import export_loaded
 from facetrain.interop.loading import load_model
-from tests.test_export_formats import fresh_model
+from tests.support.small_models import fresh_model
 
 
 @pytest.fixture(scope="module")
@@ -66,7 +66,9 @@ def test_embed_npy_matches_embedding_the_images_directly(
     expected_names = sorted(str(path) for path in image_dir.rglob("*.png"))
     assert names == expected_names
     model = load_model(model_dir)
-    expected = embed_images(model.module, expected_names, model.image_size, flip=False, progress=False)
+    expected = embed_images(
+        model.module, expected_names, EmbedSettings(model.image_size, flip=False, progress=False)
+    )
     np.testing.assert_allclose(vectors, expected, atol=1e-5)
     np.testing.assert_allclose(np.linalg.norm(vectors, axis=1), 1.0, atol=1e-5)
 
@@ -187,7 +189,7 @@ def test_compare_uses_the_cards_threshold_or_the_given_one(model_dir: Path, imag
 def test_compare_of_images_not_at_the_input_size_suggests_align(model_dir: Path, tmp_path: Path) -> None:
     """Crops at the model's input size are taken as aligned; anything else gets a one-line note on
     stderr that the model expects aligned crops (a raw photo's low score is not the model's verdict)."""
-    from tests.test_export_formats import IMAGE_SIZE
+    from tests.support.small_models import IMAGE_SIZE
 
     rng = np.random.default_rng(1)
     crop, photo = tmp_path / "crop.png", tmp_path / "photo.png"

@@ -8,40 +8,20 @@ import pytest
 import torch
 
 from facetrain.errors import FacetrainError
-from facetrain.heads import DenseMarginHead, ShardedMarginHead, all_class_ranges
+from facetrain.heads import DenseMarginHead, ShardedMarginHead
 from facetrain.heads.naive_model_parallel import NaiveModelParallelHead
 from facetrain.parallel.traffic import count_traffic
 from tests.support.distributed import run_distributed
-
-MARGINS = ["arcface", "cosface", "sphereface", "combined", "softmax"]
-LABEL_PATTERNS = ["spread", "one_rank"]
-NUM_CLASSES, EMBEDDING, BATCH = 23, 12, 10
-
-
-def make_problem(pattern: str, dtype: torch.dtype, num_classes=NUM_CLASSES, batch=BATCH, world_size=2):
-    generator = torch.Generator().manual_seed(LABEL_PATTERNS.index(pattern))
-    weight = torch.randn(num_classes, EMBEDDING, generator=generator, dtype=dtype) * 0.05
-    embeddings = torch.randn(batch, EMBEDDING, generator=generator, dtype=dtype) * 3.0
-    if pattern == "spread":
-        labels = torch.randint(0, num_classes, (batch,), generator=generator)
-    else:  # every target on the last rank's shard
-        last = all_class_ranges(num_classes, world_size)[-1]
-        labels = torch.randint(last.start, last.stop, (batch,), generator=generator)
-    return weight, embeddings, labels
-
-
-def dense_reference(margin, weight, embeddings, labels):
-    head = DenseMarginHead(weight.shape[0], weight.shape[1], margin=margin).to(weight.dtype)
-    head.weight.data.copy_(weight)
-    x = embeddings.clone().requires_grad_()
-    loss, accuracy = head(x, labels)
-    loss.backward()
-    return loss.detach(), x.grad, head.weight.grad, accuracy
-
-
-def local_rows(world_size: int, rank: int, batch: int) -> slice:
-    bounds = [round(r * batch / world_size) for r in range(world_size + 1)]
-    return slice(bounds[rank], bounds[rank + 1])
+from tests.support.head_problems import (
+    COSINE_MARGINS,
+    EMBEDDING,
+    LABEL_PATTERNS,
+    NUM_CLASSES,
+    assert_matches,
+    dense_reference,
+    local_rows,
+    make_problem,
+)
 
 
 def sharded_step(rank, world_size, margin, weight, embeddings, labels, rows=None):
@@ -62,18 +42,11 @@ def parity_worker(rank, world_size):
     for dtype in (torch.float32, torch.float64):
         for pattern in LABEL_PATTERNS:
             weight, embeddings, labels = make_problem(pattern, dtype, world_size=world_size)
-            for margin in MARGINS:
+            for margin in COSINE_MARGINS:
                 results[dtype, pattern, margin] = sharded_step(
                     rank, world_size, margin, weight, embeddings, labels
                 )
     return results
-
-
-def assert_matches(actual, expected, dtype):
-    """fp64 agrees to 1e-10; fp32 to 1e-5 of the quantity's magnitude (weight gradients reach ~1e2)."""
-    tolerance = 1e-10 if dtype == torch.float64 else 1e-5
-    scale = max(1.0, float(expected.abs().max()))
-    assert float((actual - expected).abs().max()) <= tolerance * scale
 
 
 @pytest.mark.parametrize("world_size", [1, 2, 3])

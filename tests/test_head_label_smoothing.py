@@ -21,8 +21,16 @@ from facetrain.train import head_plan
 from facetrain.train.run_checks import validate
 from facetrain.train.run_config import Config, load_config
 from tests.support.distributed import run_distributed
-from tests.test_head import local_rows
-from tests.test_margins_adaptive import BATCH, CLASSES, DIM, SCALE, assert_close, batches, reference_logits
+from tests.support.head_problems import local_rows
+from tests.support.margin_references import (
+    BATCH,
+    CLASSES,
+    DIM,
+    SCALE,
+    assert_close,
+    batches,
+    reference_logits,
+)
 
 EPSILON = 0.1
 MODES = {"untiled": HeadPlan(), "tiled": HeadPlan("tiled", 3)}

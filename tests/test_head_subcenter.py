@@ -15,7 +15,7 @@ from facetrain.train.run_checks import validate
 from facetrain.train.run_config import Config
 from facetrain.train.state import TrainState
 from tests.support.distributed import run_distributed
-from tests.test_head import local_rows
+from tests.support.head_problems import local_rows
 
 CLASSES, CENTRES, DIM, BATCH = 13, 3, 8, 10
 MARGINS = ["arcface", "cosface", "curricularface"]  # the last modulates the negatives (their max centre)

@@ -18,10 +18,10 @@ from facetrain.heads.memory import choose_mode, estimate_head_memory
 from facetrain.process_memory import PeakRss
 from tests.support.distributed import run_distributed
 from tests.support.head_plans import head_plan
-from tests.test_head import (
+from tests.support.head_problems import (
+    COSINE_MARGINS,
     EMBEDDING,
     LABEL_PATTERNS,
-    MARGINS,
     NUM_CLASSES,
     assert_matches,
     dense_reference,
@@ -54,7 +54,7 @@ def exactness_worker(rank, world_size):
     results = {}
     for pattern in LABEL_PATTERNS:
         weight, embeddings, labels = make_problem(pattern, torch.float64, world_size=world_size)
-        for margin in MARGINS:
+        for margin in COSINE_MARGINS:
             for tile in TILES:
                 results[pattern, margin, tile] = tiled_step(
                     rank, world_size, margin, tile, weight, embeddings, labels
@@ -68,7 +68,7 @@ def test_tiled_equals_dense_reference(world_size):
         per_rank = [exactness_worker(0, 1)]
     else:
         per_rank = run_distributed(exactness_worker, world_size, timeout=240)
-    assert len(per_rank[0]) == len(LABEL_PATTERNS) * len(MARGINS) * len(TILES)
+    assert len(per_rank[0]) == len(LABEL_PATTERNS) * len(COSINE_MARGINS) * len(TILES)
     for pattern, margin, tile in per_rank[0]:
         weight, embeddings, labels = make_problem(pattern, torch.float64, world_size=world_size)
         loss, grad_x, grad_w, accuracy = dense_reference(margin, weight, embeddings, labels)
@@ -239,16 +239,16 @@ def test_a_step_holds_tiles_not_the_class_count():
         del head
     # the memory model (the training log's, head.mode auto's and the scaling model's) to 10 %
     for peak, storage in ((tiled_peak, torch.float32), (bf16_peak, torch.bfloat16)):
-        model = estimate_head_memory(classes, dim, batch, "tiled", tile_classes=tile, weight_dtype=storage,
-                                     state_dtype=storage).total  # fmt: skip
+        plan = HeadPlan("tiled", tile, storage, storage, fused_optimizer=True)
+        model = estimate_head_memory(classes, dim, batch, plan).total
         assert peak.growth_bytes == pytest.approx(model, rel=0.1), storage
 
 
 def test_memory_model_and_auto_mode():
-    untiled = estimate_head_memory(1_000_000, 512, 256, "untiled")
-    tiled = estimate_head_memory(1_000_000, 512, 256, "tiled")
+    untiled = estimate_head_memory(1_000_000, 512, 256, HeadPlan())
+    tiled = estimate_head_memory(1_000_000, 512, 256, HeadPlan("tiled", fused_optimizer=True))
     bf16 = estimate_head_memory(
-        1_000_000, 512, 256, "tiled", weight_dtype=torch.bfloat16, state_dtype=torch.bfloat16
+        1_000_000, 512, 256, HeadPlan("tiled", 8192, torch.bfloat16, torch.bfloat16, fused_optimizer=True)
     )
     assert untiled.persistent == 3 * 4 * 512 * 1_000_000 and untiled.step >= 4 * 256 * 1_000_000
     assert tiled.persistent == 2 * 4 * 512 * 1_000_000 and tiled.gradient == 0

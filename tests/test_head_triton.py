@@ -29,31 +29,23 @@ from facetrain.heads import HeadPlan, ShardedMarginHead
 from facetrain.heads import margin_softmax as ms
 from facetrain.heads.fused_optim import FusedAdamW, FusedSGD
 from facetrain.heads.kernel_choice import resolve_kernel
-from facetrain.heads.margins import MARGINS
 from facetrain.heads.tile_kernel import EAGER_TILE_OPS
 from facetrain.parallel.dims import init_parallel
 from facetrain.train.head_plan import describe_plan, resolve_head_plan
 from facetrain.train.run_config import Config
 from tests.support.distributed import run_distributed
-from tests.test_head import dense_reference, local_rows, make_problem
+from tests.support.head_problems import DISTINCT_MARGINS, dense_reference, local_rows, make_problem
+from tests.support.triton_cases import DEVICES, EXACT, relative_error
 
 pytest.importorskip("triton")
 
 CLASSES, BATCH, TILE = 50, 19, 20
-EXACT = 1e-5  # fp32, relative to the quantity's largest magnitude
 LOSS_BOUND = 2e-5  # tests/test_head_precision.py
 GRADIENT_BF16 = 6e-2  # tests/test_cuda.py's bf16 bound; measured here 6e-3 (Triton), 2e-3 (torch tiles)
 OPTIMIZERS = {
     "sgd": (FusedSGD, {"lr": 0.1, "momentum": 0.9, "weight_decay": 5e-4}),
     "adamw": (FusedAdamW, {"lr": 0.01, "weight_decay": 0.05, "betas": (0.9, 0.99)}),
 }
-DEVICES = [
-    "cpu",
-    pytest.param(
-        "cuda",
-        marks=[pytest.mark.cuda, pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")],
-    ),
-]
 
 
 @pytest.fixture(scope="module")
@@ -69,10 +61,6 @@ def device(request, kernels):
     if request.param == "cpu" and not kernels.INTERPRETED:
         pytest.skip("Triton was compiled for the GPU in this process; the CPU cases need its interpreter")
     return torch.device(request.param)
-
-
-def relative_error(actual, expected):
-    return float((actual.double() - expected.double()).abs().max() / expected.double().abs().max())
 
 
 def run_head(kernel, device, weight, embeddings, labels, margin="arcface", optimizer=None, storage=None,
@@ -108,7 +96,7 @@ def run_head(kernel, device, weight, embeddings, labels, margin="arcface", optim
     return [torch.stack(losses), x.grad.cpu(), weight_out.cpu(), *state]
 
 
-@pytest.mark.parametrize("margin", MARGINS.names())
+@pytest.mark.parametrize("margin", DISTINCT_MARGINS)
 def test_every_margin_equals_torch_tiles_and_dense(device, margin):
     weight, embeddings, labels = make_problem("spread", torch.float32, CLASSES, BATCH)
     triton = run_head("triton", device, weight, embeddings, labels, margin)

@@ -20,8 +20,8 @@ import torch
 from facetrain.heads import HeadPlan, ShardedMarginHead
 from facetrain.heads.class_rows import class_tiles
 from facetrain.heads.fused_optim import FusedAdamW, FusedSGD
-from tests.test_head import make_problem
-from tests.test_head_triton import DEVICES, EXACT, relative_error
+from tests.support.head_problems import make_problem
+from tests.support.triton_cases import DEVICES, EXACT, relative_error
 
 pytest.importorskip("triton")
 

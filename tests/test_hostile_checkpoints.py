@@ -13,9 +13,8 @@ from facetrain.checkpoint.layout import find_damage, read_meta
 from facetrain.checkpoint.names import BACKBONE
 from facetrain.errors import FacetrainError
 from facetrain.interop.insightface_import import write_imported_checkpoint
-from tests.support.hostile_helpers import one_line_error
-from tests.test_export_formats import EMBEDDING_SIZE, fresh_backbone, small_config
-from tests.test_hostile_configs import fake_checkpoint
+from tests.support.hostile_helpers import fake_checkpoint, one_line_error
+from tests.support.small_models import EMBEDDING_SIZE, fresh_backbone, small_config
 
 MAX = 2**53
 

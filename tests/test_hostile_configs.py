@@ -14,7 +14,7 @@ from facetrain.checkpoint import find_resume_point
 from facetrain.checkpoint.layout import pointer_target, resolve_checkpoint
 from facetrain.errors import FacetrainError
 from facetrain.train.run_config import checkpoint_config
-from tests.support.hostile_helpers import one_line_error
+from tests.support.hostile_helpers import fake_checkpoint, one_line_error
 
 ALIASES_REFUSED = "aliases (*name) are not read, so that a small file cannot expand to gigabytes"
 
@@ -24,21 +24,6 @@ def alias_bomb(levels: int) -> str:
     anchors = ['&a0 ["lol","lol","lol","lol","lol","lol","lol","lol","lol"]']
     anchors += [f"&a{level} [{', '.join([f'*a{level - 1}'] * 9)}]" for level in range(1, levels + 1)]
     return "train:\n  steps: [" + ", ".join(anchors) + "]\n"
-
-
-def fake_checkpoint(run: Path, config_yaml: str | None) -> Path:
-    """A run folder whose one checkpoint's small files are whole, but for config.yaml (a FIFO when None)."""
-    checkpoint = run / "checkpoints" / "step_00000002"
-    checkpoint.mkdir(parents=True)
-    (checkpoint / ".metadata").write_bytes(b"")
-    (checkpoint / "meta.json").write_text('{"step": 2}')
-    (checkpoint / "classes.json").write_text("[]")
-    if config_yaml is None:
-        os.mkfifo(checkpoint / "config.yaml")
-    else:
-        (checkpoint / "config.yaml").write_text(config_yaml)
-    (run / "checkpoints" / "last").write_text(checkpoint.name)
-    return checkpoint
 
 
 @pytest.mark.timeout(20)

@@ -23,8 +23,8 @@ from facetrain.models import build_backbone
 from facetrain.models.config import ModelConfig
 from tests.support.fault_helpers import error_lines
 from tests.support.hostile_helpers import one_line_error
+from tests.support.small_models import EMBEDDING_SIZE, fresh_backbone, small_config
 from tests.support.train_helpers import run_cli
-from tests.test_export_formats import EMBEDDING_SIZE, fresh_backbone, small_config
 
 FULL = "No space left on device; free space, then run it again"
 

@@ -112,7 +112,7 @@ def test_a_set_of_one_matched_and_one_mismatched_pair_plots_without_warnings(tmp
     from facetrain.checkpoint.names import BACKBONE
     from facetrain.cli import main
     from facetrain.interop.insightface_import import write_imported_checkpoint
-    from tests.test_export_formats import EMBEDDING_SIZE, fresh_backbone, small_config
+    from tests.support.small_models import EMBEDDING_SIZE, fresh_backbone, small_config
 
     config = small_config()
     entries = {BACKBONE + key: value for key, value in fresh_backbone(config).state_dict().items()}

@@ -14,7 +14,7 @@ from torch import nn
 
 from facetrain.interop.card import CARD_NAME, card_json
 from tests.support.hostile_helpers import one_line_error
-from tests.test_export_formats import fresh_model
+from tests.support.small_models import fresh_model
 
 VICTIM_TEXT = b"untouched victim file\n"
 

@@ -17,8 +17,8 @@ from facetrain.interop.insightface_import import import_insightface
 from facetrain.interop.loading import load_model
 from facetrain.models import build_backbone
 from facetrain.models.config import ModelConfig
+from tests.support.small_models import calibrated
 from tests.support.train_helpers import run_cli, tiny_config
-from tests.test_iresnet import calibrated
 
 onnx = pytest.importorskip("onnx")
 onnxruntime = pytest.importorskip("onnxruntime")

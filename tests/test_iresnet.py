@@ -14,32 +14,13 @@ from facetrain.models import BACKBONES, build_backbone
 from facetrain.models.config import ModelConfig
 from facetrain.models.iresnet import IRESNET_DEPTHS
 from facetrain.parallel.pipeline_split import pipeline_units, split_backbone
+from tests.support.small_models import calibrated
 
 MANIFEST = Path(__file__).parent / "data" / "insightface_iresnet_keys.json"
 SMALL = (32, 32)
 
 
 pytestmark = pytest.mark.usefixtures("one_thread")
-
-
-def calibrated(backbone: nn.Module, size: tuple[int, int], seed: int = 0) -> nn.Module:
-    """Random affine BN parameters, and running statistics set to one batch's, so that eval-mode
-    activations have the magnitudes of a trained model instead of blowing up through 50+ blocks."""
-    generator = torch.Generator().manual_seed(seed)
-    with torch.no_grad():
-        for module in backbone.modules():
-            if isinstance(module, nn.modules.batchnorm._BatchNorm):
-                if module.weight.requires_grad:
-                    module.weight.copy_(1 + 0.2 * torch.randn(module.weight.shape, generator=generator))
-                module.bias.copy_(0.1 * torch.randn(module.bias.shape, generator=generator))
-                module.reset_running_stats()
-                module.momentum = None
-        backbone.train()
-        backbone(torch.rand(8, 3, *size, generator=generator) * 2 - 1)
-        for module in backbone.modules():
-            if isinstance(module, nn.modules.batchnorm._BatchNorm):
-                module.momentum = 0.1
-    return backbone.eval()
 
 
 def reference_forward(state: dict[str, torch.Tensor], images: torch.Tensor, depths, training: bool):

@@ -20,7 +20,7 @@ from torch import nn
 from facetrain.checkpoint import read_meta, resolve_checkpoint
 from facetrain.cli import main
 from facetrain.errors import FacetrainError
-from facetrain.eval.embedding import embed_images
+from facetrain.eval.embedding import EmbedSettings, embed_images
 from facetrain.eval.pairs import load_pairs
 from facetrain.eval.set_names import report_file_name
 from facetrain.eval.verify_pairs import verify
@@ -104,7 +104,9 @@ def test_trained_backbone_pth_imports_back_to_identical_embeddings(trained, impo
     with torch.no_grad():
         expected, actual = original(images), backbone(images)
     assert (actual - expected).abs().max() <= 1e-6 * max(1.0, float(expected.abs().max()))
-    normalized = [embed_images(m, face_images, SIZE, progress=False) for m in (original, backbone)]
+    normalized = [
+        embed_images(m, face_images, EmbedSettings(SIZE, progress=False)) for m in (original, backbone)
+    ]
     assert np.abs(normalized[0] - normalized[1]).max() <= 1e-6
     assert meta["num_classes"] == 0 and meta["step"] == 0
     assert meta["imported_from"]["sha256"] == hashlib.sha256(source.read_bytes()).hexdigest()
@@ -113,7 +115,7 @@ def test_trained_backbone_pth_imports_back_to_identical_embeddings(trained, impo
 
 def test_embed_compare_and_export_take_the_import(trained, imported, face_images, tmp_path):
     original = trained[0]
-    expected = embed_images(original, face_images, SIZE, progress=False)
+    expected = embed_images(original, face_images, EmbedSettings(SIZE, progress=False))
 
     code, output = run("embed", imported, *face_images, "-o", tmp_path / "faces.npy")
     assert code == 0, output
@@ -127,7 +129,7 @@ def test_embed_compare_and_export_take_the_import(trained, imported, face_images
     exported = load_model(tmp_path / "export")
     assert exported.card["architecture"] == ARCH
     assert exported.card["input"]["normalization"]["scale"] == 127.5
-    reloaded = embed_images(exported.module, face_images, SIZE, progress=False)
+    reloaded = embed_images(exported.module, face_images, EmbedSettings(SIZE, progress=False))
     np.testing.assert_allclose(reloaded, expected, atol=1e-6, rtol=0)
 
 
@@ -154,7 +156,7 @@ def test_eval_scores_an_insightface_pack_with_the_import(trained, imported, tmp_
     )
     assert code == 0, output
     report = json.loads((tmp_path / "report" / f"{report_file_name(pack)}.json").read_text())
-    reference = verify(load_pairs(pack), trained[0], SIZE, flip=False, progress=False)
+    reference = verify(load_pairs(pack), trained[0], EmbedSettings(SIZE, flip=False, progress=False))
     expected = reference.as_dict()
     assert report["num_pairs"] == 10 and report["folds_source"] == expected["folds_source"]
     for figure in ("accuracy", "auc", "eer", "threshold", "xnorm"):

@@ -13,7 +13,7 @@ from facetrain.interop.card import build_card
 from facetrain.interop.insightface_import import imported_config
 from facetrain.interop.loading import LoadedModel
 from facetrain.models import build_backbone
-from tests.test_iresnet import calibrated
+from tests.support.small_models import calibrated
 
 SIZE = (112, 112)
 

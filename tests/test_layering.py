@@ -118,3 +118,16 @@ def test_only_the_benchmarks_tests_import_benchmark_code():
             n for n in _imports_anywhere(path) if n == "facetrain.bench" or n.startswith("facetrain.bench.")
         )
         assert not bench, f"{path.relative_to(tests)} imports {bench[0]}"
+
+
+def test_tests_share_helpers_through_tests_support_only():
+    """A helper one test module imports from another drags that module's fixtures and imports along and
+    hides where shared material lives: it belongs in tests/support/."""
+    tests = Path(__file__).resolve().parent
+    for path in sorted(tests.glob("test_*.py")):
+        others = sorted(
+            name
+            for name in _imports_anywhere(path)
+            if name.startswith("tests.test_") and name.split(".")[1] != path.stem
+        )
+        assert not others, f"{path.name} imports {others[0]}; move what it shares into tests/support/"

@@ -12,8 +12,6 @@ number of ranks, and the warming ramp blends the new margins as it does the clas
 
 from __future__ import annotations
 
-import math
-
 import pytest
 import torch
 import torch.nn.functional as F
@@ -24,70 +22,21 @@ from facetrain.heads.margins import build_margin, margin_at_step
 from facetrain.heads.margins.elasticface import standard_normals
 from facetrain.heads.naive_model_parallel import NaiveModelParallelHead
 from tests.support.distributed import run_distributed
-from tests.test_head import local_rows
+from tests.support.head_problems import ROW_MARGINS, local_rows
+from tests.support.margin_references import (
+    BATCH,
+    CLASSES,
+    DIM,
+    SCALE,
+    assert_close,
+    batches,
+    reference_logits,
+)
 
-ADAPTIVE = ["adaface", "magface", "curricularface", "elasticface_arc", "elasticface_cos"]
-CLASSES, DIM, BATCH, STEPS, SCALE = 23, 12, 10, 3, 64.0
 MODES = {"untiled": HeadPlan(), "tiled": HeadPlan("tiled", 3)}
-EXACT = 1e-10
-
-
-def batches():
-    """STEPS batches whose embedding norms spread over [3, 150] (MagFace's clamps to [10, 110] bind on
-    some rows, AdaFace's normalised norms differ), and a weight."""
-    generator = torch.Generator().manual_seed(7)
-    weight = torch.randn(CLASSES, DIM, generator=generator, dtype=torch.float64) * 0.05
-    steps = []
-    for _ in range(STEPS):
-        direction = F.normalize(torch.randn(BATCH, DIM, generator=generator, dtype=torch.float64), dim=1)
-        norm = torch.exp(
-            torch.empty(BATCH, dtype=torch.float64).uniform_(math.log(3), math.log(150), generator=generator)
-        )
-        labels = torch.randint(0, CLASSES, (BATCH,), generator=generator)
-        steps.append((direction * norm[:, None], labels))
-    return weight, steps
 
 
 # ---- the references, from the papers ------------------------------------------------------------
-
-
-def reference_logits(name, cos, norm, labels, state):
-    """The dense logits / s of the paper's loss, the extra loss term, and the new running state."""
-    target = cos.gather(1, labels[:, None]).squeeze(1)
-    onehot = F.one_hot(labels, cos.shape[1]).bool()
-    extra = torch.zeros((), dtype=cos.dtype)
-    if name == "adaface":  # Kim et al. 2022, eqs. 6-8, with the authors' clips and momentum
-        eps, m, h, alpha = 1e-3, 0.4, 0.333, 0.01
-        safe = norm.detach().clamp(0.001, 100)
-        state = {
-            "batch_mean": alpha * safe.mean() + (1 - alpha) * state["batch_mean"],
-            "batch_std": alpha * safe.std() + (1 - alpha) * state["batch_std"],
-        }
-        z_hat = ((safe - state["batch_mean"]) / (state["batch_std"] + eps) * h).clamp(-1, 1)
-        g_angle, g_add = -m * z_hat, m * z_hat + m
-        theta = torch.acos(target.clamp(-1 + eps, 1 - eps))
-        penalised = torch.cos((theta + g_angle).clamp(eps, math.pi - eps)) - g_add
-    elif name == "magface":  # Meng et al. 2021, eqs. 3-5: m(a) linear, g(a) = 1/a + a/u_a^2
-        l_a, u_a, l_m, u_m, lambda_g = 10.0, 110.0, 0.45, 0.8, 35.0
-        a = norm.clamp(l_a, u_a)
-        m = (u_m - l_m) / (u_a - l_a) * (a - l_a) + l_m
-        penalised = torch.where(target > 0, torch.cos(torch.acos(target) + m), target)
-        extra = lambda_g * (1 / a + a / u_a**2).mean()
-    elif name == "curricularface":  # Huang et al. 2020, eqs. 8-10, t updated before use
-        m = 0.5
-        state = {"t": 0.01 * target.detach().mean() + 0.99 * state["t"]}
-        unfolded = torch.cos(torch.acos(target) + m)
-        penalised = torch.where(target > math.cos(math.pi - m), unfolded, target - m * math.sin(math.pi - m))
-        hard = (cos > unfolded.detach()[:, None]) & ~onehot
-        cos = torch.where(hard, cos * (state["t"] + cos), cos)
-    else:  # Boutros et al. 2022, eqs. 3-4: m_i ~ N(m, sigma) per sample
-        state = {"step": state["step"] + 1}
-        m = (0.5 if name == "elasticface_arc" else 0.35) + 0.05 * standard_normals(
-            0, state["step"], torch.arange(len(labels))
-        )
-        arc = name == "elasticface_arc"
-        penalised = torch.cos(torch.acos(target) + m) if arc else target - m
-    return torch.where(onehot, penalised[:, None], cos), extra, state
 
 
 def reference_run(name, weight, steps):
@@ -131,16 +80,11 @@ def head_step(head, rank, world_size, embeddings, labels):
 def exactness_worker(rank, world_size):
     weight, steps = batches()
     results = {}
-    for name in ADAPTIVE:
+    for name in ROW_MARGINS:
         for mode in MODES:
             head = sharded_head(name, mode, weight)
             results[name, mode] = [head_step(head, rank, world_size, *batch) for batch in steps]
     return results
-
-
-def assert_close(actual, expected):
-    scale = max(1.0, float(expected.double().abs().max()))
-    assert float((actual.double() - expected.double()).abs().max()) <= EXACT * scale
 
 
 @pytest.mark.parametrize("world_size", [1, 2, 3])
@@ -151,7 +95,7 @@ def test_sharded_adaptive_margins_equal_the_papers(world_size):
         else run_distributed(exactness_worker, world_size, timeout=240)
     )
     weight, steps = batches()
-    assert len(per_rank[0]) == len(ADAPTIVE) * len(MODES)
+    assert len(per_rank[0]) == len(ROW_MARGINS) * len(MODES)
     for name, mode in per_rank[0]:
         expected = reference_run(name, weight, steps)
         for step, (loss, grad_x, grad_w, state) in enumerate(expected):
@@ -213,7 +157,7 @@ def resume_worker(rank, world_size, mode):
     step 1 (another initial weight, so only the loaded state can make them equal)."""
     weight, steps = batches()
     results = {}
-    for name in ADAPTIVE:
+    for name in ROW_MARGINS:
         straight = sharded_head(name, mode, weight)
         first = head_step(straight, rank, world_size, *steps[0])
         saved = {k: v.clone() for k, v in straight.state_dict().items()}
@@ -310,7 +254,7 @@ def test_elastic_draws_follow_their_normal_and_the_valid_rows():
     assert torch.equal(drawn, 0.35 + 0.05 * standard_normals(3, torch.tensor(5), torch.arange(4)))
 
 
-@pytest.mark.parametrize("name", ADAPTIVE)
+@pytest.mark.parametrize("name", ROW_MARGINS)
 def test_the_dense_head_with_a_warming_margin_blends_towards_the_full_one(name):
     weight, steps = batches()
     losses = []
@@ -341,7 +285,7 @@ def triton_worker(rank, world_size):
     weight, steps = batches()
     plan = HeadPlan("tiled", 20, kernel="triton")
     results = {}
-    for name in ADAPTIVE:
+    for name in ROW_MARGINS:
         head = ShardedMarginHead(CLASSES, DIM, margin=name, scale=SCALE, plan=plan, gradient_reduction="sum")
         with torch.no_grad():
             head.weight.copy_(weight[head.class_start : head.class_stop].float())
@@ -360,7 +304,7 @@ def test_triton_tiles_take_the_adaptive_margins(world_size):
         pytest.skip("Triton was compiled for the GPU in this process; the CPU cases need its interpreter")
     per_rank = [triton_worker(0, 1)] if world_size == 1 else run_distributed(triton_worker, 2, timeout=240)
     weight, steps = batches()
-    for name in ADAPTIVE:
+    for name in ROW_MARGINS:
         for step, (loss, grad_x, grad_w, state) in enumerate(reference_run(name, weight, steps)):
             got = [rank_results[name][step] for rank_results in per_rank]
             for actual, expected in [

@@ -15,7 +15,7 @@ from facetrain.interop.insightface_import import import_insightface
 from facetrain.interop.loading import load_model
 from facetrain.models import build_backbone
 from facetrain.models.config import ModelConfig
-from tests.test_iresnet import calibrated
+from tests.support.small_models import calibrated
 
 MANIFEST = Path(__file__).parent / "data" / "insightface_mbf_keys.json"
 SMALL = (32, 32)

@@ -14,7 +14,7 @@ from facetrain.cli import main
 from facetrain.data.decode import decode_image
 from facetrain.data.folder import scan_image_folder
 from facetrain.data.recordio import scan_recordio
-from tests.test_data_sources import write_image
+from tests.support.images import write_image
 
 IDENTITIES = {"carol": 3, "alice": 2, "bob": 2}
 

@@ -7,7 +7,7 @@ import pytest
 from facetrain.parallel.config import ParallelConfig
 from facetrain.parallel.dims import init_parallel
 from tests.support.distributed import run_distributed
-from tests.test_pipeline import (
+from tests.support.pipeline_models import (
     BATCH,
     SIZE,
     TOLERANCE,

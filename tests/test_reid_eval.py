@@ -8,10 +8,11 @@ from pathlib import Path
 import numpy as np
 import pytest
 
+from facetrain.eval.embedding import EmbedSettings
 from facetrain.eval.retrieval import evaluate_reid, retrieval_metrics
+from tests.support.eval_sets import ColourMean
 from tests.support.reid_helpers import reid_config, write_cuhk03_style
 from tests.support.train_helpers import run_cli
-from tests.test_eval_support import ColourMean
 
 
 def test_hand_computed_cross_camera_protocol():
@@ -42,11 +43,13 @@ def test_hand_computed_cross_camera_protocol():
 
 def test_query_and_gallery_folders_cut_by_camera(tmp_path: Path):
     folder = write_cuhk03_style(tmp_path / "val", range(4), shots_per_camera=2, size=(32, 16))
-    result = evaluate_reid(ColourMean(), f"{folder}@1", f"{folder}@2", (32, 16), batch_size=8, progress=False)
+    result = evaluate_reid(
+        ColourMean(), f"{folder}@1", f"{folder}@2", EmbedSettings((32, 16), batch_size=8, progress=False)
+    )
     assert result.metrics.num_queries == 8 and result.metrics.num_gallery == 8
     assert result.name == "reid_val_cam2"
     # the whole folder against itself: each image finds its own camera's shots removed, not itself
-    whole = evaluate_reid(ColourMean(), folder, folder, (32, 16), batch_size=8, progress=False)
+    whole = evaluate_reid(ColourMean(), folder, folder, EmbedSettings((32, 16), batch_size=8, progress=False))
     assert whole.metrics.num_queries == 16 and whole.metrics.num_gallery == 16 and whole.name == "reid_val"
 
 

@@ -10,6 +10,7 @@ import json
 import pytest
 import torch
 
+from facetrain.eval.embedding import EmbedSettings
 from facetrain.eval.verify_pairs import load_pairs, verify
 from facetrain.interop.loading import load_model
 from facetrain.models import build_backbone
@@ -22,7 +23,7 @@ def untrained_result(config_path, pairs_path):
     cfg = load_config(config_path)
     torch.manual_seed(cfg.train.seed)  # the trainer's initial weights
     backbone = build_backbone(cfg.model, tuple(cfg.data.image_size)).eval()
-    return verify(load_pairs(pairs_path), backbone, tuple(cfg.data.image_size), progress=False)
+    return verify(load_pairs(pairs_path), backbone, EmbedSettings(tuple(cfg.data.image_size), progress=False))
 
 
 def trained_result(run_dir):
@@ -95,7 +96,9 @@ def test_orl_real_faces(shared_data, tmp_path):
     trained = trained_result(run)
     untrained = untrained_result(run / "config.yaml", balanced)
     model = load_model(run)
-    everything = verify(load_pairs(all_pairs), model.module, model.image_size, progress=False).metrics
+    everything = verify(
+        load_pairs(all_pairs), model.module, EmbedSettings(model.image_size, progress=False)
+    ).metrics
     print(
         f"ORL s31-s40, balanced {trained['num_pairs']} pairs: trained accuracy {trained['accuracy']:.3f} "
         f"AUC {trained['auc']:.3f} EER {trained['eer']:.3f}, threshold {trained['threshold']:.3f} at FAR "

@@ -35,7 +35,7 @@ from ablate_orl import ORL, write_orl_split  # noqa: E402
 from protocol import REPO, append_row, summarize  # noqa: E402
 
 from facetrain.data.decode import decode_image  # noqa: E402
-from facetrain.eval.verify_pairs import load_pairs, verify  # noqa: E402
+from facetrain.eval.verify_pairs import EmbedSettings, load_pairs, verify  # noqa: E402
 
 TIMED_STEPS = 10
 
@@ -164,7 +164,8 @@ def main() -> None:
     rows = []
     for seed in args.seeds:
         model, trained = train_peer(train_list, args.seconds, args, seed)
-        result = verify(load_pairs(pairs), model, (args.image_size, args.image_size), progress=False)
+        settings = EmbedSettings((args.image_size, args.image_size), progress=False)
+        result = verify(load_pairs(pairs), model, settings)
         figures = result.as_dict()
         row = {
             "seed": seed,

@@ -36,6 +36,7 @@ from protocol import REPO, SHARED_DATA, append_row, summarize  # noqa: E402
 
 from facetrain.data.decode import decode_image  # noqa: E402
 from facetrain.data.reid_images import scan_reid_train  # noqa: E402
+from facetrain.eval.embedding import EmbedSettings  # noqa: E402
 from facetrain.eval.rerank import RerankSettings  # noqa: E402
 from facetrain.eval.retrieval import evaluate_reid  # noqa: E402
 
@@ -122,7 +123,7 @@ def main() -> None:
         model, trained = train_peer(args.data.resolve() / "train", args, seed)
         scored = {
             suffix: evaluate_reid(
-                model, f"{val}@1", f"{val}@2", tuple(args.image_size), progress=False, rerank=rerank
+                model, f"{val}@1", f"{val}@2", EmbedSettings(tuple(args.image_size), progress=False), rerank
             ).as_dict()
             for suffix, rerank in (("", None), ("_rerank", RerankSettings()))
         }

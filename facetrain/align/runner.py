@@ -52,6 +52,17 @@ class Task(NamedTuple):
     relative: str
 
 
+class AlignSettings(NamedTuple):
+    """How each image is aligned: the crop size (None: the template's own), the face detector, what to do
+    with an image without a face (`NO_FACE_ACTIONS`) and the landmark template. A worker process is
+    built from these alone."""
+
+    size: tuple[int, int] | None = DEFAULT_SIZE
+    detector: str = DEFAULT_DETECTOR
+    fallback: str = "skip"
+    template: str = DEFAULT_TEMPLATE
+
+
 @NO_FACE_ACTIONS.register("skip")
 def _skip(worker: _Worker, task: Task, image: np.ndarray) -> ImageOutcome:
     return ImageOutcome(task.relative, NO_FACE, 0, "", "no face found")
@@ -66,10 +77,10 @@ def _centre(worker: _Worker, task: Task, image: np.ndarray) -> ImageOutcome:
 class _Worker:
     """The per-process aligner and what to do with faceless images."""
 
-    def __init__(self, size: tuple[int, int] | None, detector: str, fallback: str, template: str):
-        self.settings = (size, detector, fallback, template)
-        self.aligner = FaceAligner(size, detector, template)
-        self.on_no_face = NO_FACE_ACTIONS.get(fallback)
+    def __init__(self, settings: AlignSettings):
+        self.settings = settings
+        self.aligner = FaceAligner(settings.size, settings.detector, settings.template)
+        self.on_no_face = NO_FACE_ACTIONS.get(settings.fallback)
 
     def run(self, task: Task) -> ImageOutcome:
         try:
@@ -90,11 +101,11 @@ class _Worker:
                 raise FacetrainError(f"cannot write {target}; check that the disk has room and is writable")
 
 
-def _start_worker(size: tuple[int, int] | None, detector: str, fallback: str, template: str) -> None:
+def _start_worker(*settings) -> None:
     """Builds the worker in a spawned process; a forked one already holds the parent's."""
     global _worker_state
-    if _worker_state is None or _worker_state.settings != (size, detector, fallback, template):
-        _worker_state = _Worker(size, detector, fallback, template)
+    if _worker_state is None or _worker_state.settings != AlignSettings(*settings):
+        _worker_state = _Worker(AlignSettings(*settings))
 
 
 def _run_in_worker(task: Task) -> ImageOutcome:
@@ -134,14 +145,11 @@ def plan_tasks(source: Path, destination: Path) -> list[Task]:
 def align_folder(
     source: str | Path,
     destination: str | Path,
-    size: tuple[int, int] | None = DEFAULT_SIZE,
-    detector: str = DEFAULT_DETECTOR,
-    fallback: str = "skip",
+    settings: AlignSettings = AlignSettings(),
     workers: int = 1,
     overwrite: bool = False,
     progress: bool = True,
     report: str | Path | None = None,
-    template: str = DEFAULT_TEMPLATE,
 ) -> AlignSummary:
     """Align every image under `source` into the same tree under `destination` and write the report.
 
@@ -151,7 +159,7 @@ def align_folder(
     """
     source, destination = Path(source), Path(destination)
     report_path = Path(report) if report is not None else destination / REPORT_NAME
-    NO_FACE_ACTIONS.get(fallback)  # a bad name fails before SRC is listed
+    NO_FACE_ACTIONS.get(settings.fallback)  # a bad name fails before SRC is listed
     tasks = plan_tasks(source, destination)
     targets = [task.target for task in tasks]
     if len(set(targets)) != len(targets):
@@ -160,7 +168,7 @@ def align_folder(
         )
     if not overwrite:
         refuse_to_overwrite([*targets, report_path])
-    worker = _Worker(size, detector, fallback, template)
+    worker = _Worker(settings)
     outcomes: list[ImageOutcome] = []
     not_aligned = 0
     with ProgressBar(total=len(tasks), desc="align", unit="img", disable=not progress) as bar:

@@ -20,7 +20,7 @@ import torch
 from facetrain.bench.common import gpu_info, machine_info, timed_repeats
 from facetrain.bench.report import ReportFiles, markdown_table, write_report
 from facetrain.devices import resolve_device
-from facetrain.eval.embedding import compute_embeddings
+from facetrain.eval.embedding import EmbedSettings, compute_embeddings
 from facetrain.eval.metrics import verification_metrics
 from facetrain.files import refuse_to_overwrite
 from facetrain.models import build_backbone
@@ -47,9 +47,11 @@ def embedding_throughput(
     rng = np.random.default_rng(0)
     images = list(rng.integers(0, 256, (batch_size * batches, image_size, image_size, 3), dtype=np.uint8))
     size = (image_size, image_size)
-    compute_embeddings(module, images[:batch_size], size, batch_size, flip=False, progress=False)
+    warm_up = EmbedSettings(size, batch_size, flip=False, progress=False)
+    compute_embeddings(module, images[:batch_size], warm_up)
+    timed = EmbedSettings(size, batch_size, flip=False, progress=progress)
     (seconds,) = timed_repeats(
-        lambda: compute_embeddings(module, images, size, batch_size, flip=False, progress=progress),
+        lambda: compute_embeddings(module, images, timed),
         repeats=1,
         device=device,
     )

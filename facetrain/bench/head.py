@@ -27,7 +27,7 @@ from facetrain.bench.common import (
 from facetrain.bench.head_bytes import summarize_passes, traffic_figures
 from facetrain.bench.head_capacity import CapacitySettings, run_capacity_benchmark
 from facetrain.bench.head_cases import BENCH_HEADS, HeadCase
-from facetrain.bench.head_measure import measure_case
+from facetrain.bench.head_measure import StepTiming, measure_case
 from facetrain.bench.head_peers import PEER_HEADS, PEERS
 from facetrain.bench.head_report import evaluate_targets
 from facetrain.bench.peer_sources import check_peers_dir, install_wheels
@@ -196,7 +196,11 @@ def run_head_benchmark(settings: HeadBenchSettings, progress: bool = True) -> di
                 pools[case.world_size] = WorkerPool(case.world_size, threads, device=settings.device)
             try:
                 ranks = pools[case.world_size].run(
-                    measure_case, case, settings.steps, settings.warmup, settings.seed, False, settings.device
+                    measure_case,
+                    case,
+                    StepTiming(settings.steps, settings.warmup, settings.seed),
+                    False,
+                    settings.device,
                 )
             except WorkerError as error:
                 pools.pop(case.world_size)

@@ -22,7 +22,7 @@ from dataclasses import asdict, dataclass
 from facetrain.bench.common import machine_info
 from facetrain.bench.head_capacity_report import evaluate_capacity_targets
 from facetrain.bench.head_cases import BENCH_HEADS, HeadCase
-from facetrain.bench.head_measure import measure_case
+from facetrain.bench.head_measure import StepTiming, measure_case
 from facetrain.errors import FacetrainError
 from facetrain.parallel.workers import WorkerError, WorkerPool
 from facetrain.progress import ProgressBar
@@ -101,7 +101,7 @@ class _Runner:
             # a full training step (with the optimizer), without the GEMM timing
             with_optimizer, time_gemms = True, False
             ranks = self.pool.run(
-                measure_case, case, settings.steps, settings.warmup, settings.seed, with_optimizer,
+                measure_case, case, StepTiming(settings.steps, settings.warmup, settings.seed), with_optimizer,
                 settings.device, time_gemms,
             )  # fmt: skip
         except WorkerError as error:

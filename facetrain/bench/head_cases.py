@@ -173,8 +173,8 @@ class TiledBench(BenchHead):
     def estimate_bytes_per_rank(self, case: HeadCase, with_optimizer: bool = False) -> list[int]:
         return [
             estimate_head_memory(
-                rows, case.dim, case.batch, "tiled", tile_classes=case.tile_classes,
-                weight_dtype=self.storage, state_dtype=self.storage,
+                rows, case.dim, case.batch,
+                HeadPlan("tiled", case.tile_classes, self.storage, self.storage, fused_optimizer=True),
             ).total
             for rows in self.weight_rows_per_rank(case)
         ]  # fmt: skip

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import contextlib
 from dataclasses import replace
+from typing import NamedTuple
 
 import torch
 
@@ -76,13 +77,19 @@ def _timed_steps(
     return step_s, counted[0].bytes_sent, dict(counted[0].by_op)
 
 
+class StepTiming(NamedTuple):
+    """How a case is timed: `steps` timed steps after `warmup` untimed ones, rank r seeded `seed + r`."""
+
+    steps: int
+    warmup: int
+    seed: int
+
+
 def measure_case(
     rank: int,
     world_size: int,
     case: HeadCase,
-    steps: int,
-    warmup: int,
-    seed: int,
+    timing: StepTiming,
     with_optimizer: bool = False,
     device_kind: str = "cpu",
     time_gemms: bool = True,
@@ -98,7 +105,8 @@ def measure_case(
     """
     kind = BENCH_HEADS.build(case.head)
     device = rank_device(device_kind, rank)
-    torch.manual_seed(seed + rank)
+    steps, warmup = timing.steps, timing.warmup
+    torch.manual_seed(timing.seed + rank)
     # a tiny run first, outside the window: thread pools and library workspaces start lazily
     _timed_steps(kind, replace(case, num_classes=case.world_size), 1, 0, with_optimizer, device)
     with peak_memory(device) as memory:

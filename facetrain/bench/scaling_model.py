@@ -22,7 +22,10 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass
 
+import torch
+
 from facetrain.heads.memory import memory_parts
+from facetrain.heads.plan import HeadPlan
 
 FP32, BF16, INT64 = 4, 2, 8
 MODES = ("untiled", "tiled")
@@ -98,10 +101,11 @@ def memory_bytes(step: Step, with_optimizer_state: bool = True) -> dict[str, flo
     no optimizer state (what `facetrain bench head` runs); the tiled head's fused optimizer always
     keeps its own."""
     keeps_state = with_optimizer_state or step.mode == "tiled"
+    storage = torch.bfloat16 if step.weight_bytes == BF16 else torch.float32
+    plan = HeadPlan(step.mode, step.tile_classes, storage, storage, fused_optimizer=step.mode == "tiled")
     return memory_parts(
-        step.shard, step.dim, step.global_batch, step.mode, active=step.active_classes,
-        tile_classes=step.tile_classes, optimizer_states=step.optimizer_states if keeps_state else 0,
-        weight_bytes=step.weight_bytes, state_bytes=step.weight_bytes,
+        step.shard, step.dim, step.global_batch, plan, active=step.active_classes,
+        optimizer_states=step.optimizer_states if keeps_state else 0,
         reduced_precision_gemm=step.precision == "bf16",
     )  # fmt: skip
 

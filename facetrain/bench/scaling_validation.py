@@ -16,7 +16,7 @@ from dataclasses import asdict, dataclass
 
 from facetrain.bench.head import summarize
 from facetrain.bench.head_cases import HeadCase
-from facetrain.bench.head_measure import measure_case
+from facetrain.bench.head_measure import StepTiming, measure_case
 from facetrain.bench.scaling_model import (
     Step,
     elementwise_bytes,
@@ -63,7 +63,9 @@ def measure(settings: ValidationSettings, progress: bool = True) -> list[dict]:
         with WorkerPool(world_size, threads, device="cpu") as pool:
             for head in settings.heads:
                 case = settings.case(head, world_size)
-                ranks = pool.run(measure_case, case, settings.steps, settings.warmup, settings.seed)
+                ranks = pool.run(
+                    measure_case, case, StepTiming(settings.steps, settings.warmup, settings.seed)
+                )
                 rows.append(
                     {
                         "head": head,

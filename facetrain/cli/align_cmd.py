@@ -93,19 +93,11 @@ def align(
       facetrain align faces/ -o crops_112x96/ --size 112x96 --detector cnn --overwrite
       facetrain align photos/ -o chips/ --template dlib
     """
-    from facetrain.align.runner import align_folder
+    from facetrain.align.runner import AlignSettings, align_folder
     from facetrain.align.template import parse_crop_size
 
     destination = out_or_old_positional(out, old_destination, "align", "facetrain align SRC -o OUT")
-    summary = align_folder(
-        source,
-        destination,
-        size=None if size is None else parse_crop_size(size),
-        detector=detector,
-        fallback=fallback,
-        workers=workers,
-        overwrite=overwrite,
-        report=report,
-        template=template,
-    )
+    crop_size = None if size is None else parse_crop_size(size)
+    settings = AlignSettings(crop_size, detector, fallback, template)
+    summary = align_folder(source, destination, settings, workers=workers, overwrite=overwrite, report=report)
     click.echo(summary.describe())

@@ -2,11 +2,8 @@
 
 from __future__ import annotations
 
-import os
-from collections.abc import Callable
 from functools import partial
 from pathlib import Path
-from typing import TYPE_CHECKING
 
 import click
 
@@ -19,10 +16,6 @@ from facetrain.cli.conventions import (
     trust_torchscript_option,
     workers_option,
 )
-from facetrain.logger import logger
-
-if TYPE_CHECKING:
-    from facetrain.interop.loading import LoadedModel
 
 
 @click.command()
@@ -161,194 +154,71 @@ def eval_command(
       facetrain eval runs/ms1m/export --ijb IJB_release/IJBC --ijb-target IJBC --workers 8
       facetrain eval runs/reid_small --reid data/cuhk03/val@1 data/cuhk03/val@2 --rerank
     """
+    from facetrain.align.five_points import FivePointCrop
     from facetrain.checkpoint.run_dir import writing_into_run
     from facetrain.devices import resolve_device
+    from facetrain.eval.kinds import EvalRequest, eval_kind
     from facetrain.files import refuse_to_overwrite
     from facetrain.interop.loading import load_model
 
-    if [pairs_path, folder_root, market_root, reid_sets, ijb_root].count(None) != 4:
-        raise click.UsageError(
-            "give exactly one of --pairs or --folder (verification), --market or --reid (re-id retrieval) "
-            "or --ijb (IJB-B/C template verification)"
-        )
-    if ijb_root is None and ijb_target is not None:
-        raise click.UsageError("--ijb-target applies to --ijb only")
-    if rerank and market_root is None and reid_sets is None:
-        raise click.UsageError("--rerank applies to --market and --reid only")
-    if pairs_path is None and (images_root is not None or skip_missing):
-        raise click.UsageError("--images and --skip-missing apply to --pairs only")
-    if folder_root is None and (seed is not None or num_folds is not None):
-        raise click.UsageError("--seed and --folds apply to --folder only")
+    inputs = {
+        "pairs": pairs_path,
+        "folder": folder_root,
+        "market": market_root,
+        "reid": reid_sets,
+        "ijb": ijb_root,
+    }
+    given = {
+        "--images": images_root,
+        "--skip-missing": skip_missing,
+        "--seed": seed,
+        "--folds": num_folds,
+        "--ijb-target": ijb_target,
+        "--rerank": rerank,
+    }
+    kind_name = _chosen_kind(inputs, given)
     device = resolve_device(device)
     out_dir = out_dir or (model if model.is_dir() else model.parent) / "eval"
-    options = {
-        "batch_size": batch_size,
-        "flip": flip,
-        "device": device,
-        "num_workers": workers,
-    }
-    load = partial(load_model, model, device, trust_torchscript)
-    extra = {"model": str(model)}
-    if reid_sets is not None:
-        from facetrain.cli.eval_reid import evaluate_reid_sets, reid_report_paths
-
-        if not overwrite:
-            refuse_to_overwrite(reid_report_paths(out_dir, reid_sets[1]))
-        with writing_into_run(out_dir, "facetrain eval", "wait for it to finish, or pass --out elsewhere"):
-            written = evaluate_reid_sets(load, *reid_sets, rerank, out_dir, options, extra)
-        click.echo("wrote " + ", ".join(str(path) for path in written))
-        return
-    name = _report_file_name(pairs_path, folder_root)
+    request = EvalRequest(
+        inputs[kind_name],
+        out_dir,
+        model,
+        embedding={"batch_size": batch_size, "flip": flip, "device": device, "num_workers": workers},
+        extra={"model": str(model)},
+        images_root=images_root,
+        skip_missing=skip_missing,
+        seed=seed,
+        num_folds=num_folds,
+        ijb_target=ijb_target or "IJBC",
+        rerank=rerank,
+        face_crop=FivePointCrop,
+    )
+    kind = eval_kind(kind_name)
     if not overwrite:  # before the model is loaded or an image read
-        refuse_to_overwrite(
-            _report_paths(out_dir, name, folder_root is not None, ijb_root and (ijb_target or "IJBC"))
-        )
+        refuse_to_overwrite(kind.report_paths(request))
     with writing_into_run(
         out_dir, "facetrain eval", "wait for it to finish, or pass --out to write the report elsewhere"
     ):
-        written = _evaluate(
-            model, load, out_dir, name, options, extra, pairs_path, images_root, skip_missing, folder_root, seed,
-            num_folds, market_root, ijb_root, ijb_target or "IJBC", rerank,
-        )  # fmt: skip
+        table, written = kind(request, partial(load_model, model, device, trust_torchscript))
+    click.echo(table)
     click.echo("wrote " + ", ".join(str(path) for path in written))
 
 
-def _report_file_name(pairs_path: Path | None, folder_root: Path | None) -> str | None:
-    """What a verification's report files are called (`set_names.report_file_name`); None for the others."""
-    from facetrain.eval.set_names import report_file_name
+def _chosen_kind(inputs: dict[str, object], given: dict[str, object]) -> str:
+    """The one kind of evaluation (`facetrain.eval.kinds`) whose option was given; a usage error for none
+    or several, or for an option (`given`) that kind does not read."""
+    from facetrain.eval.kinds import eval_kind
 
-    if folder_root is not None:
-        return report_file_name(os.path.abspath(folder_root))  # as `folder_pair_set` names its pairs
-    return None if pairs_path is None else report_file_name(pairs_path)
-
-
-def _report_paths(out_dir: Path, name: str | None, keeps_pairs: bool, ijb_target: str | None) -> list[Path]:
-    """The files this evaluation writes into `out_dir` (`eval.report` names them): `name` is a
-    verification's report name, and `keeps_pairs` (--folder) adds the pairs it keeps."""
-    if ijb_target:
-        from facetrain.eval.ijb_report import ijb_report_paths
-
-        return ijb_report_paths(out_dir, ijb_target)
-    from facetrain.eval.report import retrieval_report_paths, verification_report_paths
-    from facetrain.eval.retrieval import REPORT_NAME
-    from facetrain.eval.set_names import KEPT_PAIRS_SUFFIX
-
-    if name is not None:
-        kept = [out_dir / f"{name}{KEPT_PAIRS_SUFFIX}.csv"] if keeps_pairs else []
-        return [*verification_report_paths(out_dir, name), *kept]
-    return retrieval_report_paths(out_dir, REPORT_NAME)
-
-
-def _evaluate(
-    model: Path,
-    load: Callable[[], LoadedModel],
-    out_dir: Path,
-    name: str | None,
-    options: dict,
-    extra: dict,
-    pairs_path: Path | None,
-    images_root: Path | None,
-    skip_missing: bool,
-    folder_root: Path | None,
-    seed: int | None,
-    num_folds: int | None,
-    market_root: Path | None,
-    ijb_root: Path | None,
-    ijb_target: str,
-    rerank: bool = False,
-) -> list[Path]:
-    """Run the evaluation MODEL was asked for, print its table and write its report to `out_dir`.
-
-    `load` loads MODEL, called only once the inputs were read, so a bad input fails before the model loads."""
-    from facetrain.eval.report import (
-        retrieval_table,
-        verification_table,
-        write_retrieval_report,
-        write_verification_report,
+    chosen = [name for name, value in inputs.items() if value is not None]
+    if len(chosen) != 1:
+        kinds = ", ".join(f"{eval_kind(name).option} ({eval_kind(name).what})" for name in inputs)
+        raise click.UsageError(f"give exactly one of {kinds}")
+    options = eval_kind(chosen[0]).options
+    wrong = next(
+        (option for option, value in given.items() if value not in (None, False) and option not in options),
+        None,
     )
-    from facetrain.interop.card import card_interpolation
-
-    if ijb_root is not None:
-        from facetrain.align.five_points import FivePointCrop
-        from facetrain.eval.ijb import evaluate_ijb
-        from facetrain.eval.ijb_meta import read_ijb_meta
-        from facetrain.eval.ijb_report import ijb_table, write_ijb_report
-
-        read_ijb_meta(ijb_root, ijb_target)  # a broken protocol file fails before the model loads
-        loaded = load()
-        crop = FivePointCrop(loaded.image_size)
-        result = evaluate_ijb(loaded.module, ijb_root, ijb_target, loaded.image_size, crop, **options)
-        click.echo(ijb_table(result))
-        return write_ijb_report(result, out_dir, extra)
-    if market_root is None:
-        from facetrain.eval.one_kind import one_kind_problem
-        from facetrain.eval.pair_making import folder_pair_set, write_pairs_csv
-        from facetrain.eval.verify_pairs import KEPT_PAIRS_SUFFIX, load_pairs, verify
-
-        if folder_root is not None:
-            pairs = folder_pair_set(
-                folder_root,
-                DEFAULT_FOLD_SEED if seed is None else seed,
-                DEFAULT_FOLDS if num_folds is None else num_folds,
-            )
-        else:
-            pairs = load_pairs(pairs_path, images_root, skip_missing)
-        if pairs.skipped_pairs:
-            logger.warning(
-                f"skipped {pairs.skipped_pairs} pairs: {len(pairs.missing)} images missing, e.g. {pairs.missing[0]}"
-            )
-        if one_kind_problem(pairs) is not None:
-            return _evaluate_one_kind(model, load, pairs, out_dir, name, options, extra)
-        loaded = load()
-        result = verify(
-            pairs, loaded.module, loaded.image_size, interpolation=card_interpolation(loaded.card), **options
-        )
-        click.echo(verification_table(result))
-        step = (loaded.card.get("training") or {}).get("step")
-        written = write_verification_report(result, out_dir, {**extra, "step": step}, name)
-        if folder_root is not None:
-            kept = out_dir / f"{name}{KEPT_PAIRS_SUFFIX}.csv"
-            written.append(write_pairs_csv(pairs, kept, overwrite=True))
-    else:
-        from facetrain.eval.rerank import RerankSettings
-        from facetrain.eval.retrieval import evaluate_market1501
-
-        loaded = load()
-        settings = RerankSettings() if rerank else None
-        result = evaluate_market1501(
-            loaded.module, market_root, loaded.image_size, rerank=settings, **options
-        )
-        click.echo(retrieval_table(result))
-        written = write_retrieval_report(result, out_dir, extra)
-    return written
-
-
-def _evaluate_one_kind(
-    model: Path, load: Callable[[], LoadedModel], pairs, out_dir: Path, name: str, options: dict, extra: dict
-) -> list[Path]:
-    """A pairs file of one kind only: say so at once (before the model loads), then report what it can."""
-    from facetrain.eval.one_kind import (
-        one_kind_problem,
-        one_kind_table,
-        score_one_kind,
-        write_one_kind_report,
-    )
-    from facetrain.interop.card import card_interpolation
-
-    logger.warning(f"note: {one_kind_problem(pairs)}; reporting the similarity statistics instead")
-    loaded = load()
-    threshold = loaded.threshold
-    source = (
-        "the model's own, from its verification"
-        if threshold is not None
-        else (
-            f"{model} records no threshold (it was never verified on pairs of both kinds); export it with "
-            "--evaluation NAME.json of such a verification to give it one"
-        )
-    )
-    result = score_one_kind(
-        pairs, loaded.module, loaded.image_size, threshold, source,
-        interpolation=card_interpolation(loaded.card), **options,
-    )  # fmt: skip
-    click.echo(one_kind_table(result))
-    return write_one_kind_report(result, out_dir, extra, name)
+    if wrong is not None:
+        readers = [eval_kind(name).option for name in inputs if wrong in eval_kind(name).options]
+        raise click.UsageError(f"{wrong} applies to {' and '.join(readers)} only")
+    return chosen[0]

@@ -9,6 +9,7 @@ import numpy as np
 
 from facetrain.data.dataset import PathReader, SampleTable
 from facetrain.data.decode import IMAGE_EXTENSIONS
+from facetrain.data.source_record import DataSource, register_source
 from facetrain.errors import FacetrainError
 
 
@@ -75,3 +76,9 @@ def scan_image_folder(root: str | Path) -> SampleTable:
         paths.extend(images)
         labels.extend([label] * len(images))
     return SampleTable(PathReader(paths), np.asarray(labels), identities, description=str(root))
+
+
+register_source(
+    "folder",
+    DataSource(scan_image_folder, "folder", "a folder of root/<identity>/<image>", fallback=True),
+)

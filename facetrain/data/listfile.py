@@ -13,9 +13,11 @@ import numpy as np
 import pandas as pd
 
 from facetrain.data.dataset import PathReader, SampleTable
+from facetrain.data.source_record import DataSource, register_source
 from facetrain.errors import FacetrainError
 
 COLUMNS = ("path", "label", "camera")
+LIST_SUFFIXES = (".csv", ".tsv", ".txt")
 
 
 def _separator(path: Path, first_line: str) -> str:
@@ -126,3 +128,12 @@ def scan_list_file(list_path: str | Path) -> SampleTable:
         description=str(list_path),
         cameras=frame["camera"].to_numpy(np.int64),
     )
+
+
+def is_list_file(path: Path) -> bool:
+    return path.is_file() and path.suffix.lower() in LIST_SUFFIXES
+
+
+register_source(
+    "list", DataSource(scan_list_file, "file", "a CSV/TSV list of path,label", recognise=is_list_file)
+)

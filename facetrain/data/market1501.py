@@ -15,6 +15,7 @@ import numpy as np
 import pandas as pd
 
 from facetrain.data.dataset import PathReader, SampleTable
+from facetrain.data.source_record import DataSource, register_source
 from facetrain.errors import FacetrainError
 
 SPLITS = {
@@ -74,3 +75,13 @@ def scan_market1501_train(root: str | Path) -> SampleTable:
         description=str(Path(root) / SPLITS["train"]),
         cameras=frame["camid"].to_numpy(np.int64),
     )
+
+
+def is_market1501(path: Path) -> bool:
+    return (path / SPLITS["train"]).is_dir()
+
+
+register_source(
+    "market1501",
+    DataSource(scan_market1501_train, "folder", "the Market-1501 root folder", recognise=is_market1501),
+)

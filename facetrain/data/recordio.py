@@ -29,6 +29,7 @@ import numpy as np
 from facetrain.data.dataset import SampleTable
 from facetrain.data.decode import BadImageError, decode_image
 from facetrain.data.folder import scan_image_folder
+from facetrain.data.source_record import DataSource, register_source
 from facetrain.errors import FacetrainError
 from facetrain.progress import ProgressBar
 
@@ -422,3 +423,21 @@ def check_property(records: RecordIOFile, class_count: int, first_key: int) -> N
             f"{path} says {height}x{width} images, but {records.rec_path} record {first_key} is "
             f"{image.shape[0]}x{image.shape[1]}; the property file belongs to another set: fix it to match or remove it"
         )
+
+
+def is_recordio(path: Path) -> bool:
+    """A `.rec` file, or a folder holding `train.rec` as insightface ships its sets."""
+    if path.is_file():
+        return path.suffix.lower() == ".rec"
+    return (path / "train.rec").is_file()
+
+
+register_source(
+    "recordio",
+    DataSource(
+        scan_recordio,
+        None,
+        "insightface's train.rec (its .idx beside it) or their folder",
+        recognise=is_recordio,
+    ),
+)

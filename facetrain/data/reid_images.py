@@ -19,11 +19,11 @@ import numpy as np
 import pandas as pd
 
 from facetrain.data.dataset import PathReader, SampleTable
-from facetrain.data.listfile import read_list_file
+from facetrain.data.listfile import is_list_file, read_list_file
 from facetrain.data.reid_names import EXAMPLES, NAMING_SCHEMES, naming_scheme
+from facetrain.data.source_record import DataSource, register_source
 from facetrain.errors import FacetrainError
 
-LIST_SUFFIXES = (".csv", ".tsv", ".txt")
 JUNK_PID = -1
 MARKET_DISTRACTOR_PID = 0  # Market-1501's gallery distractors; a real person in the other schemes
 _CAMERA_CUT = re.compile(r"^(?P<path>.+)@(?P<cameras>\d+(,\d+)*)$")
@@ -47,7 +47,7 @@ def load_reid_selection(spec: str | Path) -> pd.DataFrame:
 def load_reid_images(path: str | Path) -> pd.DataFrame:
     """Columns path, pid, camid, and scheme (the naming scheme, or `list`), sorted by file name."""
     path = Path(path)
-    if path.is_file() and path.suffix.lower() in LIST_SUFFIXES:
+    if is_list_file(path):
         return _from_list(path)
     if not path.is_dir():
         raise FacetrainError(
@@ -103,3 +103,9 @@ def scan_reid_train(path: str | Path) -> SampleTable:
         description=str(path),
         cameras=frame["camid"].to_numpy(np.int64),
     )
+
+
+register_source(
+    "reid",
+    DataSource(scan_reid_train, None, "a folder of PID_CAM re-id images or a CSV of path,pid,camera"),
+)

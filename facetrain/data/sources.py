@@ -1,51 +1,27 @@
-"""The training data sources by name (`data.source`): each reads `data.path` into a `SampleTable`."""
+"""The training data sources by name (`data.source`): each reader module registers its record.
+
+Importing this module imports every reader, so `SOURCES` holds them all; a new source is its reader
+file (with its `register_source` call) and one import line here.
+"""
 
 from __future__ import annotations
 
-from pathlib import Path
-
-from facetrain.data.dataset import SampleTable
 from facetrain.data.folder import scan_image_folder
 from facetrain.data.listfile import scan_list_file
 from facetrain.data.market1501 import scan_market1501_train
 from facetrain.data.recordio import scan_recordio
 from facetrain.data.reid_images import scan_reid_train
-from facetrain.errors import FacetrainError
-from facetrain.registry import Registry
+from facetrain.data.source_record import SOURCES, DataSource, inspectable_sources, source_record
+from facetrain.data.synthetic_source import scan_synthetic_set
 
-SOURCES: Registry[SampleTable] = Registry("data source")
+# imported for their registrations
+READERS = (
+    scan_image_folder,
+    scan_list_file,
+    scan_market1501_train,
+    scan_recordio,
+    scan_reid_train,
+    scan_synthetic_set,
+)
 
-
-@SOURCES.register("folder")
-def _folder(path: str) -> SampleTable:
-    return scan_image_folder(path)
-
-
-@SOURCES.register("list")
-def _list(path: str) -> SampleTable:
-    return scan_list_file(path)
-
-
-@SOURCES.register("recordio")
-def _recordio(path: str) -> SampleTable:
-    return scan_recordio(path)
-
-
-@SOURCES.register("market1501")
-def _market(path: str) -> SampleTable:
-    return scan_market1501_train(path)
-
-
-@SOURCES.register("reid")
-def _reid(path: str) -> SampleTable:
-    return scan_reid_train(path)
-
-
-@SOURCES.register("synthetic")
-def _synthetic(path: str) -> SampleTable:
-    train = Path(path) / "train"
-    if not train.is_dir():
-        raise FacetrainError(
-            f"no synthetic set at {path}: run `facetrain synth -o {path}` (facetrain train makes it itself)"
-        )
-    return scan_image_folder(train)
+__all__ = ["READERS", "SOURCES", "DataSource", "inspectable_sources", "source_record"]

@@ -15,14 +15,12 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 
-from facetrain.choices import STATS_SOURCES
 from facetrain.data.dataset import EncodedImageReader, SampleTable
 from facetrain.data.decode import BadImageError, decode_image
-from facetrain.data.sources import SOURCES
+from facetrain.data.sources import SOURCES, inspectable_sources, source_record
 from facetrain.errors import FacetrainError
 from facetrain.progress import ProgressBar
 
-LIST_SUFFIXES = (".csv", ".tsv", ".txt")
 _CHUNK = 256
 
 
@@ -38,30 +36,25 @@ class DatasetStats:
 
 
 def guess_source(path: str | Path) -> str:
-    """The source a path looks like: a `.rec` or a folder holding `train.rec`, a list file, Market-1501,
-    else an image folder."""
+    """The source whose record recognises the path (the first by name), else the fallback for a
+    path of its kind (an image folder)."""
     path = Path(path)
-    if path.is_file():
-        suffix = path.suffix.lower()
-        if suffix == ".rec":
-            return "recordio"
-        if suffix in LIST_SUFFIXES:
-            return "list"
-        raise FacetrainError(
-            f"cannot tell what kind of dataset {path} is; pass --source {'|'.join(STATS_SOURCES)}"
-        )
-    if not path.is_dir():
+    if not path.is_file() and not path.is_dir():
         raise FacetrainError(f"dataset {path} does not exist")
-    if (path / "bounding_box_train").is_dir():
-        return "market1501"
-    if (path / "train.rec").is_file():
-        return "recordio"
-    return "folder"
+    names = inspectable_sources()
+    records = [(name, source_record(name)) for name in names]
+    recognised = [name for name, record in records if record.recognise is not None and record.recognise(path)]
+    kind = "file" if path.is_file() else "folder"
+    fallback = [name for name, record in records if record.fallback and record.path_kind == kind]
+    if recognised or fallback:
+        return (recognised or fallback)[0]
+    raise FacetrainError(f"cannot tell what kind of dataset {path} is; pass --source {'|'.join(names)}")
 
 
 def load_sample_table(path: str | Path, source: str) -> SampleTable:
-    if source not in STATS_SOURCES:
-        raise FacetrainError(f"unknown dataset source {source!r}; choose one of: {', '.join(STATS_SOURCES)}")
+    names = inspectable_sources()
+    if source not in names:
+        raise FacetrainError(f"unknown dataset source {source!r}; choose one of: {', '.join(names)}")
     return SOURCES.build(source, str(path))
 
 

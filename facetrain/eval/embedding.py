@@ -26,6 +26,21 @@ ImageInput = np.ndarray | str | Path | bytes
 
 
 @dataclass(frozen=True)
+class EmbedSettings:
+    """How an evaluation embeds its images: the model's input (`image_size`, the `interpolation` its
+    card names) and how to run it. Every evaluation takes this one object, so a new setting is one
+    field here rather than a parameter on each of them."""
+
+    image_size: tuple[int, int]
+    batch_size: int = 128
+    flip: bool = True
+    device: torch.device | str | None = None
+    progress: bool = True
+    num_workers: int = 0
+    interpolation: str = RESIZE_AREA
+
+
+@dataclass(frozen=True)
 class Embeddings:
     """Embeddings (N, D) float32, L2-normalized unless asked otherwise, and the XNorm of the raw ones;
     with `skip_unreadable`, `unreadable` maps the position of each image left out to why, and `vectors`
@@ -76,33 +91,30 @@ def _collate(items: list[tuple[int, torch.Tensor | str]]) -> tuple[torch.Tensor 
 def compute_embeddings(
     module: nn.Module,
     images: Sequence[ImageInput],
-    image_size: tuple[int, int],
-    batch_size: int = 128,
-    flip: bool = True,
-    device: torch.device | str | None = None,
-    progress: bool = True,
-    num_workers: int = 0,
+    settings: EmbedSettings,
     label: str = "images",
-    interpolation: str = RESIZE_AREA,
     normalized: bool = True,
     skip_unreadable: bool = False,
 ) -> Embeddings:
     """Embed decoded uint8 RGB arrays, image paths or encoded image bytes with `module`.
 
     The module runs in eval mode and is put back in its previous mode afterwards, so the trainer can
-    call this mid-training. `device` defaults to the device of the module's parameters. Images of
-    another size are resized by `interpolation` (`facetrain.data.transforms`: the model card says
-    which its model expects). `normalized=False` keeps the (flip-summed) embeddings' norms, which
-    IJB's template pooling weighs faces by. An image that cannot be read stops the whole batch (an
+    call this mid-training. `settings.device` defaults to the device of the module's parameters.
+    Images of another size are resized by `settings.interpolation` (`facetrain.data.transforms`: the
+    model card says which its model expects). `normalized=False` keeps the (flip-summed) embeddings'
+    norms, which IJB's template pooling weighs faces by. An image that cannot be read stops the whole batch (an
     evaluation needs every image of its pairs), or with `skip_unreadable` is left out and named in
     the result, so one bad file of thousands costs nothing embedded before it.
     """
     if len(images) == 0:
         raise ValueError("no images to embed")
-    device = torch.device(device) if device is not None else _module_device(module)
+    device = torch.device(settings.device) if settings.device is not None else _module_device(module)
+    transform = build_eval_transform(settings.image_size, settings.interpolation)
+    num_workers = settings.num_workers
     loader = DataLoader(
-        _ImageDataset(images, build_eval_transform(image_size, interpolation), label, skip_unreadable),
-        batch_size=min(batch_size, len(images)),  # no batch is larger; a huge --batch-size is no overflow
+        _ImageDataset(images, transform, label, skip_unreadable),
+        # no batch is larger; a huge --batch-size is no overflow
+        batch_size=min(settings.batch_size, len(images)),
         num_workers=num_workers,
         worker_init_fn=init_loader_worker if num_workers > 0 else None,
         multiprocessing_context=worker_context() if num_workers > 0 else None,
@@ -115,7 +127,7 @@ def compute_embeddings(
         with (
             torch.no_grad(),
             ProgressBar(
-                total=len(images), desc=f"embedding {label}", unit="img", disable=not progress
+                total=len(images), desc=f"embedding {label}", unit="img", disable=not settings.progress
             ) as bar,
         ):
             for batch, left_out in loader:
@@ -130,7 +142,7 @@ def compute_embeddings(
                         f"the model must map (B, 3, H, W) to (B, D) embeddings, got shape {tuple(raw.shape)}"
                     )
                 norms.append(raw.float().norm(dim=1).cpu())
-                combined = raw + module(torch.flip(batch, dims=[3])) if flip else raw
+                combined = raw + module(torch.flip(batch, dims=[3])) if settings.flip else raw
                 combined = combined.float()
                 vectors.append((nn.functional.normalize(combined, dim=1) if normalized else combined).cpu())
                 bar.update(len(batch))
@@ -142,17 +154,9 @@ def compute_embeddings(
     return Embeddings(torch.cat(vectors).numpy(), float(row_norms.mean()), unreadable, row_norms.numpy())
 
 
-def embed_images(
-    module: nn.Module,
-    images: Sequence[ImageInput],
-    image_size: tuple[int, int],
-    batch_size: int = 128,
-    flip: bool = True,
-    device: torch.device | str | None = None,
-    progress: bool = True,
-) -> np.ndarray:
+def embed_images(module: nn.Module, images: Sequence[ImageInput], settings: EmbedSettings) -> np.ndarray:
     """Just the L2-normalized embeddings (N, D) of `compute_embeddings`."""
-    return compute_embeddings(module, images, image_size, batch_size, flip, device, progress).vectors
+    return compute_embeddings(module, images, settings).vectors
 
 
 def _module_device(module: nn.Module) -> torch.device:

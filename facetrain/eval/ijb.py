@@ -1,6 +1,6 @@
 """IJB-B / IJB-C 1:1 template verification, following insightface's eval_ijbc.py protocol.
 
-    result = evaluate_ijb(model, "IJB_release/IJBC", "IJBC", (112, 112), FivePointCrop((112, 112)))
+    result = evaluate_ijb(model, "IJB_release/IJBC", "IJBC", EmbedSettings((112, 112)), FivePointCrop((112, 112)))
     print(result.tar_at_far[1e-4])
 
 Each loose crop is aligned by its five landmarks with the caller's `crop` (`facetrain eval --ijb` passes
@@ -19,10 +19,9 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
-import torch
 from torch import nn
 
-from facetrain.eval.embedding import compute_embeddings
+from facetrain.eval.embedding import EmbedSettings, compute_embeddings
 from facetrain.eval.ijb_faces import AlignedFaces, FaceCrop
 from facetrain.eval.ijb_meta import read_ijb_meta
 from facetrain.eval.ijb_roc import IjbRoc, ijb_roc
@@ -70,25 +69,13 @@ class IjbResult:
 
 
 def evaluate_ijb(
-    module: nn.Module,
-    root: str | Path,
-    target: str,
-    image_size: tuple[int, int],
-    crop: FaceCrop,
-    batch_size: int = 128,
-    flip: bool = True,
-    device: torch.device | str | None = None,
-    progress: bool = True,
-    num_workers: int = 0,
+    module: nn.Module, root: str | Path, target: str, settings: EmbedSettings, crop: FaceCrop
 ) -> IjbResult:
     """Read the protocol, embed every face (`crop` aligns each to `image_size`), pool templates and score
     the template pairs."""
     meta = read_ijb_meta(root, target)
     faces = AlignedFaces(meta.image_paths, meta.landmarks, crop)
-    embedded = compute_embeddings(
-        module, faces, image_size, batch_size, flip, device, progress, num_workers,
-        label=f"{target} faces", normalized=False,
-    )  # fmt: skip
+    embedded = compute_embeddings(module, faces, settings, label=f"{target} faces", normalized=False)
     weighted = embedded.vectors.astype(np.float64) * meta.detector_scores[:, None]
     template_ids, features = template_features(weighted, meta.templates, meta.medias)
     scores = template_pair_scores(template_ids, features, meta.pair_templates)
@@ -102,5 +89,5 @@ def evaluate_ijb(
         roc=ijb_roc(meta.labels, scores),
         scores=scores,
         xnorm=embedded.xnorm,
-        flip=flip,
+        flip=settings.flip,
     )

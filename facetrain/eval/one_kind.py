@@ -16,12 +16,10 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
-import torch
 from torch import nn
 
-from facetrain.data.transforms import RESIZE_AREA
 from facetrain.errors import FacetrainError
-from facetrain.eval.embedding import compute_embeddings
+from facetrain.eval.embedding import EmbedSettings, compute_embeddings
 from facetrain.eval.norm_summary import NormSummary, summarize_norms
 from facetrain.eval.pair_set import PairSet
 from facetrain.eval.set_names import report_name
@@ -121,27 +119,18 @@ class OneKindResult:
 def score_one_kind(
     pairs: PairSet,
     module: nn.Module,
-    image_size: tuple[int, int],
+    settings: EmbedSettings,
     threshold: float | None,
     threshold_source: str,
-    batch_size: int = 128,
-    flip: bool = True,
-    device: torch.device | str | None = None,
-    progress: bool = True,
-    num_workers: int = 0,
-    interpolation: str = RESIZE_AREA,
 ) -> OneKindResult:
     """Embed the set's images and score its pairs by cosine similarity."""
     if one_kind_problem(pairs) is None:
         raise ValueError(f"{pairs.source} holds both kinds of pair; score it with verify_pairs.verify")
-    embeddings = compute_embeddings(
-        module, pairs.images, image_size, batch_size, flip, device, progress, num_workers,
-        label=Path(pairs.source).name, interpolation=interpolation,
-    )  # fmt: skip
+    embeddings = compute_embeddings(module, pairs.images, settings, label=Path(pairs.source).name)
     vectors = embeddings.vectors
     scores = np.einsum("ij,ij->i", vectors[pairs.left], vectors[pairs.right]).astype(np.float64)
     return OneKindResult(
-        pairs.source, bool(pairs.num_matched), scores, threshold, threshold_source, embeddings.xnorm, flip,
+        pairs.source, bool(pairs.num_matched), scores, threshold, threshold_source, embeddings.xnorm, settings.flip,
         pairs.skipped_pairs, summarize_norms(embeddings.norms),
     )  # fmt: skip
 

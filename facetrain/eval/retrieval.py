@@ -24,7 +24,7 @@ from torch import nn
 from facetrain.data.market1501 import load_market1501_split
 from facetrain.data.reid_images import load_reid_selection
 from facetrain.errors import FacetrainError
-from facetrain.eval.embedding import compute_embeddings
+from facetrain.eval.embedding import EmbedSettings, compute_embeddings
 from facetrain.eval.norm_summary import NormSummary, summarize_norms
 from facetrain.eval.rerank import RerankSettings, k_reciprocal_distances
 
@@ -132,34 +132,19 @@ def _gallery_orders(query_features: np.ndarray, gallery_features: np.ndarray, re
 
 
 def evaluate_market1501(
-    module: nn.Module,
-    root: str | Path,
-    image_size: tuple[int, int],
-    batch_size: int = 128,
-    flip: bool = True,
-    device: torch.device | str | None = None,
-    progress: bool = True,
-    num_workers: int = 0,
-    rerank: RerankSettings | None = None,
+    module: nn.Module, root: str | Path, settings: EmbedSettings, rerank: RerankSettings | None = None
 ) -> RetrievalResult:
     """Embed Market-1501's `query` and `bounding_box_test` folders and score the retrieval."""
     query = load_market1501_split(root, "query")
     gallery = load_market1501_split(root, "gallery")
-    embedding = {"image_size": image_size, "batch_size": batch_size, "flip": flip, "device": device}
-    embedding |= {"progress": progress, "num_workers": num_workers}
-    return _score(module, query, gallery, embedding, rerank, str(root), REPORT_NAME)
+    return _score(module, query, gallery, settings, rerank, str(root), REPORT_NAME)
 
 
 def evaluate_reid(
     module: nn.Module,
     query_images: str | Path,
     gallery_images: str | Path,
-    image_size: tuple[int, int],
-    batch_size: int = 128,
-    flip: bool = True,
-    device: torch.device | str | None = None,
-    progress: bool = True,
-    num_workers: int = 0,
+    settings: EmbedSettings,
     rerank: RerankSettings | None = None,
 ) -> RetrievalResult:
     """Score retrieval from a query set to a gallery set, each a PID_CAM folder or a CSV, optionally
@@ -169,10 +154,8 @@ def evaluate_reid(
     several sets can share a report folder.
     """
     query, gallery = load_reid_selection(query_images), load_reid_selection(gallery_images)
-    embedding = {"image_size": image_size, "batch_size": batch_size, "flip": flip, "device": device}
-    embedding |= {"progress": progress, "num_workers": num_workers}
     where = f"{query_images} -> {gallery_images}"
-    return _score(module, query, gallery, embedding, rerank, where, reid_report_name(gallery_images))
+    return _score(module, query, gallery, settings, rerank, where, reid_report_name(gallery_images))
 
 
 def reid_report_name(gallery_images: str | Path) -> str:
@@ -182,9 +165,9 @@ def reid_report_name(gallery_images: str | Path) -> str:
     return f"reid_{Path(path).resolve().stem}_cam{cameras.replace(',', '-')}"
 
 
-def _score(module, query, gallery, embedding: dict, rerank, where: str, name: str) -> RetrievalResult:
+def _score(module, query, gallery, settings: EmbedSettings, rerank, where: str, name: str) -> RetrievalResult:
     embedded = {
-        split: compute_embeddings(module, list(frame["path"]), label=split, **embedding)
+        split: compute_embeddings(module, list(frame["path"]), settings, label=split)
         for split, frame in (("query", query), ("gallery", gallery))
     }
     metrics = retrieval_metrics(
@@ -197,4 +180,4 @@ def _score(module, query, gallery, embedding: dict, rerank, where: str, name: st
         rerank=rerank,
     )
     norms = {split: summarize_norms(result.norms) for split, result in embedded.items()}
-    return RetrievalResult(where, metrics, embedded["query"].xnorm, embedding["flip"], name, norms)
+    return RetrievalResult(where, metrics, embedded["query"].xnorm, settings.flip, name, norms)

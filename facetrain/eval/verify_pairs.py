@@ -1,7 +1,7 @@
 """Face verification of a model on a pair set: the API the trainer and `facetrain eval` share.
 
     pairs = load_pairs("lfw/pairs.txt", images_root="lfw/aligned")
-    result = verify(pairs, model, image_size=(112, 112))
+    result = verify(pairs, model, EmbedSettings(image_size=(112, 112)))
     print(result.accuracy, result.as_dict())
 
 Scores are cosine similarities of the normalized (optionally flip-tested) embeddings.
@@ -14,11 +14,9 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
-import torch
 from torch import nn
 
-from facetrain.data.transforms import RESIZE_AREA
-from facetrain.eval.embedding import compute_embeddings, embed_images
+from facetrain.eval.embedding import EmbedSettings, compute_embeddings, embed_images
 from facetrain.eval.metrics import VerificationMetrics, verification_metrics
 from facetrain.eval.norm_summary import PairNorms
 from facetrain.eval.one_kind import require_both_kinds
@@ -30,6 +28,7 @@ THRESHOLD_RULE = "balanced: best mean of true-accept and true-reject rates on al
 
 __all__ = [
     "KEPT_PAIRS_SUFFIX",
+    "EmbedSettings",
     "PairSet",
     "VerificationResult",
     "embed_images",
@@ -101,38 +100,24 @@ def pair_scores(embeddings: np.ndarray, pairs: PairSet) -> np.ndarray:
     return np.einsum("ij,ij->i", embeddings[pairs.left], embeddings[pairs.right])
 
 
-def verify(
-    pairs: PairSet,
-    module: nn.Module,
-    image_size: tuple[int, int],
-    batch_size: int = 128,
-    flip: bool = True,
-    device: torch.device | str | None = None,
-    progress: bool = True,
-    num_workers: int = 0,
-    interpolation: str = RESIZE_AREA,
-) -> VerificationResult:
+def verify(pairs: PairSet, module: nn.Module, settings: EmbedSettings) -> VerificationResult:
     """Embed every image of `pairs` once, score the pairs and compute the verification metrics.
 
     A set of one kind of pair only (all matched, or all mismatched) is refused before anything is
     embedded: `facetrain.eval.one_kind` says what can be reported of it.
     """
     require_both_kinds(pairs)
-    embeddings = compute_embeddings(
-        module,
-        pairs.images,
-        image_size,
-        batch_size,
-        flip,
-        device,
-        progress,
-        num_workers,
-        label=Path(pairs.source).name,
-        interpolation=interpolation,
-    )
+    embeddings = compute_embeddings(module, pairs.images, settings, label=Path(pairs.source).name)
     folds, folds_source = pairs.cross_validation_folds()
     metrics = verification_metrics(pair_scores(embeddings.vectors, pairs), pairs.issame, folds)
     norms = PairNorms.of_pairs(embeddings.norms, pairs.left, pairs.right, pairs.issame)
     return VerificationResult(
-        pairs.source, metrics, embeddings.xnorm, flip, pairs.skipped_pairs, pairs.missing, folds_source, norms
+        pairs.source,
+        metrics,
+        embeddings.xnorm,
+        settings.flip,
+        pairs.skipped_pairs,
+        pairs.missing,
+        folds_source,
+        norms,
     )

@@ -10,7 +10,7 @@ import numpy as np
 
 from facetrain.data.decode import decode_image
 from facetrain.errors import FacetrainError
-from facetrain.eval.embedding import embed_images
+from facetrain.eval.embedding import EmbedSettings, embed_images
 from facetrain.interop.loading import LoadedModel
 
 if TYPE_CHECKING:
@@ -69,7 +69,7 @@ def compare_images(
     images = [first, second]
     if aligner is not None:
         images = [aligner.align_file_or_fail(path) for path in images]
-    vectors = embed_images(model.module, images, model.image_size, flip=flip, progress=False)
+    vectors = embed_images(model.module, images, EmbedSettings(model.image_size, flip=flip, progress=False))
     similarity = float(np.dot(vectors[0], vectors[1]))
     return Comparison(similarity, float(threshold), None if threshold_far is None else float(threshold_far))
 

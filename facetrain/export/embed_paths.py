@@ -17,7 +17,7 @@ from facetrain.align.aligner import FaceAligner
 from facetrain.align.batch import align_images
 from facetrain.data.decode import left_out_warnings
 from facetrain.errors import FacetrainError
-from facetrain.eval.embedding import compute_embeddings
+from facetrain.eval.embedding import EmbedSettings, compute_embeddings
 from facetrain.interop.loading import LoadedModel
 
 
@@ -61,9 +61,8 @@ def embed_paths(
             raise FacetrainError(
                 _nothing_left(unreadable, f"no face found in any of the {len(images)} images")
             )
-    result = compute_embeddings(
-        model.module, inputs, model.image_size, batch_size, flip, skip_unreadable=True
-    )
+    settings = EmbedSettings(model.image_size, batch_size, flip)
+    result = compute_embeddings(model.module, inputs, settings, skip_unreadable=True)
     if result.unreadable:
         unreadable += list(result.unreadable.values())
         paths = [path for position, path in enumerate(paths) if position not in result.unreadable]

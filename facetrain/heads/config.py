@@ -20,7 +20,8 @@ from facetrain.heads.margins import MARGINS, build_margin
 
 @dataclass
 class HeadConfig:
-    # arcface | cosface | am_softmax | sphereface | combined | softmax
+    # a margin registered in facetrain/heads/margins/ (MARGINS; docs/head.md describes each, and a name
+    # that is not one is refused with the list): not listed here, where it went stale
     margin: str = setting("arcface", Registered(MARGINS))
     scale: float = setting(64.0, above(0))
     # random: N(0, 0.01) rows | class_means: a fine-tune's (model.init) rows start at each class's mean

@@ -23,6 +23,7 @@ import torch
 from torch import nn
 from torch.func import functional_call
 
+from facetrain.heads.plan import UNTILED, HeadPlan
 from facetrain.heads.scratch import ROWWISE_BLOCK
 
 STORAGE_DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16}
@@ -61,14 +62,10 @@ def memory_parts(
     rows: int,
     dim: int,
     global_batch: int,
-    mode: str,
+    plan: HeadPlan,
     *,
     active: int | None = None,
-    tile_classes: int = 8192,
-    fused: bool = True,
     optimizer_states: int = 1,
-    weight_bytes: int = FP32,
-    state_bytes: int = FP32,
     reduced_precision_gemm: bool = False,
 ) -> dict[str, int]:
     """One rank's head at the peak of a step, by part, counted from what `sharded_softmax.py`,
@@ -77,13 +74,14 @@ def memory_parts(
     `facetrain bench scaling` checks against measured peaks.
 
     `rows` is the shard's weight rows, `active` those a step computes logits for (Partial FC's sample;
-    the shard by default). `optimizer_states` is the number of weight-shaped states kept (0 for none),
-    each of `state_bytes`; without the fused optimizer a torch optimizer keeps them in the weight's
-    dtype. `reduced_precision_gemm`: bf16 or fp16 autocast, whose GEMMs read 16-bit copies of their
+    the shard by default); `plan` says how the head stores and computes them. `optimizer_states` is
+    the number of weight-shaped states kept (0 for none), each in the plan's state dtype; without the
+    fused optimizer a torch optimizer keeps them in the weight's dtype. `reduced_precision_gemm`: bf16 or fp16 autocast, whose GEMMs read 16-bit copies of their
     operands (the logits stay fp32).
     """
+    mode, fused, weight_bytes = plan.mode, plan.fused_optimizer, plan.weight_dtype.itemsize
     active = rows if active is None else active
-    state_bytes = state_bytes if fused and mode == "tiled" else weight_bytes
+    state_bytes = plan.state_dtype.itemsize if fused and mode == "tiled" else weight_bytes
     low = LOW if reduced_precision_gemm else 0
     parts = {
         "weight": rows * dim * weight_bytes,
@@ -97,7 +95,7 @@ def memory_parts(
         # the 16-bit copy of the class rows for a GEMM, or (not at the same time) rowwise_dot's block
         parts["rows_scratch"] = max(rows * dim * low, min(ROWWISE_BLOCK, rows) * dim * FP32)
         return parts
-    tile = min(tile_classes, active)
+    tile = min(plan.tile_classes, active)
     parts["gradient"] = 0 if fused else rows * dim * weight_bytes
     # two fp32 B x T buffers (measured: the tile's logits, turned into its gradient in place, and a
     # temporary of the passes over them) and the 16-bit copy of the gradient
@@ -119,20 +117,15 @@ def estimate_head_memory(
     rows: int,
     dim: int,
     global_batch: int,
-    mode: str,
+    plan: HeadPlan = UNTILED,
     *,
-    tile_classes: int = 8192,
-    fused: bool = True,
     optimizer: str = "sgd",
-    weight_dtype: torch.dtype = torch.float32,
-    state_dtype: torch.dtype = torch.float32,
     reduced_precision_gemm: bool = False,
 ) -> HeadMemory:
-    """The memory of a shard of `rows` classes in `mode` ("untiled" or "tiled"), by `memory_parts`."""
+    """The memory of a shard of `rows` classes under `plan`, by `memory_parts`."""
     parts = memory_parts(
-        rows, dim, global_batch, mode, tile_classes=tile_classes, fused=fused,
-        optimizer_states=STATE_COUNT[optimizer], weight_bytes=weight_dtype.itemsize,
-        state_bytes=state_dtype.itemsize, reduced_precision_gemm=reduced_precision_gemm,
+        rows, dim, global_batch, plan, optimizer_states=STATE_COUNT[optimizer],
+        reduced_precision_gemm=reduced_precision_gemm,
     )  # fmt: skip
     step = parts["logits"] + parts["rows_scratch"] + parts["batch"]
     return HeadMemory(parts["weight"], parts["gradient"], parts["optimizer_state"], step)

@@ -30,6 +30,7 @@ from facetrain.interop.card import (
     CARD_NAME,
     build_card,
     card_image_size,
+    card_interpolation,
     card_model_config,
     parse_card,
     read_card,
@@ -62,6 +63,16 @@ class LoadedModel:
     @property
     def embedding_size(self) -> int:
         return int(self.card["embedding_size"])
+
+    @property
+    def interpolation(self) -> str:
+        """How its inputs are resized (`card_interpolation`; one line for a card naming another)."""
+        return card_interpolation(self.card)
+
+    @property
+    def step(self) -> int | None:
+        """The training step a checkpoint's card records; None for a model without one."""
+        return (self.card.get("training") or {}).get("step")
 
 
 def load_model(

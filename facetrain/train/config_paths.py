@@ -11,25 +11,14 @@ from pathlib import Path
 
 from facetrain.config.validate import Problem
 from facetrain.data.config import DataConfig
+from facetrain.data.sources import source_record
 from facetrain.eval.config import EvalConfig
 from facetrain.models.config import ModelConfig
-
-# what data.path must be for each source that reads it; a source not named here (recordio, whose path
-# is the .rec file or its folder) only needs the path to exist
-_DATA_PATH_KINDS = {"folder": "folder", "market1501": "folder", "list": "file"}
-
-_WHAT_DATA_PATH_IS = {
-    "folder": "a folder of root/<identity>/<image>",
-    "market1501": "the Market-1501 root folder",
-    "reid": "a folder of PID_CAM re-id images or a CSV of path,pid,camera",
-    "list": "a CSV/TSV list of path,label",
-    "recordio": "insightface's train.rec (its .idx beside it) or their folder",
-}
 
 
 def missing_path(data: DataConfig, evaluation: EvalConfig, model: ModelConfig) -> Problem | None:
     """(key, value, what to do) for the first path the config reads that is not there, else None."""
-    if data.source != "synthetic":
+    if not source_record(data.source).made_by_the_run:
         problem = _data_path_problem(data.source, Path(data.path))
         if problem is not None:
             return "data.path", data.path, problem
@@ -56,8 +45,8 @@ def missing_path(data: DataConfig, evaluation: EvalConfig, model: ModelConfig) -
 
 
 def _data_path_problem(source: str, path: Path) -> str | None:
-    kind = _DATA_PATH_KINDS.get(source)
-    what = _WHAT_DATA_PATH_IS.get(source, "the training data")
+    kind = source_record(source).path_kind
+    what = source_record(source).description
     if not path.exists():
         return f"does not exist; give {what}: --set data.path=PATH"
     if (kind == "folder" and not path.is_dir()) or (kind == "file" and not path.is_file()):

@@ -26,7 +26,7 @@ from facetrain.data.decode import BadImageError
 from facetrain.errors import FacetrainError
 from facetrain.eval.one_kind import require_both_kinds
 from facetrain.eval.set_names import report_name, set_names
-from facetrain.eval.verify_pairs import load_pairs, verify
+from facetrain.eval.verify_pairs import EmbedSettings, load_pairs, verify
 from facetrain.heads import collectives
 from facetrain.logger import logger
 from facetrain.parallel.dims import ParallelDims
@@ -88,15 +88,14 @@ class TrainingVerifier:
     def _verify(self, backbone: nn.Module, step: int) -> dict:
         sets = {}
         for name, pairs in zip(self.names, self.pair_sets):
-            outcome = verify(
-                pairs,
-                backbone,
+            settings = EmbedSettings(
                 tuple(self.cfg.data.image_size),
                 batch_size=self.cfg.eval.batch_size,
                 flip=self.cfg.eval.flip,
                 device=self.dims.device,
                 progress=False,
             )
+            outcome = verify(pairs, backbone, settings)
             sets[name] = outcome.as_dict()
         if self.history is None:
             self.history = read_history(self.out_dir, step)

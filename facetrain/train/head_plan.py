@@ -72,7 +72,7 @@ def resolve_head_plan(
     if mode == "auto":
         rows = class_range(num_classes, dims.dp, dims.dp_rank).count
         untiled = estimate_head_memory(
-            rows, cfg.model.embedding_size, cfg.train.batch_size * dims.dp, "untiled", optimizer=cfg.optim.name,
+            rows, cfg.model.embedding_size, cfg.train.batch_size * dims.dp, optimizer=cfg.optim.name,
             reduced_precision_gemm=cfg.train.precision != "fp32",
         )  # fmt: skip
         mine = torch.tensor(
@@ -114,10 +114,8 @@ def describe_plan(plan: HeadPlan, reasons: str, cfg: Config, num_classes: int, d
     settings = cfg.head
     classes = class_range(num_classes, dims.dp, dims.dp_rank).count
     memory = estimate_head_memory(
-        classes * settings.sub_centers, cfg.model.embedding_size, cfg.train.batch_size * dims.dp, plan.mode,
-        tile_classes=plan.tile_classes, fused=plan.fused_optimizer, optimizer=cfg.optim.name,
-        weight_dtype=plan.weight_dtype, state_dtype=plan.state_dtype,
-        reduced_precision_gemm=cfg.train.precision != "fp32",
+        classes * settings.sub_centers, cfg.model.embedding_size, cfg.train.batch_size * dims.dp, plan,
+        optimizer=cfg.optim.name, reduced_precision_gemm=cfg.train.precision != "fp32",
     )  # fmt: skip
     kernel = ", triton kernel" if plan.kernel == "triton" else ""
     kernel += f", gradient filter {plan.gradient_filter:g}" if plan.gradient_filter else ""

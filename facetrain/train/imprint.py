@@ -20,7 +20,7 @@ import torch
 from torch import nn
 
 from facetrain.data.dataset import EncodedImageReader, FaceDataset
-from facetrain.eval.embedding import compute_embeddings
+from facetrain.eval.embedding import EmbedSettings, compute_embeddings
 from facetrain.heads import collectives
 from facetrain.heads.imprint import ClassMeans
 from facetrain.heads.sharded import ShardedMarginHead
@@ -46,11 +46,13 @@ def imprint_head(
     """Imprint `head` from `backbone`'s embeddings of `dataset`; the line the run logs about it."""
     started = time.perf_counter()
     share = _EncodedShare(dataset.table.reader, head.rank, head.world_size)
-    embedded = compute_embeddings(
-        backbone, share, tuple(cfg.data.image_size), batch_size=cfg.train.batch_size, flip=False,
-        device=device, progress=head.rank == 0, num_workers=cfg.data.num_workers, label="imprint",
-        skip_unreadable=cfg.data.skip_bad_images,
+    settings = EmbedSettings(
+        tuple(cfg.data.image_size), batch_size=cfg.train.batch_size, flip=False, device=device,
+        progress=head.rank == 0, num_workers=cfg.data.num_workers,
     )  # fmt: skip
+    embedded = compute_embeddings(
+        backbone, share, settings, label="imprint", skip_unreadable=cfg.data.skip_bad_images
+    )
     readable = [p for p in range(len(share)) if p not in embedded.unreadable]
     labels = torch.as_tensor(dataset.labels[share.indices][readable])
     embeddings = torch.from_numpy(embedded.vectors).reshape(len(readable), head.embedding_size)

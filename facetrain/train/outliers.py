@@ -24,7 +24,7 @@ from facetrain.checkpoint.names import HEAD_WEIGHT
 from facetrain.data.dataset import EncodedImageReader
 from facetrain.data.sources import SOURCES
 from facetrain.errors import FacetrainError
-from facetrain.eval.embedding import compute_embeddings
+from facetrain.eval.embedding import EmbedSettings, compute_embeddings
 from facetrain.files import atomic_target
 from facetrain.interop import load_model
 from facetrain.train.run_config import checkpoint_config
@@ -203,10 +203,12 @@ def find_outliers(
     rows = np.array([row_of[name] for name in table.class_names], dtype=np.int64)[table.labels]
     loaded = load_model(checkpoint, device)
     backbone, image_size = loaded.module, loaded.image_size
+    settings = EmbedSettings(
+        image_size, batch_size, flip=False, device=device, progress=progress, num_workers=workers
+    )
     embedded = compute_embeddings(
-        backbone, _EncodedImages(table.reader), image_size, batch_size, flip=False, device=device,
-        progress=progress, num_workers=workers, label="training images", skip_unreadable=True,
-    )  # fmt: skip
+        backbone, _EncodedImages(table.reader), settings, label="training images", skip_unreadable=True
+    )
     readable = np.array([index for index in range(len(rows)) if index not in embedded.unreadable], np.int64)
     weight = load_full_head(checkpoint)
     scores = score_images(

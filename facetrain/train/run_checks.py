@@ -71,11 +71,32 @@ def fused_optimizer_conflict(cfg: Config) -> Problem | None:
 
 
 def rule_problems(cfg: Config, world_size: int | None, device_type: str | None) -> Iterator[Problem]:
-    """The rules relating several keys, in the order they are reported. Only the first problem is used,
-    so each check may assume that those above it hold."""
-    optim, data, train, parallel, head = cfg.optim, cfg.data, cfg.train, cfg.parallel, cfg.head
-    evaluation, stages, triplet = cfg.eval, parallel.pipeline_stages, cfg.loss.name == "margin_triplet"
-    yield from lr_problems(optim)
+    """The rules relating several keys, one concern at a time, in the order they are reported. Only the
+    first problem is used, so each check may assume that those above it hold."""
+    yield from lr_problems(cfg.optim)
+    yield from _loss_problems(cfg)
+    yield from margin_problems(cfg.head)
+    yield from smoothing_problems(cfg.head)
+    yield from _head_init_problems(cfg)
+    yield from _global_batch_problems(cfg, world_size)
+    # bf16 storage and sub-centers, then the settings bf16's fused optimizer cannot honour
+    yield from storage_problems(cfg.head)
+    if cfg.head.low_precision_keys() and (conflict := fused_optimizer_conflict(cfg)) is not None:
+        yield conflict
+    yield from synth_problems(cfg.data.synth)
+    yield from _pipelined_backbone_problems(cfg)
+    yield from set_problems(cfg.eval)
+    yield from _frozen_backbone_problems(cfg)
+    yield from _input_path_problems(cfg)
+    yield from _machine_problems(cfg, world_size, device_type)
+    yield from _output_dir_problems(cfg)
+    yield from _pooled_output_problems(cfg)
+
+
+def _loss_problems(cfg: Config) -> Iterator[Problem]:
+    """The identity sampler's batches, the triplet loss's sampler and stages, the teacher's cache and stages."""
+    data, train, stages = cfg.data, cfg.train, cfg.parallel.pipeline_stages
+    triplet = cfg.loss.name == "margin_triplet"
     if data.sampler == "identity" and train.batch_size % data.images_per_identity:
         yield (
             "train.batch_size",
@@ -111,19 +132,24 @@ def rule_problems(cfg: Config, world_size: int | None, device_type: str | None) 
             cfg.loss.teacher,
             "must be unset when parallel.pipeline_stages > 1 (no stage holds both the images and the embeddings)",
         )
-    yield from margin_problems(head)
-    yield from smoothing_problems(head)
+
+
+def _head_init_problems(cfg: Config) -> Iterator[Problem]:
+    head = cfg.head
     if head.init == "class_means" and cfg.model.init is None:
         yield (
             "head.init",
             head.init,
             "needs model.init (a pretrained start): a random network's class means teach the head nothing",
         )
-    if head.init == "class_means" and stages > 1:
+    if head.init == "class_means" and cfg.parallel.pipeline_stages > 1:
         yield "head.init", head.init, "must be 'random' when parallel.pipeline_stages > 1"
 
-    # train.global_batch is made of whole micro-batches (train.batch_size) on every data-parallel rank
-    if train.global_batch is not None and stages > 1:
+
+def _global_batch_problems(cfg: Config, world_size: int | None) -> Iterator[Problem]:
+    """train.global_batch is made of whole micro-batches (train.batch_size) on every data-parallel rank."""
+    train = cfg.train
+    if train.global_batch is not None and cfg.parallel.pipeline_stages > 1:
         yield (
             "train.global_batch",
             train.global_batch,
@@ -138,33 +164,36 @@ def rule_problems(cfg: Config, world_size: int | None, device_type: str | None) 
             f"must be a multiple of train.batch_size ({train.batch_size}){ranks} = {per_round}",
         )
 
-    # bf16 storage and sub-centers, then the settings bf16's fused optimizer cannot honour
-    yield from storage_problems(head)
-    if head.low_precision_keys() and (conflict := fused_optimizer_conflict(cfg)) is not None:
-        yield conflict
 
-    yield from synth_problems(data.synth)
-
-    # a pipelined backbone supports fp32 only, replaces gradient accumulation by micro-batches, and does
-    # not verify during training (the whole backbone lives on no single rank)
-    if stages == 1 and parallel.split_points:
+def _pipelined_backbone_problems(cfg: Config) -> Iterator[Problem]:
+    """A pipelined backbone supports fp32 only, replaces gradient accumulation by micro-batches, and does
+    not verify during training (the whole backbone lives on no single rank)."""
+    parallel = cfg.parallel
+    if parallel.pipeline_stages == 1 and parallel.split_points:
         yield "parallel.split_points", parallel.split_points, "needs parallel.pipeline_stages > 1"
-    if stages > 1:
+    if parallel.pipeline_stages > 1:
         yield from _pipeline_problems(cfg)
-    yield from set_problems(evaluation)
-    if optim.head_only_steps and stages > 1:
+
+
+def _frozen_backbone_problems(cfg: Config) -> Iterator[Problem]:
+    optim = cfg.optim
+    if optim.head_only_steps and cfg.parallel.pipeline_stages > 1:
         yield (
             "optim.head_only_steps",
             optim.head_only_steps,
             "must be 0 when parallel.pipeline_stages > 1 (a pipelined backbone cannot be frozen)",
         )
-    if optim.freeze_stages and stages > 1:
+    if optim.freeze_stages and cfg.parallel.pipeline_stages > 1:
         yield (
             "optim.freeze_stages",
             optim.freeze_stages,
             "must be 0 when parallel.pipeline_stages > 1 (a pipelined backbone cannot be frozen)",
         )
-    if (missing := missing_path(data, evaluation, cfg.model)) is not None:
+
+
+def _input_path_problems(cfg: Config) -> Iterator[Problem]:
+    """The files and folders the run reads: the data, the pairs, the starting model, the teacher."""
+    if (missing := missing_path(cfg.data, cfg.eval, cfg.model)) is not None:
         yield missing
     if cfg.loss.teacher is not None and not Path(cfg.loss.teacher).exists():
         yield (
@@ -172,16 +201,20 @@ def rule_problems(cfg: Config, world_size: int | None, device_type: str | None) 
             cfg.loss.teacher,
             "does not exist; pass a run, a checkpoint or an export directory",
         )
+
+
+def _machine_problems(cfg: Config, world_size: int | None, device_type: str | None) -> Iterator[Problem]:
+    """What the ranks and the device allow: the stages of the world, fp16 and nccl, a compiler."""
+    stages = cfg.parallel.pipeline_stages
     if world_size is not None and world_size % stages:
         yield (
             "parallel.pipeline_stages",
             stages,
             f"must divide the world size {world_size} (world = stages x replicas)",
         )
-
-    if device_type not in (None, "cuda") and train.precision == "fp16":
+    if device_type not in (None, "cuda") and cfg.train.precision == "fp16":
         yield "train.precision", "fp16", f"needs CUDA, this run is on {device_type}; use 'bf16'"
-    if device_type not in (None, "cuda") and parallel.backend == "nccl":
+    if device_type not in (None, "cuda") and cfg.parallel.backend == "nccl":
         yield "parallel.backend", "nccl", f"needs CUDA, this run is on {device_type}; use 'gloo' or 'auto'"
     # torch.compile's CPU kernels are C++ built at the first step: without a compiler the run would fail
     # there, after the data is loaded, with a long traceback
@@ -193,15 +226,17 @@ def rule_problems(cfg: Config, world_size: int | None, device_type: str | None) 
             "on a CPU needs a C++ compiler (g++ or clang++ on PATH, or CXX); install one or set false",
         )
 
+
+def _output_dir_problems(cfg: Config) -> Iterator[Problem]:
     # read-only: a run directory that is, or lies under, an existing file cannot be created
-    output_dir = Path(train.output_dir)
+    output_dir = Path(cfg.train.output_dir)
     for path in (output_dir, *output_dir.parents):
         if path.exists() and not path.is_dir():
             blocker = "is a file" if path == output_dir else f"lies under {path}, which is a file"
             yield "train.output_dir", str(output_dir), f"{blocker}; choose a folder"
     # a run directory in the training data would become part of it: its `checkpoints/` an identity
     # folder without images, its files entries of the dataset
-    data_path = Path(data.path)
+    data_path = Path(cfg.data.path)
     inside, container = Path(os.path.realpath(output_dir)), Path(os.path.realpath(data_path))
     if inside.is_relative_to(container):
         where = "is data.path" if inside == container else "lies in data.path"
@@ -212,13 +247,15 @@ def rule_problems(cfg: Config, world_size: int | None, device_type: str | None) 
             "folder outside the data",
         )
 
-    # the BN neck, the pooling, IBN and the features before the neck exist only in a pooled re-id
-    # output (small_pooled, reid_r50): their settings and the triplet loss need such a backbone
+
+def _pooled_output_problems(cfg: Config) -> Iterator[Problem]:
+    """The BN neck, the pooling, IBN and the features before the neck exist only in a pooled re-id
+    output (small_pooled, reid_r50): their settings and the triplet loss need such a backbone."""
     pooled = ", ".join(sorted(POOLED_OUTPUT_BACKBONES))
     if cfg.model.backbone not in POOLED_OUTPUT_BACKBONES:
         for key, value in pooled_output_changes(cfg.model):
             yield f"model.{key}", value, f"needs a backbone with a pooled re-id output ({pooled}); remove it"
-    if cfg.model.backbone not in POOLED_OUTPUT_BACKBONES and triplet:
+    if cfg.model.backbone not in POOLED_OUTPUT_BACKBONES and cfg.loss.name == "margin_triplet":
         yield (
             "loss.name",
             "margin_triplet",

@@ -18,6 +18,7 @@ from __future__ import annotations
 import atexit
 import os
 import random
+import socket
 import threading
 from collections.abc import Callable
 from typing import Any
@@ -94,3 +95,9 @@ def _close_pools() -> None:
         thread.start()
     for thread in closing:
         thread.join()
+
+
+def free_port() -> int:
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        return probe.getsockname()[1]

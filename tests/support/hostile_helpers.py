@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+import os
+from pathlib import Path
+
 from click.testing import CliRunner
 
 from facetrain.cli import main
@@ -16,3 +19,18 @@ def one_line_error(*args: object) -> str:
     assert result.exit_code == 2, (result.exit_code, result.output)
     assert len(lines) == 1 and lines[0].startswith("error: "), lines
     return lines[0]
+
+
+def fake_checkpoint(run: Path, config_yaml: str | None) -> Path:
+    """A run folder whose one checkpoint's small files are whole, but for config.yaml (a FIFO when None)."""
+    checkpoint = run / "checkpoints" / "step_00000002"
+    checkpoint.mkdir(parents=True)
+    (checkpoint / ".metadata").write_bytes(b"")
+    (checkpoint / "meta.json").write_text('{"step": 2}')
+    (checkpoint / "classes.json").write_text("[]")
+    if config_yaml is None:
+        os.mkfifo(checkpoint / "config.yaml")
+    else:
+        (checkpoint / "config.yaml").write_text(config_yaml)
+    (run / "checkpoints" / "last").write_text(checkpoint.name)
+    return checkpoint

@@ -90,3 +90,10 @@ def tiny_conv_net(image_size: tuple[int, int], seed: int = 0, embedding_size: in
         nn.Flatten(),
         nn.Linear(4 * image_size[0] * image_size[1], embedding_size),
     )
+
+
+def touch_lfw_images(root: Path, names: dict[str, int], extension: str = ".jpg") -> None:
+    for name, count in names.items():
+        (root / name).mkdir(parents=True, exist_ok=True)
+        for index in range(1, count + 1):
+            (root / name / f"{name}_{index:04d}{extension}").write_bytes(b"")
