@@ -20,7 +20,7 @@ from facetrain.heads.margins import MARGINS
 from facetrain.parallel.dims import init_parallel
 from facetrain.train.head_plan import describe_plan, resolve_head_plan
 from facetrain.train.run_config import Config
-from tests.test_head import dense_reference, make_problem
+from tests.support.head_problems import dense_reference, make_problem
 
 CLASSES, BATCH, TILE = 400, 37, 150  # tiles of 150, 150 and 100 classes over blocks of 16
 THRESHOLD = 1e-2

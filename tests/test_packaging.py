@@ -23,6 +23,8 @@ from pathlib import Path
 import pytest
 import yaml
 
+from tests.support.readme import TINY, readme_blocks
+
 REPO = Path(__file__).resolve().parents[1]
 APP_DEPENDENCIES = [
     "cv2", "pandas", "sklearn", "matplotlib", "onnx", "onnxruntime", "dlib", "click", "tqdm", "yaml",
@@ -212,8 +214,6 @@ def test_the_readme_pip_quick_start_runs_from_an_empty_folder_with_the_installed
     """README's pip block as printed (`pip install` being the wheel's install above), each command
     with the tiny sizes of tests/test_readme.py, and what a pip user types besides: --help, --version,
     a starting config from a recipe and a Slurm script."""
-    from tests.test_readme import TINY, readme_blocks
-
     lines = [line for line in readme_blocks()["Quick start #2"].splitlines() if line.strip()]
     assert lines[0].startswith("pip install 'facetrain[app]'")
     commands = [shlex.split(line, comments=True) for line in lines[1:]]
