@@ -74,6 +74,26 @@ def write_atomic(path: Path, write: Callable[[Path], Any]) -> None:
         write(tmp)
 
 
+def open_appending(path: Path):
+    """`path` opened to append text (created if missing), never through a symlink: a link planted in
+    a run folder (`ln -s ~/notes.txt RUN/train.log`) is ELOOP, not a write into the file it names."""
+    flags = os.O_WRONLY | os.O_APPEND | os.O_CREAT | os.O_NOFOLLOW | os.O_CLOEXEC
+    return os.fdopen(os.open(path, flags, 0o666), "a", newline="")
+
+
+def links_leaving(root: Path) -> Iterator[tuple[Path, str]]:
+    """Each symlink under `root` (walked without following any) whose target lies outside it, with
+    that target: whatever writes into `root` through one would write outside."""
+    top = os.path.realpath(root)
+    for folder, folders, files in os.walk(root):  # a linked folder is listed, never entered
+        for name in (*folders, *files):
+            path = os.path.join(folder, name)
+            if os.path.islink(path):
+                target = os.path.realpath(path)
+                if os.path.commonpath([top, target]) != top:
+                    yield Path(path), target
+
+
 def refuse_to_overwrite(paths: Iterable[Path], flag: str = "--overwrite") -> None:
     """One-line error naming the first existing file, so user files are only replaced when asked."""
     existing = [path for path in paths if path.exists()]

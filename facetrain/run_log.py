@@ -24,6 +24,7 @@ import time
 import warnings
 from pathlib import Path
 
+from facetrain.files import open_appending
 from facetrain.logger import RankFilter, logger, rank, rank_line
 
 LOG_NAME = "train.log"
@@ -36,7 +37,7 @@ def _stamp(line: str) -> str:
 
 def _append(path: Path, lines: list[str]) -> None:
     try:
-        with path.open("a") as handle:
+        with open_appending(path) as handle:
             handle.writelines(lines)
     except OSError:
         pass

@@ -16,6 +16,7 @@ from torch import nn
 
 from facetrain.checkpoint import Checkpointer, check_row_shards_supported, load_checkpoint, read_meta
 from facetrain.data import build_train_dataset, build_train_loader, prepare_train_data
+from facetrain.files import atomic_write_text
 from facetrain.heads import collectives
 from facetrain.logger import logger
 from facetrain.models import build_backbone
@@ -95,7 +96,7 @@ def build_training_run(
     if checkpoint is not None:  # before classes.json is replaced: the run's record of what its rows mean
         remap = match_classes(checkpoint, dataset.class_names, cfg.data.path, cfg.train.remap_classes)
     if dims.is_primary:
-        (run_dir / "classes.json").write_text(json.dumps(dataset.class_names))
+        atomic_write_text(run_dir / "classes.json", json.dumps(dataset.class_names))
 
     # Same initial weights on every rank; the head is drawn the same whatever the world size.
     torch.manual_seed(cfg.train.seed)

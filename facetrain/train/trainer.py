@@ -29,6 +29,7 @@ from facetrain import run_log
 from facetrain.checkpoint import Checkpointer, CheckpointStates, load_ema_weights
 from facetrain.config import to_dict
 from facetrain.errors import EveryRankError, FacetrainError, PeerFailed
+from facetrain.files import atomic_write_text
 from facetrain.heads import collectives
 from facetrain.heads.margins import margin_at_step
 from facetrain.logger import LOG_ONLY, logger
@@ -312,7 +313,7 @@ class Trainer(Stateful):
             "slurm_job_id": os.environ.get("SLURM_JOB_ID"),
         }
         if dims.is_primary:
-            (self.run_dir / "summary.json").write_text(json.dumps(summary, indent=2))
+            atomic_write_text(self.run_dir / "summary.json", json.dumps(summary, indent=2))
             curves = plot_curves([read_run_curves(self.run_dir)], self.run_dir / CURVES_FILE)
             if gate.stop_signal is not None:
                 took = "" if self.stop_seconds is None else f", {self.stop_seconds:.1f} s after the signal"
