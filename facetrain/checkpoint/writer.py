@@ -24,6 +24,7 @@ from facetrain.config.loader import save_config
 from facetrain.errors import EveryRankError, FacetrainError
 from facetrain.files import atomic_write_text, fsync_directory
 from facetrain.heads import ShardedMarginHead, collectives
+from facetrain.job_env import job_id
 
 
 def save_checkpoint(
@@ -69,8 +70,8 @@ def save_checkpoint(
             "embedding_size": config.model.embedding_size,
             "evaluation": evaluation or {},
             "saved_at": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
-            "elastic_run_id": os.environ.get("TORCHELASTIC_RUN_ID"),
-            "slurm_job_id": os.environ.get("SLURM_JOB_ID"),
+            "elastic_run_id": job_id("TORCHELASTIC_RUN_ID"),
+            "slurm_job_id": job_id("SLURM_JOB_ID"),
         }
         atomic_write_text(tmp / "classes.json", json.dumps(class_names))
         save_config(config, tmp / "config.yaml")

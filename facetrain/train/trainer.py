@@ -32,6 +32,7 @@ from facetrain.errors import EveryRankError, FacetrainError, PeerFailed
 from facetrain.files import atomic_write_text
 from facetrain.heads import collectives
 from facetrain.heads.margins import margin_at_step
+from facetrain.job_env import check_job_env, job_id
 from facetrain.logger import LOG_ONLY, logger
 from facetrain.parallel.dims import ParallelDims, destroy_parallel, init_parallel, is_initialized
 from facetrain.parallel.failures import collective_failure_error, is_collective_failure
@@ -95,6 +96,7 @@ def _train_in_group(cfg: Config, resume: str | None) -> dict:
     try:
         try:
             validate(cfg, dims.world_size, device_type=dims.device.type)
+            check_job_env()
             check_installed(cfg.train.trackers)
         except FacetrainError as error:  # every rank sees the same config: one of them says so
             raise EveryRankError(str(error)) from None
@@ -310,7 +312,7 @@ class Trainer(Stateful):
             "evaluation": self.evaluation,
             "train_seconds": train_seconds,
             "stop_to_checkpoint_s": self.stop_seconds,
-            "slurm_job_id": os.environ.get("SLURM_JOB_ID"),
+            "slurm_job_id": job_id("SLURM_JOB_ID"),
         }
         if dims.is_primary:
             atomic_write_text(self.run_dir / "summary.json", json.dumps(summary, indent=2))
