@@ -29,7 +29,7 @@ from facetrain import run_log
 from facetrain.checkpoint import Checkpointer, CheckpointStates, load_ema_weights
 from facetrain.config import to_dict
 from facetrain.errors import EveryRankError, FacetrainError, PeerFailed
-from facetrain.files import atomic_write_text
+from facetrain.files import atomic_write_text, write_failure_advice
 from facetrain.heads import collectives
 from facetrain.heads.margins import margin_at_step
 from facetrain.job_env import check_job_env, job_id
@@ -109,7 +109,8 @@ def _train_in_group(cfg: Config, resume: str | None) -> dict:
         raise _logged(
             FacetrainError(
                 f"cannot write {error.filename or cfg.train.output_dir}: {error.strerror or error}; the "
-                "checkpoints written so far are intact: free space, then resume with --resume auto"
+                f"checkpoints written so far are intact: {write_failure_advice(error)}, then resume with "
+                "--resume auto"
             )
         ) from None
     except Exception as error:
