@@ -6,17 +6,20 @@ trained in silence."""
 
 from __future__ import annotations
 
+import json
 import os
 import shutil
 import subprocess
 from pathlib import Path
 
 import pytest
+from torch.distributed.elastic.multiprocessing.errors import ProcessFailure
 
 from facetrain.checkpoint.resume_point import restarted_job
 from facetrain.errors import FacetrainError
 from facetrain.job_env import check_job_env
 from facetrain.parallel.dims import init_parallel
+from facetrain.parallel.launch import explain_failures
 from tests.support.fault_helpers import error_lines
 from tests.support.train_helpers import REPO, run_cli, tiny_config
 
@@ -144,3 +147,19 @@ def test_the_slurm_script_names_the_run_folder_inside_runs(tmp_path):
                             cwd=tmp_path, env=env, capture_output=True, text=True, timeout=30)  # fmt: skip
     assert "-o runs/a_.._.._b-123" in result.stdout, result.stdout
     assert Path(tmp_path / "runs").exists() is False
+
+
+def test_a_ranks_unexpected_error_under_nproc_shows_its_traceback(tmp_path):
+    """The launcher said "rank 0 exited with code 1 (its traceback is above)" above nothing: the
+    rank's stderr never reached the user. It prints the traceback `@record` left in the error file."""
+    error_file = tmp_path / "error.json"
+    stack = 'Traceback (most recent call last):\n  File "x.py", line 1, in <module>\nValueError: abc\n'
+    message = {"message": "ValueError: abc", "extraInfo": {"py_callstack": stack, "timestamp": "0"}}
+    error_file.write_text(json.dumps({"message": message}))
+    failure = ProcessFailure(local_rank=0, pid=1, exitcode=1, error_file=str(error_file))
+    lines, code = explain_failures({0: failure}, {}, 2)
+    assert code == 1
+    assert lines == [
+        *stack.splitlines(),
+        "error: rank 0 exited with code 1 (its traceback is above); stopped ranks [1]",
+    ]
