@@ -164,7 +164,9 @@ def check_finite_weights(
     """Before a checkpoint is written, on every rank (each holds its own head rows): weights can blow up
     (optim.lr=1e30 made them 5e31, then infinite) a step before the loss shows it, and a checkpoint of
     them is no good one. One host read."""
-    params = [param.detach() for module in modules if module is not None for param in module.parameters()]
+    params = [
+        p.detach() for module in modules if module is not None for p in module.parameters() if p.numel()
+    ]
     finite = (
         torch.stack([param.abs().amax().float() for param in params]).isfinite().all() if params else True
     )
