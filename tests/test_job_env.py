@@ -124,7 +124,7 @@ def test_the_slurm_scripts_refuse_a_job_id_that_is_no_number(tmp_path, script, j
     for tool in ("srun", "scontrol", "torchrun"):  # if reached, they would say so
         (tmp_path / tool).write_text(f"#!/bin/sh\necho {tool} ran\n")
         (tmp_path / tool).chmod(0o755)
-    result = subprocess.run(["bash", str(REPO / "tools" / "slurm" / script), "-c", "x.yaml"],
+    result = subprocess.run(["bash", str(REPO / "facetrain" / "cli" / "slurm" / script), "-c", "x.yaml"],
                             cwd=tmp_path, env=env, capture_output=True, text=True, timeout=30)  # fmt: skip
     assert result.returncode == 2
     assert result.stdout.splitlines() == [
@@ -143,7 +143,7 @@ def test_the_slurm_script_names_the_run_folder_inside_runs(tmp_path):
     env = {**os.environ, "SLURM_JOB_ID": "123", "SLURM_JOB_NAME": "a/../../b", "PATH": f"{tmp_path}:{os.environ['PATH']}"}  # fmt: skip
     (tmp_path / "srun").write_text('#!/bin/sh\necho "$@"\n')
     (tmp_path / "srun").chmod(0o755)
-    result = subprocess.run(["bash", str(REPO / "tools" / "slurm" / "train.sbatch"), "-c", "x.yaml"],
+    result = subprocess.run(["bash", str(REPO / "facetrain" / "cli" / "slurm" / "train.sbatch"), "-c", "x.yaml"],
                             cwd=tmp_path, env=env, capture_output=True, text=True, timeout=30)  # fmt: skip
     assert "-o runs/a_.._.._b-123" in result.stdout, result.stdout
     assert Path(tmp_path / "runs").exists() is False
