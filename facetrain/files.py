@@ -7,7 +7,9 @@ it leaves the new file whole (checkpoints rely on this for their `last` pointer)
 
 from __future__ import annotations
 
+import errno
 import os
+import resource
 from collections.abc import Callable, Iterable, Iterator
 from contextlib import contextmanager
 from functools import cache
@@ -72,6 +74,45 @@ def write_atomic(path: Path, write: Callable[[Path], Any]) -> None:
     path.parent.mkdir(parents=True, exist_ok=True)
     with atomic_target(path) as tmp:
         write(tmp)
+
+
+def open_appending(path: Path):
+    """`path` opened to append text (created if missing), never through a symlink: a link planted in
+    a run folder (`ln -s ~/notes.txt RUN/train.log`) is ELOOP, not a write into the file it names."""
+    flags = os.O_WRONLY | os.O_APPEND | os.O_CREAT | os.O_NOFOLLOW | os.O_CLOEXEC
+    return os.fdopen(os.open(path, flags, 0o666), "a", newline="")
+
+
+def links_leaving(root: Path) -> Iterator[tuple[Path, str]]:
+    """Each symlink under `root` (walked without following any) whose target lies outside it, with
+    that target: whatever writes into `root` through one would write outside."""
+    top = os.path.realpath(root)
+    for folder, folders, files in os.walk(root):  # a linked folder is listed, never entered
+        for name in (*folders, *files):
+            path = os.path.join(folder, name)
+            if os.path.islink(path):
+                target = os.path.realpath(path)
+                if os.path.commonpath([top, target]) != top:
+                    yield Path(path), target
+
+
+def file_size_limit() -> int | None:
+    """The bytes a file of this process may grow to (RLIMIT_FSIZE, `ulimit -f`), None when unlimited."""
+    soft = resource.getrlimit(resource.RLIMIT_FSIZE)[0]
+    return None if soft == resource.RLIM_INFINITY else soft
+
+
+def write_failure_advice(error: OSError) -> str:
+    """What to do about a write that failed, from its cause: "free space" only for a full disk or quota."""
+    if error.errno in (errno.ENOSPC, errno.EDQUOT):
+        return "free space"
+    if error.errno == errno.EFBIG:
+        limit = file_size_limit()
+        within = f"the process's file size limit (ulimit -f, {limit} bytes)" if limit is not None else None
+        return f"raise {within}" if within else "write to a file system that holds larger files"
+    if error.errno in (errno.EACCES, errno.EPERM, errno.EROFS):
+        return "make the folder writable"
+    return "check the disk and the folder"
 
 
 def refuse_to_overwrite(paths: Iterable[Path], flag: str = "--overwrite") -> None:

@@ -41,7 +41,7 @@ def acquire(run_dir: Path, command: str, advice: str) -> None:
     key = run_dir.resolve()
     if key in _held:
         raise RunDirBusy(_busy_message(run_dir, _holder(key / LOCK_NAME), advice))
-    descriptor = os.open(key / LOCK_NAME, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o644)
+    descriptor = os.open(key / LOCK_NAME, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC | os.O_NOFOLLOW, 0o644)
     try:
         fcntl.flock(descriptor, fcntl.LOCK_EX | fcntl.LOCK_NB)
     except BlockingIOError:

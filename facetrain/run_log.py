@@ -24,6 +24,8 @@ import time
 import warnings
 from pathlib import Path
 
+from facetrain.files import open_appending
+from facetrain.job_env import job_id, restart_count
 from facetrain.logger import RankFilter, logger, rank, rank_line
 
 LOG_NAME = "train.log"
@@ -36,7 +38,7 @@ def _stamp(line: str) -> str:
 
 def _append(path: Path, lines: list[str]) -> None:
     try:
-        with path.open("a") as handle:
+        with open_appending(path) as handle:
             handle.writelines(lines)
     except OSError:
         pass
@@ -79,11 +81,10 @@ def append(run_dir: Path, line: str) -> None:
 def start_header(started: str, world_size: int) -> str:
     """The header of one start of a run: `started` says what (a fresh start, a resume from step N)."""
     words = [f"facetrain train: {started}", f"world size {world_size}", f"host {socket.gethostname()}"]
-    if "SLURM_JOB_ID" in os.environ:
-        restarts = os.environ.get("SLURM_RESTART_COUNT") or "0"
-        words.append(f"Slurm job {os.environ['SLURM_JOB_ID']} (restart {restarts})")
-    if int(os.environ.get("TORCHELASTIC_RESTART_COUNT") or 0):
-        words.append(f"torchrun restart {os.environ['TORCHELASTIC_RESTART_COUNT']}")
+    if (slurm_job := job_id("SLURM_JOB_ID")) is not None:
+        words.append(f"Slurm job {slurm_job} (restart {restart_count('SLURM_RESTART_COUNT')})")
+    if restarts := restart_count("TORCHELASTIC_RESTART_COUNT"):
+        words.append(f"torchrun restart {restarts}")
     words.append(f"pid {os.getpid()}")
     program = "facetrain" if Path(sys.argv[0]).name in ("__main__.py", "facetrain") else sys.argv[0]
     return f"=== {', '.join(words)}; command: {shlex.join([program, *sys.argv[1:]])}"

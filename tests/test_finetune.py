@@ -172,7 +172,7 @@ def test_a_resume_that_changes_the_freeze_or_the_decay_is_refused_in_one_line(ea
         assert result.returncode == 2, result.stderr
         lines = result.stderr.strip().splitlines()
         assert len(lines) == 1 and lines[0].startswith(f"error: optim.{key}: checkpoint "), lines
-        assert f"resume with optim.{key}={FROZEN[key]}" in lines[0] and "--init" in lines[0]
+        assert f"resume with --set optim.{key}={FROZEN[key]}" in lines[0] and "--init" in lines[0]
 
 
 def test_freezing_more_stages_than_the_backbone_has_is_one_line_naming_the_key(earlier_run, tmp_path):

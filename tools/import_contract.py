@@ -6,8 +6,8 @@ import each other in a loop.
 | layer | packages                                                   | may import                       |
 | ----- | ---------------------------------------------------------- | -------------------------------- |
 | 0     | config, errors, registry, files, input_files, progress,    | layer 0 only                     |
-|       | choices, devices, run_lock, logger, run_log, pixels,       |                                  |
-|       | process_memory, facetrain                                  |                                  |
+|       | choices, devices, run_lock, logger, run_log, job_env,      |                                  |
+|       | pixels, process_memory, facetrain                          |                                  |
 | 1     | heads, models, data, align, eval                           | layer 0; eval and align data     |
 | 2     | parallel, checkpoint, interop                              | layers 0-1; interop checkpoint   |
 | 3     | train, export                                              | layers 0-2                       |
@@ -51,6 +51,7 @@ LAYERS: tuple[tuple[str, ...], ...] = (
         "run_lock",
         "logger",
         "run_log",
+        "job_env",
         "pixels",
         "process_memory",
     ),

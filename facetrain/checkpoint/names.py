@@ -12,6 +12,7 @@ read back as it is.
 
 PREFIX = "app."
 BACKBONE = "app.model.backbone."
+HEAD_PREFIX = "app.model.head."
 HEAD_WEIGHT = "app.model.head.weight"
 EMA = "app.ema."
 OPTIM_STATE = "app.optim.state."

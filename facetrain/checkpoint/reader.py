@@ -13,15 +13,17 @@ import torch
 from torch import nn
 
 from facetrain.checkpoint.app_state import AppState
-from facetrain.checkpoint.layout import read_config_yaml, read_meta, resolve_checkpoint
-from facetrain.checkpoint.names import BACKBONE, EMA, HEAD_WEIGHT, TRAIN_STATE_KEYS
+from facetrain.checkpoint.layout import complete_checkpoints, read_config_yaml, read_meta, resolve_checkpoint
+from facetrain.checkpoint.names import BACKBONE, EMA, HEAD_PREFIX, HEAD_WEIGHT, TRAIN_STATE_KEYS
 from facetrain.checkpoint.ranks import RankRoles
 from facetrain.checkpoint.storage import load_entries, rows_of, stored, stored_entries
 from facetrain.config.loader import from_dict
 from facetrain.data.config import DataConfig
-from facetrain.errors import FacetrainError
-from facetrain.heads import ShardedMarginHead
+from facetrain.errors import FacetrainError, PeerFailed
+from facetrain.heads import ShardedMarginHead, collectives
+from facetrain.logger import logger
 from facetrain.models.config import ModelConfig
+from facetrain.models.state_match import first_nonfinite
 
 
 def load_checkpoint(
@@ -60,12 +62,15 @@ def load_checkpoint(
             f"{checkpoint}: its head has {index[HEAD_WEIGHT].size[1] // head.embedding_size} sub-centers "
             f"a class, this run {head.sub_centers}; set head.sub_centers to match"
         )
+    if head is not None:
+        _check_margin_state(checkpoint, index, head, dims.is_primary)
     same_world = meta["world_size"] == dims.world_size
     app = AppState(dims, backbone, head, optimizer, scaler)
     load_entries({"app": app.to_load(index, keep_optimizer, class_rows is None, same_world)}, checkpoint,
                  dims.control_group, collective=True)  # fmt: skip
     if head is not None and class_rows is not None:
         _load_head_by_class(checkpoint, head, class_rows)
+    _check_loaded_values(checkpoint, app, dims)
     if not same_world:  # the old per-rank streams do not map onto the new ranks
         torch.manual_seed(meta["step"] * 1009 + dims.rank)
     return {key: meta[key] for key in TRAIN_STATE_KEYS}
@@ -92,6 +97,51 @@ def _check_backbone_fits(checkpoint: Path, index: dict, backbone: nn.Module) -> 
             f"({name}: this run has {list(tensor.shape)}, the checkpoint {found}); resume with the "
             "settings it was trained with, or choose another train.output_dir"
         )
+
+
+def _check_margin_state(checkpoint: Path, index: dict, head: ShardedMarginHead, primary: bool) -> None:
+    """The margin's running state (AdaFace's norm statistics, CurricularFace's t, ElasticFace's step)
+    as this run keeps it: another shape was a size-mismatch traceback; a missing one (a checkpoint of
+    a margin without state, or from before the state was saved) starts from its initial values, said."""
+    for name, tensor in head.state_dict().items():
+        entry = index.get(f"{HEAD_PREFIX}{name}")
+        if name == "weight" or (entry is not None and tuple(entry.size) == tuple(tensor.shape)):
+            continue
+        if entry is None:
+            if primary:
+                logger.warning(
+                    f"warning: checkpoint {checkpoint} holds no head.{name}, the margin's running state; "
+                    f"it starts from its initial value, {tensor.item():g}"
+                )
+            continue
+        raise FacetrainError(
+            f"checkpoint {checkpoint}: its head.{name} has shape {list(entry.size)}, where this run's "
+            f"margin keeps {list(tensor.shape)}; the checkpoint is damaged or was not written by facetrain: "
+            "use another checkpoint"
+        )
+
+
+def _check_loaded_values(checkpoint: Path, app: AppState, dims: RankRoles) -> None:
+    """Every loaded weight, running state and optimizer state finite, on every rank (each holds its own
+    rows): a NaN resumed from would make the first step's loss NaN, blamed on the learning rate."""
+    names = {param: name for name, param in app.parts.named_parameters()}
+    values = dict(app.parts.state_dict())
+    for optimizer in app.optimizers:
+        for param, state in optimizer.state.items():
+            values.update(
+                {f"optim.state.{names.get(param, '?')}.{key}": value for key, value in state.items()}
+            )
+    problem = first_nonfinite(values)
+    flag = torch.tensor([int(problem is not None)], device=collectives.collective_device(dims.control_group))
+    if not collectives.all_reduce_(flag, "max", dims.control_group).item():
+        return
+    if problem is None:
+        raise PeerFailed("another rank's share of the checkpoint holds NaN or infinite values")
+    earlier = [p for p in complete_checkpoints(checkpoint.parent.parent) if p.name < checkpoint.name]
+    offer = f"resume from an earlier one, --resume {earlier[-1]}" if earlier else "start a new run"
+    raise FacetrainError(
+        f"checkpoint {checkpoint}: {problem}; it comes from a diverged run or is damaged: {offer}"
+    )
 
 
 def _load_head_by_class(checkpoint: Path, head: ShardedMarginHead, class_rows: list[int | None]) -> None:

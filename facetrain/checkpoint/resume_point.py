@@ -4,7 +4,6 @@ restart of the job by torchrun or Slurm, the checkpoint that job wrote, as if `-
 from __future__ import annotations
 
 import json
-import os
 from pathlib import Path
 
 from facetrain.checkpoint.layout import (
@@ -15,6 +14,7 @@ from facetrain.checkpoint.layout import (
     resolve_checkpoint,
 )
 from facetrain.errors import EveryRankError, FacetrainError
+from facetrain.job_env import JOB_IDS, job_id, restart_count
 
 
 def restarted_job(run_dir: Path) -> bool:
@@ -24,13 +24,15 @@ def restarted_job(run_dir: Path) -> bool:
 
     Such a restart continues from that checkpoint as if `--resume auto` had been given. The newest
     checkpoint must carry this job's id (TORCHELASTIC_RUN_ID, SLURM_JOB_ID), so a restart never takes
-    over checkpoints of an earlier job that the first attempt refused to train over.
+    over checkpoints of an earlier job that the first attempt refused to train over; a restart count
+    without its job id names no job, and takes over nothing.
     """
-    restarts = {
-        "elastic_run_id": ("TORCHELASTIC_RESTART_COUNT", "TORCHELASTIC_RUN_ID"),
-        "slurm_job_id": ("SLURM_RESTART_COUNT", "SLURM_JOB_ID"),
-    }
-    restarted = {key: job for key, (count, job) in restarts.items() if int(os.environ.get(count) or 0)}
+    restarts = {"elastic_run_id": "TORCHELASTIC_RESTART_COUNT", "slurm_job_id": "SLURM_RESTART_COUNT"}
+    try:
+        counted = {key: JOB_IDS[count] for key, count in restarts.items() if restart_count(count)}
+        restarted = {key: job for key, name in counted.items() if (job := job_id(name)) is not None}
+    except FacetrainError as error:  # every rank reads the same environment
+        raise EveryRankError(str(error)) from None
     finished = complete_checkpoints(run_dir) if restarted else []
     if not finished:
         return False
@@ -38,7 +40,7 @@ def restarted_job(run_dir: Path) -> bool:
         meta = json.loads((finished[-1] / "meta.json").read_text())
     except (OSError, ValueError):
         return False
-    return any(meta.get(key) == os.environ.get(job) for key, job in restarted.items())
+    return any(meta.get(key) == job for key, job in restarted.items())
 
 
 def find_checkpoint_to_resume(

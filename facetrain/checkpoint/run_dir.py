@@ -26,7 +26,7 @@ import yaml
 from facetrain.checkpoint.layout import holds_checkpoints
 from facetrain.config import to_dict
 from facetrain.errors import EveryRankError, FacetrainError
-from facetrain.files import atomic_write_text, output_path_problem
+from facetrain.files import atomic_write_text, links_leaving, open_appending, output_path_problem
 from facetrain.run_lock import LOCK_NAME, acquire, holds, release
 
 RUN_CONFIG = "config.yaml"
@@ -34,6 +34,10 @@ RUN_CONFIG_HEADER = "# facetrain train: this run's resolved config, rewritten at
 RUN_MARKER = ".facetrain-run"
 METRICS_COLUMNS = ["step", "epoch", "loss", "accuracy", "lr", "images_per_s", "elapsed_s"]
 """metrics.csv's header (`facetrain.train.metrics` writes it): one of the files that mark a run."""
+APPENDED_FILES = ("train.log", "metrics.csv")
+"""What a resumed run appends to; the files it replaces whole are written beside and renamed over."""
+RUN_FILES = (*APPENDED_FILES, "classes.json", "summary.json", "curves.png", RUN_CONFIG, RUN_MARKER, LOCK_NAME)
+RUN_FOLDERS = ("checkpoints", "eval", "tensorboard")
 BUSY_ADVICE = "wait for it to finish or stop it, or choose another train.output_dir"
 
 
@@ -62,6 +66,8 @@ def check_run_dir(run_dir: Path) -> None:
     problem = output_path_problem(run_dir, "train.output_dir")
     if problem is not None:
         raise EveryRankError(problem)
+    if is_run_dir(run_dir):
+        check_run_files(run_dir)
     path = run_dir / RUN_CONFIG
     if path.is_file():
         try:
@@ -81,6 +87,28 @@ def check_run_dir(run_dir: Path) -> None:
         )
 
 
+def check_run_files(run_dir: Path) -> None:
+    """Refuse a run whose files lead out of it or are of the wrong kind. A run copied with its links,
+    or a link planted in it (`ln -s ~/thesis.txt RUN/classes.json`), would have training write through
+    the link into a file outside the run; a folder where the run keeps a file (or the reverse) was a
+    traceback at the first write."""
+    for link, target in links_leaving(run_dir):
+        raise EveryRankError(
+            f"{link} is a symlink to {target}, outside the run folder {run_dir}, and training writes only "
+            "inside its run: replace the link with a copy of what it names, or remove it"
+        )
+    for name in RUN_FILES:
+        if (run_dir / name).is_dir():
+            raise EveryRankError(
+                f"{run_dir / name} is a folder where the run keeps a file of its own; move it out of the run"
+            )
+    for name in RUN_FOLDERS:
+        if (run_dir / name).exists() and not (run_dir / name).is_dir():
+            raise EveryRankError(
+                f"{run_dir / name} is a file where the run keeps a folder of its own; move it out of the run"
+            )
+
+
 def claim_run_dir(run_dir: Path) -> None:
     """Rank 0, before anything else is written: refuse a folder that is not a run, create and mark
     the run directory, and take its lock until `facetrain.run_lock.release` (at the trainer's end) or
@@ -89,6 +117,9 @@ def claim_run_dir(run_dir: Path) -> None:
     try:
         run_dir.mkdir(parents=True, exist_ok=True)
         acquire(run_dir, "facetrain train", BUSY_ADVICE)
+        for name in APPENDED_FILES:  # what the run appends to from now on must take it (read-only?)
+            if (run_dir / name).exists():
+                open_appending(run_dir / name).close()
         marker = run_dir / RUN_MARKER
         if not marker.exists():
             created = {"created_by": "facetrain train", "created": time.strftime("%Y-%m-%dT%H:%M:%S%z")}

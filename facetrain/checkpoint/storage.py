@@ -29,6 +29,7 @@ from torch.distributed.checkpoint.stateful import Stateful
 
 from facetrain.checkpoint.legacy import upgrade_first_format
 from facetrain.errors import EveryRankError, FacetrainError
+from facetrain.files import file_size_limit
 
 _ALLOWED_GLOBALS = {
     *(("torch", dtype) for dtype in ("float32", "float64", "float16", "bfloat16", "int64", "int32")),
@@ -160,6 +161,9 @@ def save_entries(entries: dict, directory: Path, group=None) -> None:
             )
             if shutil.disk_usage(directory if directory.exists() else directory.parent).free < needed:
                 raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC), str(directory)) from None
+            limit = file_size_limit()
+            if limit is not None and limit < needed:  # torch's zip writer says "unexpected pos" to EFBIG too
+                raise OSError(errno.EFBIG, os.strerror(errno.EFBIG), str(directory)) from None
             raise OSError(errno.EIO, f"writing failed ({failure})", str(directory)) from None
 
 

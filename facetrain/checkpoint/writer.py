@@ -22,8 +22,9 @@ from facetrain.checkpoint.ranks import RankRoles
 from facetrain.checkpoint.storage import save_entries
 from facetrain.config.loader import save_config
 from facetrain.errors import EveryRankError, FacetrainError
-from facetrain.files import atomic_write_text, fsync_directory
+from facetrain.files import atomic_write_text, fsync_directory, write_failure_advice
 from facetrain.heads import ShardedMarginHead, collectives
+from facetrain.job_env import job_id
 
 
 def save_checkpoint(
@@ -69,8 +70,8 @@ def save_checkpoint(
             "embedding_size": config.model.embedding_size,
             "evaluation": evaluation or {},
             "saved_at": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
-            "elastic_run_id": os.environ.get("TORCHELASTIC_RUN_ID"),
-            "slurm_job_id": os.environ.get("SLURM_JOB_ID"),
+            "elastic_run_id": job_id("TORCHELASTIC_RUN_ID"),
+            "slurm_job_id": job_id("SLURM_JOB_ID"),
         }
         atomic_write_text(tmp / "classes.json", json.dumps(class_names))
         save_config(config, tmp / "config.yaml")
@@ -107,10 +108,8 @@ def _write_failure(error: OSError, root: Path, final: Path) -> str:
     kept = "none was written before"
     if last.is_file():
         kept = f"the last complete one, {last.read_text().strip()}, is intact"
-    return (
-        f"cannot write checkpoint {final}: {reason}; {kept}. Free space or fix the folder's permissions, "
-        "then resume with --resume auto"
-    )
+    advice = write_failure_advice(error)
+    return f"cannot write checkpoint {final}: {reason}; {kept}. {advice[0].upper()}{advice[1:]}, then resume with --resume auto"
 
 
 def _clear_leftovers(root: Path) -> None:

@@ -100,6 +100,9 @@ def train(
     # a bad config, or a path it names that is not there, fails here, once, before any rank starts
     source = config_source(config_path)
     validate(config, world_size=nproc if launching else None, source=source, given=given)
+    from facetrain.job_env import check_job_env
+
+    check_job_env()  # before any rank starts: the launcher would only say a rank exited
     if config_path is None and os.environ.get("RANK", "0") == "0":
         _say_what_the_defaults_do(config)
     resume_command = _resume_command(config_path, overrides, output_dir, nproc if launching else 1)

@@ -13,7 +13,8 @@ from facetrain.logger import logger
 ENVIRONMENT_ADVICE = {
     errno.ENOSPC: "free space, then run it again",
     errno.EDQUOT: "free space within your quota, then run it again",
-    errno.EFBIG: "the file system cannot hold a file this big; choose another place",
+    errno.EFBIG: "the file is larger than this process may write (ulimit -f) or the file system holds; raise the "
+    "limit or choose another place",
     errno.EROFS: "choose a writable place",
     errno.EACCES: "check its permissions, or choose another place",
     errno.EPERM: "check its permissions, or choose another place",

@@ -45,7 +45,7 @@ from facetrain.interop.imported_config import ImportedConfig, backbone_config, b
 from facetrain.interop.insightface_onnx import read_iresnet_onnx
 from facetrain.models import Backbone, build_backbone
 from facetrain.models.iresnet import IRESNET_DEPTHS, IRESNET_INPUT_SIZE
-from facetrain.models.state_match import first_state_mismatch
+from facetrain.models.state_match import first_nonfinite, first_state_mismatch
 from facetrain.progress import ProgressBar
 
 SOURCE_FORMAT = "insightface arcface_torch backbone.pth"
@@ -166,11 +166,11 @@ def check_weight_values(
                 f"{path}: entry {key!r} holds {str(value.dtype).removeprefix('torch.')} values, not "
                 "floating-point weights; the file is not a trained backbone's state dict"
             )
-        bad = int((~torch.isfinite(value)).sum())
-        if bad:
+        nonfinite = first_nonfinite({key: value})
+        if nonfinite is not None:
             raise FacetrainError(
-                f"{path}: entry {key!r} holds {bad} NaN or infinite values of {value.numel()}; the file comes "
-                "from a diverged run or is damaged, so it was not imported"
+                f"{path}: entry {nonfinite}; the file comes from a diverged run or is damaged, so it was not "
+                "imported"
             )
 
 

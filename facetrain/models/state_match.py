@@ -26,3 +26,15 @@ def first_state_mismatch(
         if tuple(state[key].shape) != tuple(tensor.shape):
             return f"{key!r} has shape {list(state[key].shape)}, {architecture} needs {list(tensor.shape)}"
     return None
+
+
+def first_nonfinite(state: Mapping[str, torch.Tensor]) -> str | None:
+    """ "'KEY' holds N NaN or infinite values of M" for the first floating-point tensor with any, or None.
+    Weights loaded from a diverged or damaged file train (or teach) NaN from the first step on, which
+    the trainer would otherwise blame on the learning rate."""
+    for key, value in state.items():
+        if torch.is_tensor(value) and value.is_floating_point():
+            bad = int((~torch.isfinite(value)).sum())
+            if bad:
+                return f"{key!r} holds {bad} NaN or infinite values of {value.numel()}"
+    return None

@@ -132,6 +132,20 @@ def check_group_env(rank: int, world_size: int, local_rank: int, init_method: st
         raise FacetrainError(f"environment variable MASTER_PORT={port} is not a port (1 to 65535); {launch}")
 
 
+def check_single_process_env(rank: int, local_rank: int) -> None:
+    """A plain process whose environment names another rank (RANK=1 without WORLD_SIZE, left over from
+    a launcher's shell) trained as rank 0 of 1 while facetrain's output, which only rank 0 shows, was
+    silent: no progress, no log, no error."""
+    for name, value in (("RANK", rank), ("LOCAL_RANK", local_rank)):
+        if value != 0:
+            world = os.environ.get("WORLD_SIZE")
+            alone = "without WORLD_SIZE" if world is None else f"with WORLD_SIZE={world}"
+            raise FacetrainError(
+                f"environment variable {name}={value} is set {alone}, and a single process is rank 0; "
+                f"unset {name}, or start the ranks with torchrun or `facetrain train --nproc N`"
+            )
+
+
 def visible_gpus() -> int:
     return torch.cuda.device_count() if torch.cuda.is_available() else 0
 
@@ -202,6 +216,7 @@ def init_parallel(
     runs several trainings in one job) is reused.
     """
     joined = is_initialized()
+    from_env = not joined and rank is None and world_size is None
     if joined:
         rank, world_size = dist.get_rank(), dist.get_world_size()
     else:
@@ -209,6 +224,8 @@ def init_parallel(
         world_size = max(1, _int_env("WORLD_SIZE", 1) if world_size is None else world_size)
     local_rank = _int_env("LOCAL_RANK", rank)
     joining = not joined and world_size > 1
+    if from_env and world_size == 1:
+        check_single_process_env(rank, local_rank)
     if joining:  # without LOCAL_WORLD_SIZE, at least this rank's GPU must be its own
         check_group_env(rank, world_size, local_rank, init_method)
         backend = check_backend(backend, _int_env("LOCAL_WORLD_SIZE", local_rank + 1), visible_gpus())

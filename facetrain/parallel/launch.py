@@ -176,6 +176,14 @@ def launch_local(
     return 0
 
 
+def recorded_traceback(failure: ProcessFailure) -> list[str]:
+    """The lines of the traceback `@record` left in a rank's error file. The launcher prints them: a
+    rank's own stderr did not reach the user, who read "its traceback is above" under nothing."""
+    message = (getattr(failure, "error_file_data", None) or {}).get("message")
+    stack = message.get("extraInfo", {}).get("py_callstack") if isinstance(message, dict) else None
+    return stack.rstrip().splitlines() if isinstance(stack, str) else []
+
+
 def _read_reports(folder: Path) -> dict[int, dict]:
     """rank -> {"message", "facetrain": {"kind", "time"}} for every rank that recorded its failure (one
     node: the local rank of torch's error-file folder is the rank)."""
@@ -217,10 +225,12 @@ def explain_failures(
     if killed or peer is None:
         rank = min(killed or failures)
         failure = failures[rank]
+        traceback = []
         if failure.exitcode < 0:
             how = f"exited with code {failure.exitcode} ({failure.signal_name()}: killed, or out of memory)"
         else:
-            how = f"exited with code {failure.exitcode} (its traceback is above)"
+            traceback = recorded_traceback(failure)
+            how = f"exited with code {failure.exitcode} ({'its traceback is above' if traceback else 'no traceback was recorded'})"
         code = failure.exitcode if failure.exitcode > 0 else 1
-        return [f"error: rank {rank} {how}; stopped ranks {others(rank)}"], code
+        return [*traceback, f"error: rank {rank} {how}; stopped ranks {others(rank)}"], code
     return [f"[rank {peer}] error: {reports[peer]['message']}"], USER_ERROR_EXIT

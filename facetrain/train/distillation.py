@@ -32,6 +32,7 @@ from torch.nn import functional
 
 from facetrain.errors import EveryRankError, FacetrainError
 from facetrain.interop.loading import load_model
+from facetrain.models.state_match import first_nonfinite
 from facetrain.train.losses import LossConfig
 
 
@@ -143,6 +144,12 @@ def build_distillation(
         loaded = load_model(cfg.teacher, device=device)
     except FacetrainError as error:
         raise EveryRankError(f"loss.teacher: {error}") from None
+    nonfinite = first_nonfinite(loaded.module.state_dict())
+    if nonfinite is not None:
+        raise EveryRankError(
+            f"loss.teacher: {cfg.teacher}: {nonfinite}; it comes from a diverged run or is damaged and "
+            "would teach NaN: choose an earlier checkpoint of that run"
+        )
     if loaded.embedding_size != embedding_size:
         raise EveryRankError(
             f"loss.teacher: {cfg.teacher} gives {loaded.embedding_size}-d embeddings and this run's student "

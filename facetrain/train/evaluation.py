@@ -27,6 +27,7 @@ from facetrain.errors import FacetrainError
 from facetrain.eval.one_kind import require_both_kinds
 from facetrain.eval.set_names import report_name, set_names
 from facetrain.eval.verify_pairs import EmbedSettings, load_pairs, verify
+from facetrain.files import atomic_write_text
 from facetrain.heads import collectives
 from facetrain.logger import logger
 from facetrain.parallel.dims import ParallelDims
@@ -106,7 +107,7 @@ class TrainingVerifier:
             figures["best_accuracy"] = verified[figures["best_step"]]["accuracy"]
         results = {**sets[self.best_by], "step": step, "best_by": self.best_by, "sets": sets}
         self.out_dir.mkdir(parents=True, exist_ok=True)
-        (self.out_dir / f"step_{step:08d}.json").write_text(json.dumps(results, indent=2))
+        atomic_write_text(self.out_dir / f"step_{step:08d}.json", json.dumps(results, indent=2))
         return results
 
     def final_table(self) -> str | None:

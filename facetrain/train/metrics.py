@@ -18,6 +18,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from facetrain.checkpoint.run_dir import METRICS_COLUMNS as COLUMNS
+from facetrain.files import open_appending
 from facetrain.train.trackers import open_trackers
 
 # Checked once, when this share of the schedule is done: late enough for any sane warmup to be over,
@@ -40,7 +41,7 @@ class MetricsLog:
         if not enabled:
             return
         if not self.path.exists():
-            with self.path.open("w", newline="") as handle:
+            with open_appending(self.path) as handle:
                 csv.writer(handle).writerow(COLUMNS)
         self.trackers = open_trackers(list(trackers), run_dir)
         for tracker in self.trackers:
@@ -49,7 +50,7 @@ class MetricsLog:
     def log(self, row: dict[str, float]) -> None:
         if not self.enabled:
             return
-        with self.path.open("a", newline="") as handle:
+        with open_appending(self.path) as handle:
             csv.writer(handle).writerow([row.get(c, "") for c in COLUMNS])
         figures = {f"train/{key}": value for key, value in row.items() if key not in ("step", "epoch")}
         for tracker in self.trackers:

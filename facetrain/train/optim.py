@@ -12,7 +12,6 @@ from __future__ import annotations
 import math
 from collections.abc import Iterator
 from dataclasses import dataclass
-from pathlib import Path
 
 import torch
 from torch import nn
@@ -21,7 +20,6 @@ from torch.optim.lr_scheduler import LambdaLR
 from facetrain.config.bounds import FRACTION
 from facetrain.config.checks import Items, Registered, Within, above, at_least, setting
 from facetrain.config.validate import Problem, show
-from facetrain.errors import FacetrainError
 from facetrain.heads.fused_optim import FUSED_OPTIMIZERS, FusedOptimizer
 from facetrain.models.backbone import Stages
 from facetrain.registry import Registry
@@ -112,20 +110,6 @@ def build_optimizer(
     for group in optimizer.param_groups:
         group.setdefault("initial_lr", group["lr"])
     return optimizer
-
-
-def check_resumed_stages(trained: OptimConfig, cfg: OptimConfig, checkpoint: Path) -> None:
-    """A resume keeps the parameter groups its checkpoint trained with: a changed freeze or decay would
-    silently change which weights train and at what rate from this step on. Changing them is a new
-    fine-tune, started from the checkpoint with model.init."""
-    for key in ("freeze_stages", "layer_decay"):
-        was, now = getattr(trained, key), getattr(cfg, key)
-        if was != now:
-            raise FacetrainError(
-                f"optim.{key}: checkpoint {checkpoint} was trained with {show(was)}, this run sets "
-                f"{show(now)}; resume with optim.{key}={show(was)}, or start a new run from it with "
-                f"--init {checkpoint} to change it"
-            )
 
 
 def head_weight_decay(cfg: OptimConfig) -> float:

@@ -22,9 +22,11 @@ from pathlib import Path
 
 from torch import nn
 
+from facetrain.config.validate import show
 from facetrain.errors import EveryRankError, FacetrainError
+from facetrain.heads.margins import build_margin
 from facetrain.interop.loading import load_model
-from facetrain.models.state_match import first_state_mismatch
+from facetrain.models.state_match import first_nonfinite, first_state_mismatch
 from facetrain.train.run_config import Config
 
 
@@ -71,6 +73,65 @@ def nothing_left_to_train(step: int, steps: int) -> str | None:
     )
 
 
+# What a checkpoint's weights mean, and which of them train: changed on resume, the run would go on
+# under another loss (a margin and its parameters: AdaFace's running norms mean nothing to ArcFace), with
+# other rows a class (sub-centers), or freeze and decay weights it already trained. Changing one is a
+# new run started from the checkpoint with --init. (model.backbone, embedding size and image size, the
+# classes, and optim.name have checks of their own, at load.)
+FIXED_ON_RESUME = (
+    "head.margin",
+    "head.margin_params",
+    "head.sub_centers",
+    "optim.freeze_stages",
+    "optim.layer_decay",
+    "optim.head_only_steps",
+)
+# How the same weights are computed, not what they mean: a resume may change them, and says so.
+CHANGEABLE_ON_RESUME = (
+    "train.precision",
+    "head.mode",
+    "head.kernel",
+    "head.tile_classes",
+    "model.compile",
+    "model.channels_last",
+)
+
+
+def check_resumed_settings(trained: Config, cfg: Config, checkpoint: Path, step: int) -> list[str]:
+    """Refuse, in one line naming the key and the checkpoint's value, a resume that changes what the
+    weights mean (FIXED_ON_RESUME); the notes for what changes only how they are computed."""
+    for key in FIXED_ON_RESUME:
+        was, now = _setting(trained, key, step), _setting(cfg, key, step)
+        if was != now:
+            value = _value(trained, key)
+            raise EveryRankError(
+                f"{key}: checkpoint {checkpoint} was trained with {show(value)}, this run sets "
+                f"{show(_value(cfg, key))}; resume with --set {key}={show(value)}, or start a new run from it "
+                f"with --init {checkpoint} to change it"
+            )
+    changed = [key for key in CHANGEABLE_ON_RESUME if _value(trained, key) != _value(cfg, key)]
+    return [
+        f"note: resuming with {key} {show(_value(trained, key))} -> {show(_value(cfg, key))} (checkpoint "
+        f"{checkpoint.name}): the same weights, computed another way"
+        for key in changed
+    ]
+
+
+def _value(cfg: Config, key: str):
+    section, name = key.split(".")
+    return getattr(getattr(cfg, section), name)
+
+
+def _setting(cfg: Config, key: str, step: int):
+    """What `key` does from `step` on: a margin with its defaults filled in (margin_params {} is m=0.5
+    for ArcFace), the head-only steps still to come (0 once past them, whatever the number)."""
+    if key == "head.margin_params":
+        return build_margin(cfg.head.margin, **cfg.head.margin_params)
+    if key == "optim.head_only_steps":
+        return max(0, cfg.optim.head_only_steps - step)
+    return _value(cfg, key)
+
+
 def load_initial_backbone(path: str | Path, backbone: nn.Module, backbone_name: str) -> None:
     """Fill this run's `backbone` from `model.init` as `load_model` loads it, refusing in one line (on
     every rank) a model whose keys or shapes differ, which a partial load would hide."""
@@ -85,5 +146,11 @@ def load_initial_backbone(path: str | Path, backbone: nn.Module, backbone_name: 
         raise EveryRankError(
             f"model.init: {path}: {mismatch}; it holds a {trained_as}: set model.backbone "
             "(and model.embedding_size, data.image_size) to match it"
+        )
+    nonfinite = first_nonfinite(theirs)
+    if nonfinite is not None:
+        raise EveryRankError(
+            f"model.init: {path}: {nonfinite}; it comes from a diverged run or is damaged, so it was not "
+            "loaded: start from an earlier checkpoint of that run"
         )
     backbone.load_state_dict(theirs)

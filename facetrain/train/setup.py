@@ -16,19 +16,22 @@ from torch import nn
 
 from facetrain.checkpoint import Checkpointer, check_row_shards_supported, load_checkpoint, read_meta
 from facetrain.data import build_train_dataset, build_train_loader, prepare_train_data
+from facetrain.files import atomic_write_text
 from facetrain.heads import collectives
 from facetrain.logger import logger
 from facetrain.models import build_backbone
 from facetrain.parallel.dims import ParallelDims
 from facetrain.parallel.parallelize import parallelize_backbone
 from facetrain.train.class_remap import match_classes
+from facetrain.train.data_checks import check_training_set
 from facetrain.train.device_defaults import DeviceDefaults
 from facetrain.train.distillation import build_distillation
 from facetrain.train.head_plan import build_head
 from facetrain.train.imprint import imprint_head
 from facetrain.train.losses import build_loss
-from facetrain.train.optim import build_optimizer, check_resumed_stages
+from facetrain.train.optim import build_optimizer
 from facetrain.train.resume import (
+    check_resumed_settings,
     last_logged_step,
     load_initial_backbone,
     membership_line,
@@ -94,8 +97,11 @@ def build_training_run(
     remap = None
     if checkpoint is not None:  # before classes.json is replaced: the run's record of what its rows mean
         remap = match_classes(checkpoint, dataset.class_names, cfg.data.path, cfg.train.remap_classes)
+    warnings = check_training_set(dataset, cfg.data.path)  # every rank: the set is the same
     if dims.is_primary:
-        (run_dir / "classes.json").write_text(json.dumps(dataset.class_names))
+        atomic_write_text(run_dir / "classes.json", json.dumps(dataset.class_names))
+        for warning in warnings:
+            logger.warning(warning)
 
     # Same initial weights on every rank; the head is drawn the same whatever the world size.
     torch.manual_seed(cfg.train.seed)
@@ -134,7 +140,7 @@ def build_training_run(
     if checkpoint is not None:
         class_rows = None if remap is None else remap.rows
         trained = checkpoint_config(checkpoint)
-        check_resumed_stages(trained.optim, cfg.optim, checkpoint)
+        settings_notes = check_resumed_settings(trained, cfg, checkpoint, read_meta(checkpoint)["step"])
         keep_optimizer = trained.optim.name == cfg.optim.name
         if not keep_optimizer and dims.is_primary:
             logger.warning(optimizer_change_warning(checkpoint, trained.optim.name, cfg.optim.name))
@@ -155,6 +161,8 @@ def build_training_run(
             if (note := nothing_left_to_train(state.step, cfg.train.steps)) is not None:
                 logger.info(note)
             if (note := schedule_change_line(trained, cfg, state.step)) is not None:
+                logger.info(note)
+            for note in settings_notes:
                 logger.info(note)
     scheduler = build_lr_schedulers(optimizer, head, cfg.optim, cfg.train.steps, start_step=state.step)
     settings = StepSettings(

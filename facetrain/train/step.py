@@ -141,17 +141,38 @@ class StepWindow:
         self.first_nonfinite_step = torch.where(unseen, step, self.first_nonfinite_step)
         self.steps += 1
 
-    def check_finite(self, tolerated_in_a_row: int, last_checkpoint: str | None) -> None:
+    def check_finite(self, tolerated_in_a_row: int, good_before: Callable[[int], str | None]) -> None:
         """Stop when the loss went non-finite more often in a row than tolerated (fp16's scaler skips
-        such steps and recovers; other precisions tolerate none). One host read."""
+        such steps and recovers; other precisions tolerate none). One host read. The loss of step k is
+        the weights of step k - 1 at work, so the last good checkpoint is `good_before(k - 1)`."""
         worst, first = torch.stack([self.worst_nonfinite_run, self.first_nonfinite_step]).tolist()
         if worst > tolerated_in_a_row:
             raise EveryRankError(
                 f"the loss became non-finite at step {first}; last good checkpoint: "
-                f"{last_checkpoint or 'none'}; lower optim.lr or use train.precision=fp32"
+                f"{good_before(first - 1) or 'none'}; lower optim.lr or use train.precision=fp32"
             )
 
     def reset(self) -> None:
         self.sums.zero_()
         self.steps = 0
         self.started = time.perf_counter()
+
+
+def check_finite_weights(
+    modules: list[nn.Module | None], step: int, good_before: Callable[[int], str | None], group=None
+) -> None:
+    """Before a checkpoint is written, on every rank (each holds its own head rows): weights can blow up
+    (optim.lr=1e30 made them 5e31, then infinite) a step before the loss shows it, and a checkpoint of
+    them is no good one. One host read."""
+    params = [
+        p.detach() for module in modules if module is not None for p in module.parameters() if p.numel()
+    ]
+    finite = (
+        torch.stack([param.abs().amax().float() for param in params]).isfinite().all() if params else True
+    )
+    bad = torch.tensor([int(not bool(finite))], device=collectives.collective_device(group))
+    if collectives.all_reduce_(bad, "max", group).item():
+        raise EveryRankError(
+            f"the weights became NaN or infinite by step {step}, so no checkpoint of them was written; last "
+            f"good checkpoint: {good_before(step) or 'none'}; lower optim.lr or use train.precision=fp32"
+        )

@@ -29,8 +29,10 @@ from facetrain import run_log
 from facetrain.checkpoint import Checkpointer, CheckpointStates, load_ema_weights
 from facetrain.config import to_dict
 from facetrain.errors import EveryRankError, FacetrainError, PeerFailed
+from facetrain.files import atomic_write_text, write_failure_advice
 from facetrain.heads import collectives
 from facetrain.heads.margins import margin_at_step
+from facetrain.job_env import check_job_env, job_id
 from facetrain.logger import LOG_ONLY, logger
 from facetrain.parallel.dims import ParallelDims, destroy_parallel, init_parallel, is_initialized
 from facetrain.parallel.failures import collective_failure_error, is_collective_failure
@@ -51,7 +53,7 @@ from facetrain.train.run_checks import validate
 from facetrain.train.run_config import Config
 from facetrain.train.setup import build_training_run
 from facetrain.train.stage_groups import set_train_mode
-from facetrain.train.step import StepResult, StepWindow, train_step
+from facetrain.train.step import StepResult, StepWindow, check_finite_weights, train_step
 from facetrain.train.step_gate import StepGate, StopSignals
 from facetrain.train.trackers import check_installed
 
@@ -94,6 +96,7 @@ def _train_in_group(cfg: Config, resume: str | None) -> dict:
     try:
         try:
             validate(cfg, dims.world_size, device_type=dims.device.type)
+            check_job_env()
             check_installed(cfg.train.trackers)
         except FacetrainError as error:  # every rank sees the same config: one of them says so
             raise EveryRankError(str(error)) from None
@@ -106,7 +109,8 @@ def _train_in_group(cfg: Config, resume: str | None) -> dict:
         raise _logged(
             FacetrainError(
                 f"cannot write {error.filename or cfg.train.output_dir}: {error.strerror or error}; the "
-                "checkpoints written so far are intact: free space, then resume with --resume auto"
+                f"checkpoints written so far are intact: {write_failure_advice(error)}, then resume with "
+                "--resume auto"
             )
         ) from None
     except Exception as error:
@@ -178,6 +182,8 @@ class Trainer(Stateful):
         self.evaluation_failure: str | None = None
         self.global_batch = cfg.train.batch_size * dims.dp  # images per micro-step over all replicas
         self.full_margin = None if self.parts.head is None else self.parts.head.margin  # margin warmup's goal
+        # (step, checkpoint) of each checkpoint with finite weights: the resumed one and those written
+        self.finite_checkpoints = [(self.state.step, str(self.resumed_from))] if self.resumed_from else []
 
     def state_dict(self) -> dict:
         return self.state.state_dict()
@@ -189,6 +195,11 @@ class Trainer(Stateful):
     def last_checkpoint(self) -> str | None:
         last = self.checkpointer.last
         return None if last is None else str(last)
+
+    def good_before(self, step: int) -> str | None:
+        """The newest checkpoint whose weights are finite and come from before `step`: a good one, when
+        the weights of `step` are the first that are not (or give a non-finite loss)."""
+        return next((path for saved, path in reversed(self.finite_checkpoints) if saved < step), None)
 
     def fit(self) -> dict:
         cfg, dims, state = self.cfg, self.dims, self.state
@@ -215,7 +226,7 @@ class Trainer(Stateful):
 
                 final_step = state.step == cfg.train.steps
                 if state.step % cfg.train.log_every == 0 or final_step:
-                    window.check_finite(tolerated, self.last_checkpoint)
+                    window.check_finite(tolerated, self.good_before)
                     row = self._log_row(window, lr, time.perf_counter() - started)
                     log.log(row)
                     warning = underfit.check(state.step, row["accuracy"])
@@ -228,11 +239,11 @@ class Trainer(Stateful):
                     window.reset()
                 is_best = self.verify_if_due(final_step, log)
                 if self.checkpointer.should_save(state.step, final_step, is_best, gate.checkpoint_due):
-                    window.check_finite(tolerated, self.last_checkpoint)  # never save a diverged model
+                    window.check_finite(tolerated, self.good_before)  # never save a diverged model
                     self.save(is_best, final_step)
                     gate.checkpoint_written()
             if gate.stopped and not self.checkpointer.holds_step(state.step) and state.step > 0:
-                window.check_finite(tolerated, self.last_checkpoint)
+                window.check_finite(tolerated, self.good_before)
                 self.save(is_best=False, final_step=False)
             if gate.stop_signal is not None:
                 self.stop_seconds = (
@@ -291,8 +302,11 @@ class Trainer(Stateful):
         return True
 
     def save(self, is_best: bool, final_step: bool) -> None:
-        """A collective save on every rank (keeping the best checkpoint is one too)."""
-        self.checkpointer.save(is_best, evaluation=self.evaluation if is_best or final_step else None)
+        """A collective save on every rank (keeping the best checkpoint is one too), of finite weights only."""
+        parts, step = self.parts, self.state.step
+        check_finite_weights([self.backbone, parts.head], step, self.good_before, self.dims.control_group)
+        saved = self.checkpointer.save(is_best, evaluation=self.evaluation if is_best or final_step else None)
+        self.finite_checkpoints.append((step, str(saved)))
 
     def _finish(self, gate: StepGate, train_seconds: float) -> dict:
         """Write the summary and the curves; a verification that failed on the way fails the command now,
@@ -309,10 +323,10 @@ class Trainer(Stateful):
             "evaluation": self.evaluation,
             "train_seconds": train_seconds,
             "stop_to_checkpoint_s": self.stop_seconds,
-            "slurm_job_id": os.environ.get("SLURM_JOB_ID"),
+            "slurm_job_id": job_id("SLURM_JOB_ID"),
         }
         if dims.is_primary:
-            (self.run_dir / "summary.json").write_text(json.dumps(summary, indent=2))
+            atomic_write_text(self.run_dir / "summary.json", json.dumps(summary, indent=2))
             curves = plot_curves([read_run_curves(self.run_dir)], self.run_dir / CURVES_FILE)
             if gate.stop_signal is not None:
                 took = "" if self.stop_seconds is None else f", {self.stop_seconds:.1f} s after the signal"
