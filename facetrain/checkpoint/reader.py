@@ -14,7 +14,7 @@ from torch import nn
 
 from facetrain.checkpoint.app_state import AppState
 from facetrain.checkpoint.layout import read_config_yaml, read_meta, resolve_checkpoint
-from facetrain.checkpoint.names import BACKBONE, EMA, HEAD_WEIGHT, TRAIN_STATE_KEYS
+from facetrain.checkpoint.names import BACKBONE, EMA, HEAD_WEIGHT, MARGIN_STATE, TRAIN_STATE_KEYS
 from facetrain.checkpoint.ranks import RankRoles
 from facetrain.checkpoint.storage import load_entries, rows_of, stored, stored_entries
 from facetrain.config.loader import from_dict
@@ -53,6 +53,8 @@ def load_checkpoint(
         )
     index = stored(checkpoint)
     _check_backbone_fits(checkpoint, index, backbone)
+    if head is not None:
+        _check_margin_state_fits(checkpoint, index, head)
     if head is not None and HEAD_WEIGHT not in index:
         raise FacetrainError(f"checkpoint {checkpoint} holds no head; start a run from it with --init")
     if head is not None and index[HEAD_WEIGHT].size[1] != head.sub_centers * head.embedding_size:
@@ -92,6 +94,19 @@ def _check_backbone_fits(checkpoint: Path, index: dict, backbone: nn.Module) -> 
             f"({name}: this run has {list(tensor.shape)}, the checkpoint {found}); resume with the "
             "settings it was trained with, or choose another train.output_dir"
         )
+
+
+def _check_margin_state_fits(checkpoint: Path, index: dict, head: ShardedMarginHead) -> None:
+    """One line when the checkpoint's margin state (0-dim running values) has another shape than this
+    run's margin keeps: torch's load_state_dict would raise a size-mismatch traceback mid-resume."""
+    for name, buffer in head.margin_state.named_buffers():
+        entry = index.get(f"{MARGIN_STATE}{name}")
+        if entry is not None and tuple(entry.size) != tuple(buffer.shape):
+            raise FacetrainError(
+                f"checkpoint {checkpoint}: its margin state {name} has shape {list(entry.size)}, where this "
+                f"run's head.margin keeps {list(buffer.shape)}; it was written by another margin or is "
+                "damaged: resume with the head.margin it was trained with, or from another checkpoint"
+            )
 
 
 def _load_head_by_class(checkpoint: Path, head: ShardedMarginHead, class_rows: list[int | None]) -> None:
