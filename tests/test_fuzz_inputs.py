@@ -1,6 +1,6 @@
-"""The mutation fuzzer of the importers and readers (#38), on a CI budget: 25 cases of each of its 12
-targets (about 5 s after the worker's import), none a finding; and the findings of its longer runs,
-each a case of its own."""
+"""The mutation fuzzer of the importers and readers (#38, #57), on a CI budget: 25 cases of each of its
+12 readers' targets and 3 of each of #57's four (about 5 s after the worker's import), none a finding;
+and the findings of its longer runs, each a case of its own."""
 
 from __future__ import annotations
 
@@ -17,17 +17,22 @@ from facetrain.eval.lfw_pairs import load_lfw_pairs
 from facetrain.interop.insightface_import import read_backbone_state
 from facetrain.train.run_checks import validate
 from facetrain.train.run_config import load_config
-from tools.fuzz_cases import TARGETS
+from tools.fuzz_cases import TARGETS, read_case
+from tools.fuzz_features import TARGETS as FEATURE_TARGETS
 from tools.fuzz_inputs import fuzz
 
 CASES_PER_TARGET = 25
+FEATURE_CASES = 3  # of each of #57's targets, slower a case (a checkpoint written, a model built)
 
 
 @pytest.mark.timeout(120)
 def test_a_bounded_fuzz_run_finds_nothing(tmp_path: Path) -> None:
-    summary = fuzz(CASES_PER_TARGET, seed=0, work=tmp_path)
+    counts = {target: FEATURE_CASES if target in FEATURE_TARGETS else CASES_PER_TARGET for target in TARGETS}
+    summary = fuzz(counts, seed=0, work=tmp_path)
     assert summary["findings"] == []
-    assert summary["cases"] == CASES_PER_TARGET * len(TARGETS)
+    assert summary["cases"] == sum(counts.values())
+    # the targets of #57 (pack's output read back, teacher, timm, margin state) pass whole, not only refuse
+    assert sum(summary["per_target"][target]["ok"] for target in FEATURE_TARGETS) > 0
     assert summary["seconds"] < 60
 
 
@@ -158,3 +163,17 @@ def test_a_refused_global_with_a_long_name_is_cut(tmp_path: Path) -> None:
     with pytest.raises(FacetrainError, match="refused to load: the pickle asks for _codecs111") as error:
         load_insightface_bin(path, None, False)
     assert len(str(error.value)) < 400
+
+
+def test_a_margin_state_of_another_shape_is_one_line(tmp_path: Path) -> None:
+    """Found by the fuzzer (#57): a checkpoint whose margin state (0-dim running values) has another
+    shape was a size-mismatch RuntimeError from torch's load_state_dict in the middle of a resume."""
+    case = tmp_path / "case.json"
+    case.write_text(
+        '{"margin": "elasticface_cos", "mutations": [{"value": 5.0, "shape": [2], "dtype": "int64", "pick": 3}]}'
+    )
+    with pytest.raises(
+        FacetrainError,
+        match=r"its margin state step has shape \[2\], where this run's head.margin keeps \[\]",
+    ):
+        read_case("margin", case, tmp_path)
