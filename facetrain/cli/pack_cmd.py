@@ -6,7 +6,7 @@ from pathlib import Path
 
 import click
 
-from facetrain.cli.conventions import quiet_option
+from facetrain.cli.conventions import checked_output, quiet_option
 
 
 @click.command()
@@ -14,7 +14,8 @@ from facetrain.cli.conventions import quiet_option
 @click.option(
     "-o",
     "--out",
-    type=click.Path(path_type=Path, dir_okay=False),
+    type=click.Path(path_type=Path),
+    callback=checked_output,
     required=True,
     help="The packed file NAME.rec; NAME.idx and property are written beside it.",
 )

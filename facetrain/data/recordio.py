@@ -20,7 +20,8 @@ from __future__ import annotations
 import os
 import re
 import struct
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
+from contextlib import contextmanager, suppress
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -37,6 +38,7 @@ MAGIC = 0xCED7230A
 _MAGIC_BYTES = struct.pack("<I", MAGIC)
 _LENGTH_BITS = 29
 _LENGTH_MASK = (1 << _LENGTH_BITS) - 1
+MAX_RECORD_BYTES = _LENGTH_MASK  # the largest payload a record part can hold
 _RECORD_HEADER = struct.Struct("<II")
 IMAGE_HEADER = struct.Struct("<IfQQ")
 PROPERTY_NAME = "property"
@@ -203,14 +205,27 @@ class RecordIOFile:
 
 
 class RecordIOWriter:
-    """Writes `.rec` and `.idx` to temporary names and moves both into place on `close`."""
+    """Writes `.rec` and `.idx` to temporary names and moves both into place on `close`; an OSError
+    (a full disk, a file-size limit) removes both and names the file being written, which a failed
+    `write()` does not."""
 
     def __init__(self, rec_path: str | Path, idx_path: str | Path):
         self.rec_path, self.idx_path = Path(rec_path), Path(idx_path)
         self._rec_tmp = self.rec_path.with_name(f".{self.rec_path.name}.tmp-{os.getpid()}")
         self._idx_tmp = self.idx_path.with_name(f".{self.idx_path.name}.tmp-{os.getpid()}")
-        self._rec = open(self._rec_tmp, "wb")
         self._index_lines: list[str] = []
+        with self._naming(self.rec_path):
+            self._rec = open(self._rec_tmp, "wb")
+
+    @contextmanager
+    def _naming(self, path: Path) -> Iterator[None]:
+        try:
+            yield
+        except OSError as error:
+            self.abort()
+            if error.filename is not None and error.filename not in (str(self._rec_tmp), str(self._idx_tmp)):
+                raise
+            raise OSError(error.errno, error.strerror, str(path)) from None
 
     def write(self, key: int, payload: bytes) -> None:
         self._index_lines.append(f"{key}\t{self._rec.tell()}\n")
@@ -218,12 +233,13 @@ class RecordIOWriter:
         words = np.frombuffer(payload, dtype="<u4", count=aligned_end // 4)
         splits = (np.flatnonzero(words == MAGIC) * 4).tolist()
         start = 0
-        for split in splits:
-            self._write_part(1 if start == 0 else 2, payload[start:split])
-            start = split + 4
-        self._write_part(3 if splits else 0, payload[start:])
-        padding = _aligned(len(payload)) - len(payload)
-        self._rec.write(b"\0" * padding)
+        with self._naming(self.rec_path):
+            for split in splits:
+                self._write_part(1 if start == 0 else 2, payload[start:split])
+                start = split + 4
+            self._write_part(3 if splits else 0, payload[start:])
+            padding = _aligned(len(payload)) - len(payload)
+            self._rec.write(b"\0" * padding)
 
     def _write_part(self, continuation: int, part: bytes) -> None:
         if len(part) > _LENGTH_MASK:
@@ -231,14 +247,30 @@ class RecordIOWriter:
         self._rec.write(_RECORD_HEADER.pack(MAGIC, (continuation << _LENGTH_BITS) | len(part)))
         self._rec.write(part)
 
-    def close(self) -> None:
-        self._rec.close()
-        self._idx_tmp.write_text("".join(self._index_lines))
+    def close(self, before_moving: Callable[[], None] | None = None) -> None:
+        """Flush both files, call `before_moving` (what must succeed before they replace earlier ones),
+        then move both into place."""
+        with self._naming(self.rec_path):
+            self._rec.flush()
+            os.fsync(self._rec.fileno())
+            self._rec.close()
+        with self._naming(self.idx_path):
+            with open(self._idx_tmp, "w") as index:
+                index.write("".join(self._index_lines))
+                index.flush()
+                os.fsync(index.fileno())
+        try:
+            if before_moving is not None:
+                before_moving()
+        except BaseException:
+            self.abort()
+            raise
         os.replace(self._rec_tmp, self.rec_path)
         os.replace(self._idx_tmp, self.idx_path)
 
     def abort(self) -> None:
-        self._rec.close()
+        with suppress(OSError):  # a full disk may refuse the buffered bytes' flush
+            self._rec.close()
         for tmp in (self._rec_tmp, self._idx_tmp):
             tmp.unlink(missing_ok=True)
 
@@ -266,9 +298,11 @@ def write_table_recordio(
     idx_path: Path,
     progress: bool = True,
     check_image: Callable[[int, bytes], None] | None = None,
+    before_moving: Callable[[], None] | None = None,
 ) -> None:
     """The records of `table` (labels sorted, as a folder scan gives them), moved into place only when
-    all are written; `check_image(index, bytes)` may refuse an image, which leaves nothing behind."""
+    all are written and `before_moving()` has succeeded; `check_image(index, bytes)` may refuse an
+    image, which leaves nothing behind."""
     count = len(table.labels)
     first_identity_record = count + 1
     writer = RecordIOWriter(rec_path, idx_path)
@@ -289,7 +323,7 @@ def write_table_recordio(
     except BaseException:
         writer.abort()
         raise
-    writer.close()
+    writer.close(before_moving)
 
 
 class RecordImageReader:
