@@ -177,3 +177,49 @@ def test_a_margin_state_of_another_shape_is_one_line(tmp_path: Path) -> None:
         match=r"its margin state step has shape \[2\], where this run's head.margin keeps \[\]",
     ):
         read_case("margin", case, tmp_path)
+
+
+@pytest.mark.parametrize(
+    "index",
+    [
+        b"\x80\x04\x8c\x02\xff\xfe\x94.",
+        b"\x80\x02X\x01\x00\x00\x00aK\x01\x85R.",
+        b"\x80\x02]r\x75\xa5\x27\x5d.",
+    ],
+)
+def test_a_damaged_checkpoint_index_is_one_line(tmp_path: Path, index: bytes) -> None:
+    """Found by the fuzzer (#57, through loss.teacher): a mutated .metadata made the unpickler raise
+    UnicodeDecodeError or TypeError (tracebacks); a far memo slot would have allocated gigabytes."""
+    from facetrain.checkpoint.storage import read_index
+
+    (tmp_path / ".metadata").write_bytes(index)
+    with pytest.raises(
+        FacetrainError, match=rf"^refusing checkpoint index {tmp_path / '.metadata'}: "
+    ) as error:
+        read_index(tmp_path)
+    assert "\n" not in str(error.value)
+
+
+@pytest.mark.parametrize("label", ["0" + "1" * 5000, "99999999999999999999"])
+def test_a_list_label_of_many_digits_is_cut_or_refused(tmp_path: Path, label: str) -> None:
+    """Found by the fuzzer (#57): a 5001-digit label was echoed whole (5107 characters); 10**20 read as
+    a float and wrapped to a negative int64 label without a word."""
+    (tmp_path / "a.png").write_bytes(b"")
+    path = tmp_path / "list.csv"
+    path.write_text(f"path,label\na.png,{label}\n")
+    with pytest.raises(
+        FacetrainError, match=r"line 2: label '\d+' is not an integer \(of at most 15 digits\)$"
+    ):
+        read_list_file(path)
+
+
+def test_a_name_with_a_newline_stays_one_line_in_a_message(tmp_path: Path) -> None:
+    """Found by the fuzzer (#57): an identity folder named "a<newline>b" broke pack's message (and any
+    message naming a file) over two lines; control characters are written escaped."""
+    from facetrain.data.pack import pack_folder
+
+    (tmp_path / "faces" / "a\nb").mkdir(parents=True)
+    (tmp_path / "faces" / "a\nb" / "0.png").write_bytes(b"not an image")
+    with pytest.raises(FacetrainError) as error:
+        pack_folder(tmp_path / "faces", tmp_path / "out" / "train.rec")
+    assert str(error.value) == f"image {tmp_path}/faces/a\\nb/0.png is corrupt or not an image"
