@@ -223,3 +223,21 @@ def test_a_name_with_a_newline_stays_one_line_in_a_message(tmp_path: Path) -> No
     with pytest.raises(FacetrainError) as error:
         pack_folder(tmp_path / "faces", tmp_path / "out" / "train.rec")
     assert str(error.value) == f"image {tmp_path}/faces/a\\nb/0.png is corrupt or not an image"
+
+
+def test_a_zip_of_a_version_zipfile_cannot_read_is_one_line(tmp_path: Path) -> None:
+    """Found by the fuzzer (#57's long run): a central directory asking for zip version 25.5 was
+    zipfile's NotImplementedError traceback."""
+    import io
+    import zipfile
+
+    buffer = io.BytesIO()
+    with zipfile.ZipFile(buffer, "w") as archive:
+        archive.writestr("archive/data.pkl", b"\x80\x02}q\x00.")
+    data = bytearray(buffer.getvalue())
+    central = data.rfind(b"PK\x01\x02")
+    data[central + 6 : central + 8] = (255).to_bytes(2, "little")  # version needed to extract: 25.5
+    path = tmp_path / "backbone.pth"
+    path.write_bytes(bytes(data))
+    with pytest.raises(FacetrainError, match=r"not a readable torch.save archive \(zip file version 25.5\)"):
+        read_backbone_state(path)
