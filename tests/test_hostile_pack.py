@@ -51,7 +51,7 @@ def test_a_folder_where_an_output_file_belongs_is_one_line_before_any_work(folde
     line = one_line_error("pack", folder, "-o", out / "train.rec", "-q", "--overwrite")
     assert (
         line
-        == f"error: -o: {out / name} is a folder, where pack writes a file of that name; move it or choose another -o"
+        == f"error: -o: {out / name} is a folder, where a file of that name is written; move it or choose another -o"
     )
     assert sorted(path.name for path in out.iterdir()) == sorted(
         EARLIER

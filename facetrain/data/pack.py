@@ -13,7 +13,6 @@ in one line naming the first (`facetrain.output_lock`; the lock file is gone whe
 from __future__ import annotations
 
 import os
-import stat
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -24,6 +23,7 @@ from facetrain.data.image_header import image_dimensions
 from facetrain.data.recordio import MAX_RECORD_BYTES, PROPERTY_NAME, write_table_recordio
 from facetrain.errors import FacetrainError
 from facetrain.files import atomic_target, check_output_path, make_output_folder, refuse_to_overwrite
+from facetrain.output_files import refuse_what_is_no_file
 from facetrain.output_lock import output_lock
 
 LOCK_NAME = ".facetrain-pack.lock"
@@ -63,7 +63,7 @@ def pack_folder(folder: str | Path, rec_path: str | Path, overwrite: bool = Fals
         )
     check_output_path(rec_path, "-o")
     rec_path, idx_path, property_path = packed_paths(rec_path)
-    _refuse_what_is_no_file([rec_path, idx_path, property_path])
+    refuse_what_is_no_file([rec_path, idx_path, property_path])  # before the work, not at the rename
     if not overwrite:
         refuse_to_overwrite([rec_path, idx_path, property_path])
     table = scan_image_folder(folder)
@@ -101,21 +101,6 @@ def _pack(table, rec_path: Path, idx_path: Path, property_path: Path) -> PackedS
         )  # fmt: skip
     height, width = sizes[0]
     return PackedSet(rec_path, idx_path, property_path, len(table.labels), identities, height, width)
-
-
-def _refuse_what_is_no_file(paths: list[Path]) -> None:
-    """A folder (or pipe, or device) where an output file belongs was a traceback when the pack, done,
-    tried to rename its file over it, with the .rec already replaced: refused before any work."""
-    for path in paths:
-        try:
-            mode = os.stat(path).st_mode
-        except OSError:
-            continue
-        if not stat.S_ISREG(mode):
-            kind = "a folder" if stat.S_ISDIR(mode) else "not a regular file"
-            raise FacetrainError(
-                f"-o: {path} is {kind}, where pack writes a file of that name; move it or choose another -o"
-            )
 
 
 class _HeaderFirst:
