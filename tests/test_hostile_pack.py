@@ -1,3 +1,4 @@
+# ruff: noqa: F811 - `folder`, the fixture of test_pack, is each test's argument
 """`facetrain pack` against hostile outputs, disks, files and a second pack (#57, round 4): one line each,
 no temporary file left, the earlier output as it was."""
 
@@ -14,6 +15,7 @@ from click.testing import CliRunner
 
 from facetrain.cli import main
 from facetrain.data import recordio
+from facetrain.errors import FacetrainError
 from tests.support.hostile_helpers import one_line_error
 from tests.test_pack import folder  # noqa: F401 - the fixture: 7 noise PNGs of 12x10 in 3 identities
 
@@ -33,7 +35,7 @@ def left_as_it_was(out: Path) -> bool:
     return names == set(EARLIER) and all((out / n).read_bytes() == data for n, data in EARLIER.items())
 
 
-def test_an_output_under_a_file_is_one_line(folder, tmp_path):  # noqa: F811
+def test_an_output_under_a_file_is_one_line(folder, tmp_path):
     """Was a FileExistsError traceback from mkdir."""
     (tmp_path / "afile").write_text("x")
     line = one_line_error("pack", folder, "-o", tmp_path / "afile" / "train.rec", "-q")
@@ -41,7 +43,7 @@ def test_an_output_under_a_file_is_one_line(folder, tmp_path):  # noqa: F811
 
 
 @pytest.mark.parametrize("name", ["train.idx", "property", "train.rec"])
-def test_a_folder_where_an_output_file_belongs_is_one_line_before_any_work(folder, tmp_path, name):  # noqa: F811
+def test_a_folder_where_an_output_file_belongs_is_one_line_before_any_work(folder, tmp_path, name):
     """Was an IsADirectoryError traceback at the final rename, the .rec already replaced and the .idx's
     temporary file left (train.idx), or `already exists` advice that --overwrite could not follow."""
     out = tmp_path / "packed"
@@ -58,7 +60,7 @@ def test_a_folder_where_an_output_file_belongs_is_one_line_before_any_work(folde
     )  # nothing written, not even the lock
 
 
-def test_a_file_size_limit_is_named_as_such_and_leaves_nothing(folder, tmp_path):  # noqa: F811
+def test_a_file_size_limit_is_named_as_such_and_leaves_nothing(folder, tmp_path):
     """`ulimit -f` (RLIMIT_FSIZE) in the pack's process: was `error: File too large; the file system
     cannot hold a file this big` naming no file, and its temporary .rec was left."""
     out = tmp_path / "packed"
@@ -79,7 +81,7 @@ def test_a_file_size_limit_is_named_as_such_and_leaves_nothing(folder, tmp_path)
     assert left_as_it_was(out)
 
 
-def test_a_full_disk_advises_free_space_and_leaves_the_earlier_pack(folder, tmp_path, monkeypatch):  # noqa: F811
+def test_a_full_disk_advises_free_space_and_leaves_the_earlier_pack(folder, tmp_path, monkeypatch):
     """ENOSPC met by a write() (no file named): was a line naming no file, the temporary .rec left."""
     out = tmp_path / "packed"
     earlier_pack(out)
@@ -96,7 +98,7 @@ def test_a_full_disk_advises_free_space_and_leaves_the_earlier_pack(folder, tmp_
     assert left_as_it_was(out)
 
 
-def test_a_huge_file_is_refused_by_its_size_and_header_before_it_is_read(folder, tmp_path, monkeypatch):  # noqa: F811
+def test_a_huge_file_is_refused_by_its_size_and_header_before_it_is_read(folder, tmp_path, monkeypatch):
     """A sparse 700 MB file named .png was read whole (24 s, 1.7 GB) before it was refused; one of
     20 MB was too. Now its size (past what a record holds) or its header refuses it unread."""
     from facetrain.data import dataset
@@ -119,7 +121,7 @@ def test_a_huge_file_is_refused_by_its_size_and_header_before_it_is_read(folder,
     assert huge not in read and zeros not in read
 
 
-def test_a_second_pack_into_the_folder_is_refused_naming_the_first(folder, tmp_path):  # noqa: F811
+def test_a_second_pack_into_the_folder_is_refused_naming_the_first(folder, tmp_path):
     """Two packs to one output both reported success (no lock), the later rename winning. A pack killed
     while it holds the lock leaves its lock file, which the next pack takes and removes."""
     out = tmp_path / "packed"
@@ -143,3 +145,30 @@ def test_a_second_pack_into_the_folder_is_refused_naming_the_first(folder, tmp_p
     result = CliRunner().invoke(main, ["pack", str(folder), "-o", str(out / "train.rec"), "-q"])
     assert result.exit_code == 0, result.output
     assert sorted(path.name for path in out.iterdir()) == ["property", "train.idx", "train.rec"]
+
+
+@pytest.mark.parametrize("name", ["train.idx", "property"])
+def test_a_huge_index_or_property_is_refused_by_its_size_before_it_is_read(
+    folder, tmp_path, monkeypatch, name
+):
+    """A sparse .idx or property of 2 GB was read whole (27-31 s, 4.9 GB) before it was refused; now
+    its size, against what the .rec can index (or a property line can need), refuses it unread."""
+    from facetrain.data.recordio import scan_recordio
+
+    out = tmp_path / "packed"
+    assert CliRunner().invoke(main, ["pack", str(folder), "-o", str(out / "train.rec"), "-q"]).exit_code == 0
+    with (out / name).open("r+b") as handle:
+        handle.truncate(2 << 30)
+    from facetrain import input_files
+
+    small_only = input_files._read_up_to
+    monkeypatch.setattr(
+        input_files,
+        "_read_up_to",
+        lambda h, size, limit: small_only(h, size, limit) if size < 1 << 20 else pytest.fail("read"),
+    )
+    with pytest.raises(
+        FacetrainError,
+        match=rf"^(RecordIO index|property file) {out / name} holds 2147483648 bytes, more than the \d+ ",
+    ):
+        scan_recordio(out / "train.rec", progress=False)

@@ -32,6 +32,7 @@ from facetrain.data.decode import BadImageError, decode_image
 from facetrain.data.folder import scan_image_folder
 from facetrain.data.source_record import DataSource, register_source
 from facetrain.errors import FacetrainError
+from facetrain.input_files import read_regular_bytes
 from facetrain.progress import ProgressBar
 
 MAGIC = 0xCED7230A
@@ -89,12 +90,18 @@ def _aligned(length: int) -> int:
 INDEX_NUMBER = re.compile(r"[0-9]{1,18}")  # ASCII digits; a 5000-digit key would fill its message
 
 
-def read_index(idx_path: Path) -> dict[int, int]:
-    """`key -> byte offset`, in file order."""
+INDEX_LINE_BYTES = 38  # key<TAB>offset\n, each of at most 18 digits
+PROPERTY_BYTES = 4096  # "classes,height,width" with room for spaces and a comment
+
+
+def read_index(idx_path: Path, records_at_most: int | None = None) -> dict[int, int]:
+    """`key -> byte offset`, in file order. With `records_at_most` (what the .rec can hold), an index
+    longer than that many lines could be is refused by its size before it is read: a 2 GB sparse .idx
+    was read whole (27-31 s, 4.9 GB) before its first bad line was found."""
+    limit = (1 << 62) if records_at_most is None else INDEX_LINE_BYTES * (records_at_most + 1)
+    data = read_regular_bytes(idx_path, "RecordIO index", limit)  # a FIFO, a folder, too big: one line
     try:
-        lines = idx_path.read_text(encoding="ascii").splitlines()
-    except OSError as error:
-        raise FacetrainError(f"cannot read RecordIO index {idx_path}: {error.strerror}") from None
+        lines = data.decode("ascii").splitlines()
     except UnicodeDecodeError as error:
         raise FacetrainError(
             f"RecordIO index {idx_path}: byte {error.start} is not text; an index holds lines of key<TAB>offset"
@@ -127,8 +134,9 @@ class RecordIOFile:
             raise FacetrainError(
                 f"RecordIO index {self.idx_path} does not exist; it must sit beside {self.rec_path.name}"
             )
-        self.offsets = read_index(self.idx_path)
         self.size = self.rec_path.stat().st_size
+        # each record takes at least its 8-byte header in the .rec
+        self.offsets = read_index(self.idx_path, records_at_most=self.size // _RECORD_HEADER.size)
         self._check_offsets()
 
     def _check_offsets(self) -> None:
@@ -425,10 +433,10 @@ def read_property(rec_path: Path) -> tuple[int, int, int] | None:
     path = rec_path.parent / PROPERTY_NAME
     if not path.is_file():
         return None
-    try:
-        text = path.read_text().strip()
-    except (OSError, UnicodeDecodeError) as error:
-        raise FacetrainError(f"cannot read {path}: {getattr(error, 'strerror', None) or error}") from None
+    try:  # bounded: a sparse property of 2 GB was read whole before it was refused
+        text = read_regular_bytes(path, "property file", PROPERTY_BYTES).decode().strip()
+    except UnicodeDecodeError as error:
+        raise FacetrainError(f"cannot read {path}: {error}; fix it or remove it") from None
     fields = [field.strip() for field in text.split(",")]
     if len(fields) != 3 or not all(field.isdigit() and int(field) > 0 for field in fields):
         raise FacetrainError(
