@@ -241,3 +241,36 @@ def test_a_zip_of_a_version_zipfile_cannot_read_is_one_line(tmp_path: Path) -> N
     path.write_bytes(bytes(data))
     with pytest.raises(FacetrainError, match=r"not a readable torch.save archive \(zip file version 25.5\)"):
         read_backbone_state(path)
+
+
+def test_a_timm_name_of_thousands_of_characters_is_cut() -> None:
+    """Found by the fuzzer (#57): `timm:` and 5000 letters was echoed whole by the unknown-model line."""
+    with pytest.raises(FacetrainError, match="timm has no model 'aaaa") as error:
+        validate(load_config(None, ["model.backbone=timm:" + "a" * 5000]), 1)
+    assert len(str(error.value)) < 500
+
+
+def test_a_teacher_holding_nan_is_one_line(tmp_path: Path) -> None:
+    """Found by the fuzzer (#57): a teacher checkpoint whose weights hold NaN was loaded, and every
+    step's distillation term was NaN (blamed on the learning rate)."""
+    import torch
+
+    from facetrain.checkpoint.names import BACKBONE
+    from facetrain.interop.insightface_import import write_imported_checkpoint
+    from facetrain.models import build_backbone
+    from facetrain.train.distillation import build_distillation
+    from facetrain.train.run_config import Config
+
+    config = Config()
+    config.model.backbone, config.model.embedding_size, config.data.image_size = "small", 16, [32, 32]
+    entries = {
+        BACKBONE + k: v for k, v in build_backbone(config.model, image_size=(32, 32)).state_dict().items()
+    }
+    first = next(key for key, value in entries.items() if value.is_floating_point())
+    entries[first] = torch.full_like(entries[first], float("nan"))
+    write_imported_checkpoint(entries, {"embedding_size": 16}, config, [], tmp_path / "teacher")
+    config.loss.teacher = str(tmp_path / "teacher")
+    with pytest.raises(
+        FacetrainError, match=rf"^loss.teacher: {tmp_path / 'teacher'} holds NaN or infinite values \("
+    ):
+        build_distillation(config.loss, 16, torch.device("cpu"))

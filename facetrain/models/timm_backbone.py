@@ -45,10 +45,10 @@ def timm_problem(name: str) -> str | None:
 
     architecture, _, tag = name.partition(".")
     if not timm.is_model(architecture):
-        return f"timm has no model {architecture!r} (see timm.list_models(); checked offline)"
+        return f"timm has no model {architecture[:60]!r} (see timm.list_models(); checked offline)"
     if tag and name not in timm.list_pretrained(name):
         return (
-            f"timm's {architecture} has no pretrained tag {tag!r} (see timm.list_pretrained('{architecture}.*'); "
+            f"timm's {architecture} has no pretrained tag {tag[:60]!r} (see timm.list_pretrained('{architecture}.*'); "
             "checked against the installed timm, without network access)"
         )
     return None

@@ -143,6 +143,13 @@ def build_distillation(
         loaded = load_model(cfg.teacher, device=device)
     except FacetrainError as error:
         raise EveryRankError(f"loss.teacher: {error}") from None
+    state = loaded.module.state_dict().items()
+    if bad := next(
+        (name for name, value in state if value.is_floating_point() and not value.isfinite().all()), None
+    ):
+        raise EveryRankError(  # it would make every step's loss NaN, and the run blame its learning rate
+            f"loss.teacher: {cfg.teacher} holds NaN or infinite values ({bad[:80]}); distil from a sound model"
+        )
     if loaded.embedding_size != embedding_size:
         raise EveryRankError(
             f"loss.teacher: {cfg.teacher} gives {loaded.embedding_size}-d embeddings and this run's student "
