@@ -29,7 +29,8 @@ def pack(folder: Path, out: Path, overwrite: bool) -> None:
     `classes,height,width`, so every image must have one size (align the folder first). facetrain
     reads the result as data.path (data.source: recordio), as do insightface's loaders. The files
     are written under temporary names and renamed at the end: an interrupted pack leaves nothing
-    half-written, and earlier files are replaced only with --overwrite.
+    half-written, and earlier files are replaced only with --overwrite. One pack at a time writes
+    into a folder: a second is refused, naming the first.
 
     \b
     Examples:
