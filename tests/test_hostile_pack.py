@@ -15,6 +15,7 @@ from click.testing import CliRunner
 
 from facetrain.cli import main
 from facetrain.data import recordio
+from facetrain.data.pack import LOCK_NAME
 from facetrain.errors import FacetrainError
 from tests.support.hostile_helpers import one_line_error
 from tests.test_pack import folder  # noqa: F401 - the fixture: 7 noise PNGs of 12x10 in 3 identities
@@ -127,9 +128,8 @@ def test_a_second_pack_into_the_folder_is_refused_naming_the_first(folder, tmp_p
     out = tmp_path / "packed"
     out.mkdir()
     hold = (
-        "import time; from pathlib import Path; from facetrain.data.pack import LOCK_NAME; "
-        "from facetrain.output_lock import output_lock\n"
-        f"with output_lock(Path({str(out)!r}), LOCK_NAME, 'facetrain pack', ''):\n"
+        "import time; from pathlib import Path; from facetrain.output_lock import output_lock\n"  # no torch: fast
+        f"with output_lock(Path({str(out)!r}), {LOCK_NAME!r}, 'facetrain pack', ''):\n"
         "    print('held', flush=True); time.sleep(60)"
     )
     holder = subprocess.Popen([sys.executable, "-c", hold], stdout=subprocess.PIPE, text=True)
