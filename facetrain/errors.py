@@ -4,9 +4,16 @@ The CLI prints these as a single line with no traceback, so the message itself m
 key or line at fault and say what to do.
 """
 
+# control characters a name can carry (a folder named "a\nb") shown escaped, so a message stays one line
+_ESCAPED = {code: repr(chr(code))[1:-1] for code in (*range(32), 127)}
+
 
 class FacetrainError(Exception):
-    """A user-fixable problem (bad config, bad path, bad file, bad setting)."""
+    """A user-fixable problem (bad config, bad path, bad file, bad setting). Its message is one line
+    whatever it quotes: a newline or other control character in a file name is written escaped."""
+
+    def __init__(self, *args: object):
+        super().__init__(*(arg.translate(_ESCAPED) if isinstance(arg, str) else arg for arg in args))
 
 
 class PeerFailed(FacetrainError):

@@ -147,7 +147,9 @@ def test_a_missing_rank_or_a_wrong_split_is_one_line(insightface_run, tmp_path):
     partial = tmp_path / "partial"
     partial.mkdir()
     (partial / "checkpoint_gpu_1.pt").write_bytes((run_dir / "checkpoint_gpu_1.pt").read_bytes())
-    with pytest.raises(FacetrainError, match=r"lacks checkpoint_gpu_0\.pt of ranks 0-1"):
+    with pytest.raises(
+        FacetrainError, match=r"lacks checkpoint_gpu_0\.pt: 1 checkpoint_gpu_N\.pt files are ranks 0-0, and "
+    ):
         import_insightface_run(partial, None, tmp_path / "out", progress=False)
     swapped = tmp_path / "swapped"
     swapped.mkdir()
@@ -156,4 +158,23 @@ def test_a_missing_rank_or_a_wrong_split_is_one_line(insightface_run, tmp_path):
         (swapped / f"checkpoint_gpu_{rank}.pt").write_bytes(source.read_bytes())
     with pytest.raises(FacetrainError, match="Partial FC gives rank 0 of 2 4 of the 7 classes"):
         import_insightface_run(swapped, None, tmp_path / "out", progress=False)
+    assert not (tmp_path / "out").exists()
+
+
+@pytest.mark.parametrize(
+    "names, message",
+    [
+        (["0", "99999999999999999999"], r"lacks checkpoint_gpu_1\.pt: 2 checkpoint_gpu_N\.pt files are ranks 0-1, "
+         r"and checkpoint_gpu_99999999999999999999\.pt is not one of them"),
+        (["0", "1", "01"], r"checkpoint_gpu_01\.pt and checkpoint_gpu_1\.pt both name rank 1; keep the one"),
+    ],
+)  # fmt: skip
+def test_rank_numbers_are_judged_against_the_files_there_are(tmp_path, names, message):
+    """Round 4 (#57, high): a file naming rank 10**20 beside rank 0's had the import list every rank up
+    to it, growing past 7.9 GB; now N files must be ranks 0..N-1, refused in one line before any is read
+    (the files here are empty: nothing is loaded). A rank named twice (01 and 1) is refused too."""
+    for name in names:
+        (tmp_path / f"checkpoint_gpu_{name}.pt").write_bytes(b"")
+    with pytest.raises(FacetrainError, match=message):
+        import_insightface_run(tmp_path, None, tmp_path / "out", progress=False)
     assert not (tmp_path / "out").exists()

@@ -38,8 +38,14 @@ def test_a_timm_backbone_trains_and_resumes_from_its_checkpoint(tmp_path):
     [
         ("timm:no_such_model", "model.backbone = 'timm:no_such_model': timm has no model 'no_such_model'"),
         ("no_such_model", "model.backbone = 'no_such_model': must be one of: "),
+        # round 4 (#57): a tag timm does not list passed validation and was a traceback in train
+        ("timm:resnet18.nonexistent_tag", "timm's resnet18 has no pretrained tag 'nonexistent_tag' (see "
+         "timm.list_pretrained('resnet18.*'); checked against the installed timm, without network access)"),
+        ("timm:resnet18.", "'resnet18.' is not a timm model name"),
+        ("timm:hf-hub:timm/resnet18.a1_in1k", "'hf-hub:timm/resnet18.a1_in1k' is not a timm model name ("),
+        ("timm:resnet18/../x", "is not a timm model name"),
     ],
-)
+)  # fmt: skip
 def test_a_wrong_backbone_is_one_line_naming_the_key(tmp_path, backbone, message):
     result = train("-c", str(tiny_config(tmp_path, "run")), "--set", f"model.backbone={backbone}")
     assert result.exit_code == 2

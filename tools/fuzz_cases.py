@@ -7,6 +7,9 @@ from __future__ import annotations
 import random
 from pathlib import Path
 
+from tools.fuzz_features import READER_MODULES as FEATURE_MODULES
+from tools.fuzz_features import TARGETS as FEATURE_TARGETS
+
 TOKENS = [
     b"*a", b"&a [*a, *a]", b"[" * 80, b"{a: " * 70, b"1e309", b"-1e309", b"nan", b".inf", b"99999999999999999999",
     b"-5", b"0", b"\x00", b"\xc2\xb2", b"\xff\xfe", b"../", b"../../secret.txt", b"/etc/passwd", b"secret.txt",
@@ -194,6 +197,8 @@ TEXT_SEEDS = {
 
 def write_case(target: str, rng: random.Random, folder: Path) -> Path:
     """Write the case's input under `folder` and return what the reader is given."""
+    if target in FEATURE_TARGETS:
+        return FEATURE_TARGETS[target][0](rng, folder)
     if target == "onnx":
         return write_file(folder / "model.onnx", mutate_onnx(rng))
     if target == "dlib":
@@ -260,6 +265,9 @@ def write_file(path: Path, data: bytes) -> Path:
 
 def read_case(target: str, path: Path, out: Path) -> None:
     """Give the input to the reader a user's command would: every importer and parser under test."""
+    if target in FEATURE_TARGETS:
+        FEATURE_TARGETS[target][1](path, out)
+        return
     if target == "onnx":
         from facetrain.interop.insightface_onnx import read_iresnet_onnx
 
@@ -353,7 +361,7 @@ def import_readers() -> None:
     (seconds, more on a loaded machine)."""
     import importlib
 
-    for name in READER_MODULES:
+    for name in READER_MODULES + FEATURE_MODULES:
         importlib.import_module(name)
 
 
@@ -370,4 +378,5 @@ TARGETS = (
     "lfw_pairs",
     "csv_pairs",
     "list",
+    *FEATURE_TARGETS,
 )

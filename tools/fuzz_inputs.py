@@ -154,9 +154,14 @@ def serve(work: Path, seed: int, timeout: float, max_mb: float) -> None:
         print(json.dumps(outcome), flush=True)
 
 
-def fuzz(cases: int, seed: int, targets: tuple[str, ...] = fuzz_cases.TARGETS, timeout: float = 10.0,
-         max_mb: float = 1024.0, work: Path | None = None) -> dict:  # fmt: skip
-    """Run `cases` cases of each target; the summary with counts and findings."""
+def fuzz(cases: int | dict[str, int], seed: int, targets: tuple[str, ...] = fuzz_cases.TARGETS,
+         timeout: float = 10.0, max_mb: float = 1024.0, work: Path | None = None,
+         log: Path | None = None) -> dict:  # fmt: skip
+    """Run `cases` cases of each target (or, given as {target: count}, that many of those targets) in
+    one worker; the summary with counts and findings. `log`: each outcome appended there as a JSON
+    line as it comes, so a run stopped by a time limit keeps what it did."""
+    counts = cases if isinstance(cases, dict) else dict.fromkeys(targets, cases)
+    targets = tuple(counts)
     own = tempfile.TemporaryDirectory(prefix="facetrain-fuzz-") if work is None else None
     work = Path(own.name if own else work)
     for secret in (work / "secret.txt", work / "cases" / "secret.txt"):
@@ -165,7 +170,7 @@ def fuzz(cases: int, seed: int, targets: tuple[str, ...] = fuzz_cases.TARGETS, t
     outcomes, worker = [], None
     try:
         for target in targets:
-            for number in range(cases):
+            for number in range(counts[target]):
                 if worker is None:
                     worker = _start_worker(work, seed, timeout, max_mb)
                 outcome = _ask(worker, target, number, timeout * 3 + 30)
@@ -179,6 +184,9 @@ def fuzz(cases: int, seed: int, targets: tuple[str, ...] = fuzz_cases.TARGETS, t
                 if printed and not outcome["finding"]:  # a C library's own line beside facetrain's
                     outcome["finding"] = f"printed to stderr: {printed.strip().splitlines()[0][:200]}"
                 outcomes.append(outcome)
+                if log is not None:
+                    with log.open("a") as handle:
+                        handle.write(json.dumps(outcome) + "\n")
     finally:
         if worker is not None:
             worker.stdin.close()
@@ -242,6 +250,7 @@ def main() -> None:
     parser.add_argument("--timeout", type=float, default=10.0, help="seconds a case may take")
     parser.add_argument("--max-memory-mb", type=float, default=1024.0)
     parser.add_argument("--out", type=Path, help="write the summary as JSON here")
+    parser.add_argument("--log", type=Path, help="append each case's outcome here as a JSON line")
     parser.add_argument("--replay", help="TARGET:N: write case N's input to --keep and run it here")
     parser.add_argument("--keep", type=Path, default=Path("fuzz_case"))
     parser.add_argument("--serve", type=Path, help=argparse.SUPPRESS)
@@ -258,7 +267,12 @@ def main() -> None:
         print(json.dumps(outcome))
         return
     summary = fuzz(
-        args.cases, args.seed, tuple(args.target or fuzz_cases.TARGETS), args.timeout, args.max_memory_mb
+        args.cases,
+        args.seed,
+        tuple(args.target or fuzz_cases.TARGETS),
+        args.timeout,
+        args.max_memory_mb,
+        log=args.log,
     )
     text = json.dumps(summary, indent=2)
     if args.out:

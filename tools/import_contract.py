@@ -7,7 +7,8 @@ import each other in a loop.
 | ----- | ---------------------------------------------------------- | -------------------------------- |
 | 0     | config, errors, registry, files, input_files, progress,    | layer 0 only                     |
 |       | choices, devices, run_lock, logger, run_log, job_env,      |                                  |
-|       | pixels, process_memory, facetrain                          |                                  |
+|       | pixels, process_memory, output_lock, output_files,         |                                  |
+|       | pickle_scan, facetrain                                     |                                  |
 | 1     | heads, models, data, align, eval                           | layer 0; eval and align data     |
 | 2     | parallel, checkpoint, interop                              | layers 0-1; interop checkpoint   |
 | 3     | train, export                                              | layers 0-2                       |
@@ -54,6 +55,9 @@ LAYERS: tuple[tuple[str, ...], ...] = (
         "job_env",
         "pixels",
         "process_memory",
+        "output_lock",
+        "pickle_scan",
+        "output_files",
     ),
     ("heads", "models", "data", "align", "eval"),
     ("parallel", "checkpoint", "interop"),

@@ -14,6 +14,7 @@ PREFIX = "app."
 BACKBONE = "app.model.backbone."
 HEAD_PREFIX = "app.model.head."
 HEAD_WEIGHT = "app.model.head.weight"
+MARGIN_STATE = "app.model.head.margin_state."  # the margin's running values, 0-dim each
 EMA = "app.ema."
 OPTIM_STATE = "app.optim.state."
 HEAD_STATE = "app.optim.state.head.weight."

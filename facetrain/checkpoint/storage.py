@@ -30,6 +30,7 @@ from torch.distributed.checkpoint.stateful import Stateful
 from facetrain.checkpoint.legacy import upgrade_first_format
 from facetrain.errors import EveryRankError, FacetrainError
 from facetrain.files import file_size_limit
+from facetrain.pickle_scan import far_memo_index
 
 _ALLOWED_GLOBALS = {
     *(("torch", dtype) for dtype in ("float32", "float64", "float16", "bfloat16", "int64", "int32")),
@@ -94,10 +95,23 @@ def read_index(directory: Path) -> Metadata:
 
 @lru_cache(maxsize=8)
 def _read_index(path: Path, version: int) -> Metadata:
+    """Damaged bytes make an unpickler raise almost anything (UnicodeDecodeError, TypeError, ... found
+    by the fuzzer), each the same news: the index is damaged."""
+    data = path.read_bytes()
+    far_memo = far_memo_index(data)
+    if far_memo is not None:
+        raise FacetrainError(
+            f"refusing checkpoint index {path}: it stores an object at memo slot {far_memo}, beyond any its "
+            f"{len(data)} bytes could fill; the file is damaged: use another checkpoint"
+        )
     try:
-        metadata = _MetadataUnpickler(io.BytesIO(path.read_bytes())).load()
+        metadata = _MetadataUnpickler(io.BytesIO(data)).load()
     except (pickle.UnpicklingError, AttributeError, EOFError) as error:
-        raise FacetrainError(f"refusing checkpoint index {path}: {error}") from None
+        raise FacetrainError(f"refusing checkpoint index {path}: {str(error)[:200]}") from None
+    except Exception as error:  # noqa: BLE001 - whatever damaged bytes make the unpickler raise
+        raise FacetrainError(
+            f"refusing checkpoint index {path}: it is damaged ({type(error).__name__}); use another checkpoint"
+        ) from None
     if not isinstance(metadata, Metadata):
         raise FacetrainError(f"{path} is not a torch.distributed.checkpoint index")
     return upgrade_first_format(metadata)

@@ -65,6 +65,7 @@ def outliers(
     from facetrain.checkpoint.run_dir import writing_into_run
     from facetrain.devices import resolve_device
     from facetrain.files import make_output_folder, refuse_to_overwrite
+    from facetrain.output_files import refuse_what_is_no_file
     from facetrain.train.outliers import (
         default_report_path,
         find_outliers,
@@ -75,6 +76,7 @@ def outliers(
     device = resolve_device(device)
     checkpoint = trained_checkpoint(run)
     out_path = out_path or default_report_path(checkpoint)
+    refuse_what_is_no_file([out_path])
     if not overwrite:  # before an image is read
         refuse_to_overwrite([out_path])
     report = find_outliers(checkpoint, device, max_angle, batch_size, workers)

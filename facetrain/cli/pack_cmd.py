@@ -6,7 +6,7 @@ from pathlib import Path
 
 import click
 
-from facetrain.cli.conventions import quiet_option
+from facetrain.cli.conventions import checked_output, quiet_option
 
 
 @click.command()
@@ -14,7 +14,8 @@ from facetrain.cli.conventions import quiet_option
 @click.option(
     "-o",
     "--out",
-    type=click.Path(path_type=Path, dir_okay=False),
+    type=click.Path(path_type=Path),
+    callback=checked_output,
     required=True,
     help="The packed file NAME.rec; NAME.idx and property are written beside it.",
 )
@@ -28,7 +29,8 @@ def pack(folder: Path, out: Path, overwrite: bool) -> None:
     `classes,height,width`, so every image must have one size (align the folder first). facetrain
     reads the result as data.path (data.source: recordio), as do insightface's loaders. The files
     are written under temporary names and renamed at the end: an interrupted pack leaves nothing
-    half-written, and earlier files are replaced only with --overwrite.
+    half-written, and earlier files are replaced only with --overwrite. One pack at a time writes
+    into a folder: a second is refused, naming the first.
 
     \b
     Examples:

@@ -21,14 +21,20 @@ ENVIRONMENT_ADVICE = {
     errno.ENAMETOOLONG: "choose a shorter name",
     errno.ELOOP: "fix or remove the symlink",
     errno.EIO: "the disk reported an error; check it",
+    errno.EISDIR: "a folder stands where a file is written; move it or choose another place",
+    errno.ENOTDIR: "a file stands where a folder of the path belongs; choose another place",
 }
 
 
 def environment_error_line(error: OSError) -> str | None:
-    """One line for an OSError of ENVIRONMENT_ADVICE's kinds, or None for any other (a bug to show)."""
+    """One line for an OSError of ENVIRONMENT_ADVICE's kinds, or None for any other (a bug to show).
+    "Free space" is advised only for a full disk: a file too big for this process's file-size limit
+    (`ulimit -f`) is EFBIG too, and says so."""
     advice = ENVIRONMENT_ADVICE.get(error.errno)
     if advice is None:
         return None
+    if error.errno == errno.EFBIG and (limit := _file_size_limit()) is not None:
+        advice = f"it passed this process's file-size limit of {limit} bytes (ulimit -f); raise it, then run it again"
     where = f"{error.filename}: " if error.filename else ""
     return f"{where}{error.strerror or os.strerror(error.errno)}; {advice}"
 
@@ -51,3 +57,11 @@ def report_user_error(error: FacetrainError) -> int:
         return 2  # the rank that failed, or rank 0, prints it
     logger.error(f"error: {error}")  # named by its rank when not rank 0's
     return 2
+
+
+def _file_size_limit() -> int | None:
+    """The soft RLIMIT_FSIZE in bytes, or None when there is none."""
+    import resource
+
+    soft = resource.getrlimit(resource.RLIMIT_FSIZE)[0]
+    return None if soft == resource.RLIM_INFINITY else soft

@@ -108,11 +108,13 @@ def _resolve(list_path: Path, raw: str, line: int) -> str:
 
 def _integers(frame: pd.DataFrame, column: str, list_path: Path) -> np.ndarray:
     values = pd.to_numeric(frame[column].str.strip(), errors="coerce")
-    bad = values.isna() | (values != values.round())
+    # past 2**53 a float no longer tells integers apart (and 10**20 wrapped to a negative int64)
+    bad = values.isna() | (values != values.round()) | ~(values.abs() < 2**53)
     if bad.any():
         row = frame[bad.to_numpy()].iloc[0]
         raise FacetrainError(
-            f"list file {list_path} line {row['line']}: {column} {row[column]!r} is not an integer"
+            f"list file {list_path} line {row['line']}: {column} {row[column][:40]!r} is not an integer "
+            "(of at most 15 digits)"
         )
     return values.to_numpy().astype(np.int64)
 

@@ -20,7 +20,8 @@ from __future__ import annotations
 import os
 import re
 import struct
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
+from contextlib import contextmanager, suppress
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -31,12 +32,14 @@ from facetrain.data.decode import BadImageError, decode_image
 from facetrain.data.folder import scan_image_folder
 from facetrain.data.source_record import DataSource, register_source
 from facetrain.errors import FacetrainError
+from facetrain.input_files import read_regular_bytes
 from facetrain.progress import ProgressBar
 
 MAGIC = 0xCED7230A
 _MAGIC_BYTES = struct.pack("<I", MAGIC)
 _LENGTH_BITS = 29
 _LENGTH_MASK = (1 << _LENGTH_BITS) - 1
+MAX_RECORD_BYTES = _LENGTH_MASK  # the largest payload a record part can hold
 _RECORD_HEADER = struct.Struct("<II")
 IMAGE_HEADER = struct.Struct("<IfQQ")
 PROPERTY_NAME = "property"
@@ -87,12 +90,18 @@ def _aligned(length: int) -> int:
 INDEX_NUMBER = re.compile(r"[0-9]{1,18}")  # ASCII digits; a 5000-digit key would fill its message
 
 
-def read_index(idx_path: Path) -> dict[int, int]:
-    """`key -> byte offset`, in file order."""
+INDEX_LINE_BYTES = 38  # key<TAB>offset\n, each of at most 18 digits
+PROPERTY_BYTES = 4096  # "classes,height,width" with room for spaces and a comment
+
+
+def read_index(idx_path: Path, records_at_most: int | None = None) -> dict[int, int]:
+    """`key -> byte offset`, in file order. With `records_at_most` (what the .rec can hold), an index
+    longer than that many lines could be is refused by its size before it is read: a 2 GB sparse .idx
+    was read whole (27-31 s, 4.9 GB) before its first bad line was found."""
+    limit = (1 << 62) if records_at_most is None else INDEX_LINE_BYTES * (records_at_most + 1)
+    data = read_regular_bytes(idx_path, "RecordIO index", limit)  # a FIFO, a folder, too big: one line
     try:
-        lines = idx_path.read_text(encoding="ascii").splitlines()
-    except OSError as error:
-        raise FacetrainError(f"cannot read RecordIO index {idx_path}: {error.strerror}") from None
+        lines = data.decode("ascii").splitlines()
     except UnicodeDecodeError as error:
         raise FacetrainError(
             f"RecordIO index {idx_path}: byte {error.start} is not text; an index holds lines of key<TAB>offset"
@@ -125,8 +134,9 @@ class RecordIOFile:
             raise FacetrainError(
                 f"RecordIO index {self.idx_path} does not exist; it must sit beside {self.rec_path.name}"
             )
-        self.offsets = read_index(self.idx_path)
         self.size = self.rec_path.stat().st_size
+        # each record takes at least its 8-byte header in the .rec
+        self.offsets = read_index(self.idx_path, records_at_most=self.size // _RECORD_HEADER.size)
         self._check_offsets()
 
     def _check_offsets(self) -> None:
@@ -203,14 +213,27 @@ class RecordIOFile:
 
 
 class RecordIOWriter:
-    """Writes `.rec` and `.idx` to temporary names and moves both into place on `close`."""
+    """Writes `.rec` and `.idx` to temporary names and moves both into place on `close`; an OSError
+    (a full disk, a file-size limit) removes both and names the file being written, which a failed
+    `write()` does not."""
 
     def __init__(self, rec_path: str | Path, idx_path: str | Path):
         self.rec_path, self.idx_path = Path(rec_path), Path(idx_path)
         self._rec_tmp = self.rec_path.with_name(f".{self.rec_path.name}.tmp-{os.getpid()}")
         self._idx_tmp = self.idx_path.with_name(f".{self.idx_path.name}.tmp-{os.getpid()}")
-        self._rec = open(self._rec_tmp, "wb")
         self._index_lines: list[str] = []
+        with self._naming(self.rec_path):
+            self._rec = open(self._rec_tmp, "wb")
+
+    @contextmanager
+    def _naming(self, path: Path) -> Iterator[None]:
+        try:
+            yield
+        except OSError as error:
+            self.abort()
+            if error.filename is not None and error.filename not in (str(self._rec_tmp), str(self._idx_tmp)):
+                raise
+            raise OSError(error.errno, error.strerror, str(path)) from None
 
     def write(self, key: int, payload: bytes) -> None:
         self._index_lines.append(f"{key}\t{self._rec.tell()}\n")
@@ -218,12 +241,13 @@ class RecordIOWriter:
         words = np.frombuffer(payload, dtype="<u4", count=aligned_end // 4)
         splits = (np.flatnonzero(words == MAGIC) * 4).tolist()
         start = 0
-        for split in splits:
-            self._write_part(1 if start == 0 else 2, payload[start:split])
-            start = split + 4
-        self._write_part(3 if splits else 0, payload[start:])
-        padding = _aligned(len(payload)) - len(payload)
-        self._rec.write(b"\0" * padding)
+        with self._naming(self.rec_path):
+            for split in splits:
+                self._write_part(1 if start == 0 else 2, payload[start:split])
+                start = split + 4
+            self._write_part(3 if splits else 0, payload[start:])
+            padding = _aligned(len(payload)) - len(payload)
+            self._rec.write(b"\0" * padding)
 
     def _write_part(self, continuation: int, part: bytes) -> None:
         if len(part) > _LENGTH_MASK:
@@ -231,14 +255,30 @@ class RecordIOWriter:
         self._rec.write(_RECORD_HEADER.pack(MAGIC, (continuation << _LENGTH_BITS) | len(part)))
         self._rec.write(part)
 
-    def close(self) -> None:
-        self._rec.close()
-        self._idx_tmp.write_text("".join(self._index_lines))
+    def close(self, before_moving: Callable[[], None] | None = None) -> None:
+        """Flush both files, call `before_moving` (what must succeed before they replace earlier ones),
+        then move both into place."""
+        with self._naming(self.rec_path):
+            self._rec.flush()
+            os.fsync(self._rec.fileno())
+            self._rec.close()
+        with self._naming(self.idx_path):
+            with open(self._idx_tmp, "w") as index:
+                index.write("".join(self._index_lines))
+                index.flush()
+                os.fsync(index.fileno())
+        try:
+            if before_moving is not None:
+                before_moving()
+        except BaseException:
+            self.abort()
+            raise
         os.replace(self._rec_tmp, self.rec_path)
         os.replace(self._idx_tmp, self.idx_path)
 
     def abort(self) -> None:
-        self._rec.close()
+        with suppress(OSError):  # a full disk may refuse the buffered bytes' flush
+            self._rec.close()
         for tmp in (self._rec_tmp, self._idx_tmp):
             tmp.unlink(missing_ok=True)
 
@@ -266,9 +306,11 @@ def write_table_recordio(
     idx_path: Path,
     progress: bool = True,
     check_image: Callable[[int, bytes], None] | None = None,
+    before_moving: Callable[[], None] | None = None,
 ) -> None:
     """The records of `table` (labels sorted, as a folder scan gives them), moved into place only when
-    all are written; `check_image(index, bytes)` may refuse an image, which leaves nothing behind."""
+    all are written and `before_moving()` has succeeded; `check_image(index, bytes)` may refuse an
+    image, which leaves nothing behind."""
     count = len(table.labels)
     first_identity_record = count + 1
     writer = RecordIOWriter(rec_path, idx_path)
@@ -289,7 +331,7 @@ def write_table_recordio(
     except BaseException:
         writer.abort()
         raise
-    writer.close()
+    writer.close(before_moving)
 
 
 class RecordImageReader:
@@ -391,10 +433,10 @@ def read_property(rec_path: Path) -> tuple[int, int, int] | None:
     path = rec_path.parent / PROPERTY_NAME
     if not path.is_file():
         return None
-    try:
-        text = path.read_text().strip()
-    except (OSError, UnicodeDecodeError) as error:
-        raise FacetrainError(f"cannot read {path}: {getattr(error, 'strerror', None) or error}") from None
+    try:  # bounded: a sparse property of 2 GB was read whole before it was refused
+        text = read_regular_bytes(path, "property file", PROPERTY_BYTES).decode().strip()
+    except UnicodeDecodeError as error:
+        raise FacetrainError(f"cannot read {path}: {error}; fix it or remove it") from None
     fields = [field.strip() for field in text.split(",")]
     if len(fields) != 3 or not all(field.isdigit() and int(field) > 0 for field in fields):
         raise FacetrainError(

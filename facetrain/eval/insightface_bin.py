@@ -18,7 +18,6 @@ from __future__ import annotations
 import io
 import math
 import pickle
-import pickletools
 from collections.abc import Callable
 from pathlib import Path
 
@@ -28,6 +27,7 @@ from facetrain.errors import FacetrainError
 from facetrain.eval.folds import FOLDS_IN_FILE_ORDER, contiguous_folds
 from facetrain.eval.pair_set import PairSet
 from facetrain.input_files import read_regular_bytes
+from facetrain.pickle_scan import far_memo_index
 
 UINT8_NAMES = ("u1", "uint8", "|u1")
 UINT8_BYTE_ORDERS = ("|", "=")
@@ -167,27 +167,10 @@ MAX_BIN_BYTES = 4 << 30
 """insightface's largest verification .bin (cfp_fp, 14,000 images) is under 300 MB."""
 
 
-def _far_memo_index(data: bytes) -> int | None:
-    """The first memo slot a PUT opcode names past the pickle's size, or None. A pickler numbers its
-    memo from 0, one slot an object, so a real index stays below the byte count; the C unpickler grows
-    its memo array to the index named, so `LONG_BINPUT 1562862965` in a 3 KB file asked for 12 GB.
-    Scanned with pickletools, which allocates nothing for an index; a scan that stops at a damaged
-    opcode leaves the verdict to the unpickler."""
-    try:
-        for opcode, argument, _ in pickletools.genops(data):
-            if opcode.name in ("PUT", "BINPUT", "LONG_BINPUT") and int(argument) >= len(data):
-                return int(argument)
-            if opcode.name == "STOP":
-                return None
-    except Exception:  # noqa: BLE001 - any damage is the unpickler's to report, in its own words
-        return None
-    return None
-
-
 def read_insightface_bin(path: str | Path) -> tuple[list[bytes], np.ndarray]:
     """The encoded images and the issame flags (one per consecutive pair of images)."""
     data = read_regular_bytes(path, "verification .bin", MAX_BIN_BYTES)  # a FIFO would hang the read
-    far_memo = _far_memo_index(data)
+    far_memo = far_memo_index(data)
     if far_memo is not None:
         raise FacetrainError(
             f"{path}: refused to load: the pickle stores an object at memo slot {far_memo}, beyond any its "

@@ -17,6 +17,7 @@ import pandas as pd
 
 from facetrain.errors import FacetrainError
 from facetrain.files import atomic_target, atomic_write_text, refuse_to_overwrite
+from facetrain.output_files import refuse_what_is_no_file
 from facetrain.registry import Registry
 
 EmbeddingWriter = Callable[[Path, list[str], np.ndarray, "np.ndarray | None"], list[Path]]
@@ -81,9 +82,11 @@ def embeddings_writer(
         )
     if suffix == ".parquet":
         _require_parquet_engine(out)
+    beside = [paths_file(out), *([norms_file(out)] if with_norms else [])]
+    outputs = [out, *beside] if suffix == ".npy" else [out]
+    refuse_what_is_no_file(outputs)
     if not overwrite:
-        beside = [paths_file(out), *([norms_file(out)] if with_norms else [])]
-        refuse_to_overwrite([out, *beside] if suffix == ".npy" else [out])
+        refuse_to_overwrite(outputs)
     writer: EmbeddingWriter = EMBEDDING_WRITERS.get(suffix)
 
     def write(names: list[str], embeddings: np.ndarray, norms: np.ndarray | None = None) -> list[Path]:

@@ -344,7 +344,12 @@ def check_archive_sizes(path: Path) -> None:
             return  # the legacy format, a plain pickle: torch.load refuses or reads it as it is
         with zipfile.ZipFile(path) as archive:
             entries = archive.infolist()
-    except (zipfile.BadZipFile, OSError, ValueError) as error:
+    except (
+        zipfile.BadZipFile,
+        OSError,
+        ValueError,
+        NotImplementedError,
+    ) as error:  # a "zip file version 25.5"
         raise FacetrainError(f"{path}: not a readable torch.save archive ({str(error)[:200]})") from None
     total = sum(entry.file_size for entry in entries)
     if total > MAX_ARCHIVE_BYTES:

@@ -41,7 +41,7 @@ from facetrain.interop.insightface_import import (
 from facetrain.progress import ProgressBar
 
 RUN_FORMAT = "insightface arcface_torch checkpoint_gpu_N.pt"
-SHARD_NAME = re.compile(r"checkpoint_gpu_(\d+)\.pt")
+SHARD_NAME = re.compile(r"checkpoint_gpu_([0-9]+)\.pt")  # ASCII digits: int() takes others
 HEAD_KEY = "state_dict_softmax_fc"
 # An optimizer state entry names which optimizer wrote it.
 OPTIMIZER_BY_STATE = {"momentum_buffer": "sgd", "exp_avg": "adamw"}
@@ -130,23 +130,34 @@ def import_insightface_run(
 
 
 def shard_paths(run_dir: Path) -> list[Path]:
-    """checkpoint_gpu_0.pt ... checkpoint_gpu_{N-1}.pt, all of them."""
-    ranks = {
-        int(match.group(1)): path
-        for path in sorted(run_dir.iterdir())
-        if (match := SHARD_NAME.fullmatch(path.name))
-    }
+    """checkpoint_gpu_0.pt ... checkpoint_gpu_{N-1}.pt, all of them: N files are ranks 0 to N-1, so a
+    rank number is judged against the files there are, never counted up to (a file naming rank 10**20
+    would have been a list of 10**20 ranks)."""
+    ranks: dict[int, Path] = {}
+    for path in sorted(run_dir.iterdir()):
+        if not (match := SHARD_NAME.fullmatch(path.name)):
+            continue
+        rank = int(match.group(1))
+        if rank in ranks:
+            raise FacetrainError(
+                f"{run_dir}: {ranks[rank].name} and {path.name} both name rank {rank}; keep the one "
+                f"arcface_torch wrote (checkpoint_gpu_{rank}.pt)"
+            )
+        ranks[rank] = path
     if not ranks:
         raise FacetrainError(
             f"{run_dir} holds no checkpoint_gpu_N.pt; pass the folder arcface_torch trained into"
         )
-    missing = [rank for rank in range(max(ranks) + 1) if rank not in ranks]
-    if missing:
+    count = len(ranks)
+    missing = [rank for rank in range(count) if rank not in ranks]
+    if missing:  # as many files as ranks 0 to count-1 but one missing: some file names a rank past them
+        beyond = min(rank for rank in ranks if rank >= count)
         raise FacetrainError(
-            f"{run_dir} lacks checkpoint_gpu_{missing[0]}.pt of ranks 0-{max(ranks)}; each rank holds a part "
-            "of the head, so copy every rank's file"
+            f"{run_dir} lacks checkpoint_gpu_{missing[0]}.pt: {count} checkpoint_gpu_N.pt files are ranks "
+            f"0-{count - 1}, and {ranks[beyond].name} is not one of them; each rank holds a part of the head, "
+            "so copy every rank's file and nothing else"
         )
-    return [ranks[rank] for rank in range(len(ranks))]
+    return [ranks[rank] for rank in range(count)]
 
 
 def _checked_shard(loaded: object, path: Path) -> Mapping:

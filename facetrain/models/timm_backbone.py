@@ -12,6 +12,7 @@ one line when it is missing or does not know the name.
 from __future__ import annotations
 
 import importlib.util
+import re
 from collections import OrderedDict
 
 from torch import nn
@@ -21,6 +22,7 @@ from facetrain.models.embedding import WeightPrecisionBatchNorm1d
 from facetrain.models.registry import BACKBONES
 
 PREFIX = "timm:"
+TIMM_NAME = re.compile(r"[A-Za-z0-9_-]+(\.[A-Za-z0-9_-]+)?")  # arch or arch.tag, as timm names them
 
 
 def timm_installed() -> bool:
@@ -28,13 +30,27 @@ def timm_installed() -> bool:
 
 
 def timm_problem(name: str) -> str | None:
-    """None when timm is installed and knows `name`; imports timm only when a config names it."""
+    """None when timm is installed and knows `name` (`arch` or `arch.tag`); imports timm only when a
+    config names it. Checked against the installed timm's own tables, without network access: a tag
+    timm does not list would have passed here and raised a traceback when the model was built, and a
+    hub or local-dir name (timm would fetch or read its config) is no name at all here."""
+    if not TIMM_NAME.fullmatch(name):
+        return (
+            f"{name[:60]!r} is not a timm model name (letters, digits, '_' or '-', then an optional .tag; "
+            "hub and local-dir names are not taken: facetrain never downloads)"
+        )
     if not timm_installed():
         return "needs timm, which is not installed (pip install timm)"
     import timm
 
-    if not timm.is_model(name):
-        return f"timm has no model {name!r} (see timm.list_models())"
+    architecture, _, tag = name.partition(".")
+    if not timm.is_model(architecture):
+        return f"timm has no model {architecture[:60]!r} (see timm.list_models(); checked offline)"
+    if tag and name not in timm.list_pretrained(name):
+        return (
+            f"timm's {architecture} has no pretrained tag {tag[:60]!r} (see timm.list_pretrained('{architecture}.*'); "
+            "checked against the installed timm, without network access)"
+        )
     return None
 
 

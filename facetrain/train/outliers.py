@@ -192,12 +192,19 @@ def find_outliers(
     config = checkpoint_config(checkpoint)
     sub_centers = config.head.sub_centers
     class_names = read_classes(checkpoint)
-    table = SOURCES.build(config.data.source, config.data.path)
+    weight = load_full_head(checkpoint)
+    if not torch.isfinite(weight).all():  # every cosine NaN: no image would be flagged
+        raise FacetrainError(
+            f"checkpoint {checkpoint}: its head holds NaN or infinite values (the run diverged), so it "
+            "scores no image; pass an earlier checkpoint of the run"
+        )
+    data_path = training_data_path(checkpoint, config.data.path, config.train.output_dir)
+    table = SOURCES.build(config.data.source, str(data_path))
     row_of = {name: row for row, name in enumerate(class_names)}
     unknown = [name for name in table.class_names if name not in row_of]
     if unknown:
         raise FacetrainError(
-            f"{config.data.path} has {len(unknown)} identities that {checkpoint} never trained (e.g. "
+            f"{data_path} has {len(unknown)} identities that {checkpoint} never trained (e.g. "
             f"{unknown[0]!r}); pass the run that trained on this data"
         )
     rows = np.array([row_of[name] for name in table.class_names], dtype=np.int64)[table.labels]
@@ -210,7 +217,11 @@ def find_outliers(
         backbone, _EncodedImages(table.reader), settings, label="training images", skip_unreadable=True
     )
     readable = np.array([index for index in range(len(rows)) if index not in embedded.unreadable], np.int64)
-    weight = load_full_head(checkpoint)
+    if not np.isfinite(embedded.vectors).all():
+        raise FacetrainError(
+            f"checkpoint {checkpoint}: its backbone gives NaN or infinite embeddings (the run diverged), so "
+            "it scores no image; pass an earlier checkpoint of the run"
+        )
     scores = score_images(
         torch.from_numpy(embedded.vectors).to(device),
         torch.from_numpy(rows[readable]).to(device),
@@ -231,6 +242,26 @@ def find_outliers(
                 _row(table.reader.name(readable[position]), scores, position, reasons[position], class_names)
             )
     return OutlierReport(checkpoint, len(rows), report_rows, counts)
+
+
+def training_data_path(checkpoint: Path, data_path: str, output_dir: str) -> Path:
+    """data.path as the run's training read it. A relative one was relative to the folder `train` ran
+    in, which the run tells when its output_dir was relative too: the run folder, less output_dir's
+    parts (`runs/demo` of /home/me/faces/runs/demo: /home/me/faces). Read relative to the current
+    folder instead, it named another set, or nothing, wherever outliers ran from."""
+    path = Path(data_path)
+    if path.is_absolute():
+        return path
+    run_dir, output = checkpoint.resolve().parent.parent, Path(output_dir)
+    parts = [part for part in output.parts if part != "."]
+    if (
+        not output.is_absolute()
+        and parts
+        and ".." not in parts
+        and run_dir.parts[-len(parts) :] == tuple(parts)
+    ):
+        return Path(*run_dir.parts[: -len(parts)]) / path
+    return path  # the run does not tell where it ran: as written, from here
 
 
 def _unreadable_row(path: str, label: int, class_names: list[str], why: str) -> dict[str, str]:
