@@ -1,4 +1,3 @@
-# ruff: noqa: F811 - `folder`, the fixture of test_pack, is each test's argument
 """`facetrain pack` against hostile outputs, disks, files and a second pack (#57, round 4): one line each,
 no temporary file left, the earlier output as it was."""
 
@@ -18,7 +17,13 @@ from facetrain.data import recordio
 from facetrain.data.pack import LOCK_NAME
 from facetrain.errors import FacetrainError
 from tests.support.hostile_helpers import one_line_error
-from tests.test_pack import folder  # noqa: F401 - the fixture: 7 noise PNGs of 12x10 in 3 identities
+from tests.support.pack_folders import write_noise_folder
+
+
+@pytest.fixture
+def folder(tmp_path: Path) -> Path:
+    return write_noise_folder(tmp_path / "faces")
+
 
 EARLIER = {"train.rec": b"earlier rec", "train.idx": b"0\t0\n", "property": b"3,12,10\n"}
 

@@ -15,19 +15,12 @@ from facetrain.data.decode import decode_image
 from facetrain.data.folder import scan_image_folder
 from facetrain.data.recordio import scan_recordio
 from tests.support.images import write_image
-
-IDENTITIES = {"carol": 3, "alice": 2, "bob": 2}
+from tests.support.pack_folders import write_noise_folder
 
 
 @pytest.fixture
 def folder(tmp_path: Path) -> Path:
-    """Noise PNGs of 12x10 (lossless, so pixels must match exactly)."""
-    rng = np.random.default_rng(0)
-    root = tmp_path / "faces"
-    for identity, count in IDENTITIES.items():
-        for index in range(count):
-            write_image(root / identity / f"{index}.png", rng.integers(0, 256, (12, 10, 3), dtype=np.uint8))
-    return root
+    return write_noise_folder(tmp_path / "faces")
 
 
 def pack(*args: object) -> tuple[int, str]:
