@@ -1,0 +1,100 @@
+"""What a run takes from its device (issue 56, items 4 and 5): train.precision auto and the warning of
+an explicit bf16 on a CPU without bf16 units, in a real run; the start-up to the first step, logged
+and in the summary; and a training step whose host side never reads a tensor back, so on a GPU the
+host runs ahead of the device between log intervals.
+
+How `auto` and the warning resolve on faked hardware: tests/test_device_defaults.py.
+"""
+
+from __future__ import annotations
+
+import itertools
+import json
+
+import pytest
+import torch
+import yaml
+
+from facetrain.heads import ShardedMarginHead
+from facetrain.models import build_backbone
+from facetrain.models.config import ModelConfig
+from facetrain.train.device_defaults import native_bf16
+from facetrain.train.optim import OptimConfig, build_optimizer
+from facetrain.train.step import StepParts, StepSettings, StepWindow, train_step
+from tests.support.train_helpers import run_cli_at_once, tiny_config
+
+BF16_WARNING = "warning: train.precision=bf16 on a CPU without bf16 units"
+
+
+def test_a_run_keeps_its_resolved_precision_and_times_its_start_and_bf16_warns_once(tmp_path):
+    auto = tiny_config(tmp_path, "auto", train={"steps": 2, "precision": "auto"})
+    bf16 = tiny_config(tmp_path, "bf16", train={"steps": 1, "precision": "bf16"})
+    ran_auto, ran_bf16 = run_cli_at_once(
+        ("train", "-c", str(auto)), ("train", "-c", str(bf16), "--nproc", "2")
+    )
+    assert ran_auto.returncode == 0, ran_auto.stderr
+    assert ran_bf16.returncode == 0, ran_bf16.stderr
+    native = native_bf16("cpu")
+
+    expected = "bf16" if native else "fp32"
+    saved = yaml.safe_load((tmp_path / "auto" / "config.yaml").read_text())
+    assert saved["train"]["precision"] == expected
+    assert f"precision {expected} (" in ran_auto.stdout
+    assert BF16_WARNING not in ran_auto.stdout + ran_auto.stderr
+
+    startup = json.loads((tmp_path / "auto" / "summary.json").read_text())["startup_s"]
+    assert set(startup) == {"setup_s", "first_batch_s", "first_step_s", "total_s"}
+    assert all(seconds >= 0 for seconds in startup.values())
+    assert startup["total_s"] == pytest.approx(sum(v for k, v in startup.items() if k != "total_s"))
+    assert ran_auto.stdout.count("start-up: first step done") == 1
+
+    # two ranks, one warning (from the primary rank), and only where bf16 is emulated
+    output = ran_bf16.stdout + ran_bf16.stderr
+    assert output.count(BF16_WARNING) == (0 if native else 1)
+    assert yaml.safe_load((tmp_path / "bf16" / "config.yaml").read_text())["train"]["precision"] == "bf16"
+
+
+HOST_READS = ("item", "tolist", "__bool__", "__int__", "__float__", "__index__", "numpy")
+
+
+@pytest.fixture
+def host_reads_refused(monkeypatch):
+    """While on, any read of a tensor's value into Python fails the test: on a GPU each is a wait."""
+    state = {"on": False}
+
+    def refusing(name):
+        original = getattr(torch.Tensor, name)
+
+        def read(self, *args, **kwargs):
+            if state["on"]:
+                raise AssertionError(f"Tensor.{name} read a value back during a step")
+            return original(self, *args, **kwargs)
+
+        return read
+
+    for name in HOST_READS:
+        monkeypatch.setattr(torch.Tensor, name, refusing(name))
+    return state
+
+
+@pytest.mark.parametrize("grad_clip", [None, 5.0])
+def test_steps_between_log_intervals_read_nothing_back(host_reads_refused, grad_clip):
+    """train_step and the window's sums and non-finite watch, as the loop runs them between two logs.
+    The first step may read (the head checks every rank's inputs once); none after it does."""
+    torch.manual_seed(0)
+    backbone = build_backbone(ModelConfig(backbone="small", embedding_size=16), (32, 32))
+    head = ShardedMarginHead(10, 16, margin="arcface")
+    optimizer = build_optimizer(OptimConfig(lr=0.01, grad_clip=grad_clip), backbone, head, grad_scaling=False)
+    scaler = torch.amp.GradScaler("cpu", enabled=False)
+    settings = StepSettings(torch.device("cpu"), "fp32", accumulation=2, grad_clip=grad_clip)
+    parts = StepParts(backbone, head, optimizer, scaler, settings)
+    batch = (torch.randn(4, 3, 32, 32), torch.tensor([0, 3, 3, 9]))
+    batches = itertools.repeat(batch)
+    window = StepWindow(settings.device)
+    window.add(train_step(batches, parts), 1)
+    host_reads_refused["on"] = True
+    for step in range(2, 5):
+        window.add(train_step(batches, parts), step)
+    host_reads_refused["on"] = False
+    window.check_finite(0, None)  # the log interval's one read
+    assert window.steps == 4 and torch.isfinite(window.sums).all()
