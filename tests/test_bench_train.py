@@ -61,7 +61,7 @@ def test_bench_train_from_a_folder_runs_the_train_command_beside_the_step(tmp_pa
     assert report["machine"]["cpu_capability"] == torch.backends.cpu.get_cpu_capability()
     [row] = report["rows"]
     assert row["classes"] == 3  # the folder's identities
-    assert row["flops_per_image"] > 0 and row["gemm_peak_flops"] > 0
+    assert row["flops_per_image"] > 0 and row["gemm_peak_flops"] > 0 and row["first_step_s"] > 0
     assert row["mfu"] == pytest.approx(row["flops_per_image"] * row["images_per_s"] / row["gemm_peak_flops"])
     [path] = report["train_path_rows"]
     assert (path["head"], path["classes"], path["window_steps"], path["windows"]) == ("sharded", 3, 1, 2)

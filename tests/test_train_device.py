@@ -10,6 +10,8 @@ from __future__ import annotations
 
 import itertools
 import json
+import subprocess
+import sys
 
 import pytest
 import torch
@@ -21,7 +23,7 @@ from facetrain.models.config import ModelConfig
 from facetrain.train.device_defaults import native_bf16
 from facetrain.train.optim import OptimConfig, build_optimizer
 from facetrain.train.step import StepParts, StepSettings, StepWindow, train_step
-from tests.support.train_helpers import run_cli_at_once, tiny_config
+from tests.support.train_helpers import REPO, run_cli_at_once, tiny_config
 
 BF16_WARNING = "warning: train.precision=bf16 on a CPU without bf16 units"
 
@@ -98,3 +100,42 @@ def test_steps_between_log_intervals_read_nothing_back(host_reads_refused, grad_
     host_reads_refused["on"] = False
     window.check_finite(0, None)  # the log interval's one read
     assert window.steps == 4 and torch.isfinite(window.sums).all()
+
+
+# `facetrain train` in a fresh interpreter with torch's CUDA sync debug mode on: each operation that
+# makes the host wait for the GPU warns, and the warnings are counted
+SYNC_COUNT = """
+import sys, warnings
+import torch
+from facetrain.cli import main
+
+torch.cuda.set_sync_debug_mode("warn")
+with warnings.catch_warnings(record=True) as caught:
+    warnings.simplefilter("always")
+    try:
+        main(["train", "-c", sys.argv[1]], standalone_mode=False)
+    finally:
+        print("SYNCS", sum("synchroniz" in str(w.message) for w in caught))
+"""
+
+
+@pytest.mark.cuda
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
+def test_on_cuda_the_host_waits_for_the_gpu_no_more_often_for_more_steps_between_logs(tmp_path):
+    """The waits of a run (the first step's input check and start-up clock, the one log and the final
+    checkpoint) are as many for 8 steps as for 3: none comes with a step between two logs."""
+    counts = []
+    for steps in (3, 8):
+        train = {"steps": steps, "log_every": 100, "checkpoint_every": 100, "deterministic": False}
+        config = tiny_config(tmp_path, f"run{steps}", train=train)
+        result = subprocess.run(
+            [sys.executable, "-c", SYNC_COUNT, str(config)],
+            capture_output=True,
+            text=True,
+            timeout=600,
+            cwd=REPO,
+        )
+        assert result.returncode == 0, result.stderr
+        [line] = [line for line in result.stdout.splitlines() if line.startswith("SYNCS ")]
+        counts.append(int(line.removeprefix("SYNCS ")))
+    assert counts[0] == counts[1], counts

@@ -9,7 +9,8 @@ On CUDA a step is timed until its kernels finish and peak memory is the GPU's al
 that share a GPU join with gloo (`parallel/workers.py`), which the report states. Each rank runs with the
 device's defaults that `facetrain train` sets (cudnn.benchmark and TF32 on CUDA: `train.device_defaults`).
 
-Each row's MFU is its FLOPs an image (`FlopCounterMode`) times its images/s over the GEMM peak each
+Every step is timed, the warm-up's too: a row's first step is where `--compile` compiles and cuDNN
+searches its algorithms. Each row's MFU is its FLOPs an image (`FlopCounterMode`) times its images/s over the GEMM peak each
 rank measured on its device after its steps (`bench/train_flops.py`). With `--from-folder DIR` the
 margin heads also run as the real `facetrain train` on the images of DIR (`bench/train_folder.py`),
 whose images/s are reported beside, and as a fraction of, their pure-compute row; the folder's
@@ -38,6 +39,7 @@ from facetrain.bench.report import ReportFiles, markdown_table, write_report
 from facetrain.bench.train_flops import flops_per_image, gemm_peak_flops, utilisation
 from facetrain.bench.train_folder import FOLDER_HEADS, folder_classes, refuse_earlier_runs, run_train_path
 from facetrain.devices import resolve_device
+from facetrain.errors import FacetrainError
 from facetrain.heads import DenseMarginHead, HeadOutput, HeadPlan, ShardedMarginHead, collectives
 from facetrain.heads.kernel_choice import resolve_kernel
 from facetrain.models import build_backbone
@@ -149,17 +151,18 @@ def _train_worker(rank: int, world_size: int, kind: str, settings: dict) -> dict
         optimizer = build_optimizer(BENCH_OPTIM, local, head, grad_scaling=fp16)
         scaler = torch.amp.GradScaler(device.type, enabled=fp16)
         batches = itertools.repeat((images, labels))
+        # every step timed, the warm-up's too: the first is where compiling and cuDNN's search go
         times = timed_repeats(
             lambda: train_step(batches, StepParts(model, head, optimizer, scaler, step_settings)),
-            settings["steps"],
-            settings["warmup"],
+            settings["warmup"] + settings["steps"],
             before_each=collectives.barrier,
             device=device,
         )
     collectives.barrier()  # every rank measures its GEMM peak at once, as its steps ran
     gemm_peak = gemm_peak_flops(device, settings["precision"])
     return {
-        "times": times,
+        "times": times[settings["warmup"] :],
+        "first_step_s": times[0],
         "peak_bytes": peak.growth_bytes,
         "memory_method": peak.method,
         "gemm_peak_flops": gemm_peak,
@@ -226,6 +229,7 @@ def run_train_benchmark(settings: dict) -> dict:
             "head": kind,
             "classes": settings["linear_classes"] if kind == "linear" else settings["classes"],
             "step_s": step_s,
+            "first_step_s": max(r["first_step_s"] for r in per_rank),
             "images_per_s": images_per_s,
             "peak_bytes_per_rank": [r["peak_bytes"] for r in per_rank],
             "memory_method": per_rank[0]["memory_method"],
@@ -265,15 +269,15 @@ def table(result: dict) -> str:
         f"peak memory: {result['rows'][0]['memory_method']}",
         "",
     ]
-    titles = ["head", "classes", "step (s)", "images/s", "peak memory per rank (MiB)", "GFLOP/image",
+    titles = ["head", "classes", "first step (s)", "step (s)", "images/s", "peak memory per rank (MiB)", "GFLOP/image",
               "TFLOP/s", "MFU"]  # fmt: skip
     cells = (
-        [row["head"], str(row["classes"]), f"{row['step_s']:.3f}", f"{row['images_per_s']:.1f}",
+        [row["head"], str(row["classes"]), f"{row['first_step_s']:.2f}", f"{row['step_s']:.3f}", f"{row['images_per_s']:.1f}",
          ", ".join(f"{p / 2**20:.0f}" for p in row["peak_bytes_per_rank"]), f"{row['flops_per_image'] / 1e9:.2f}",
          f"{row['achieved_flops'] / 1e12:.3g}", f"{100 * row['mfu']:.1f} %"]
         for row in result["rows"]
     )  # fmt: skip
-    numeric = ("classes", "step (s)", "images/s", "GFLOP/image", "TFLOP/s", "MFU")
+    numeric = ("classes", "first step (s)", "step (s)", "images/s", "GFLOP/image", "TFLOP/s", "MFU")
     lines += markdown_table(titles, cells, numeric=numeric)
     peak = result["rows"][0]["gemm_peak_flops"]
     lines.append(
@@ -309,6 +313,8 @@ def run(
     out_dir = Path(out)
     names = parse_name_list(heads, "--heads", BENCH_TRAIN_HEADS.names())
     if from_folder:  # every row trains the folder's identities, so they compare with its train path
+        if not Path(from_folder).is_dir():
+            raise FacetrainError(f"--from-folder {from_folder}: no such folder (root/<identity>/<image>)")
         refuse_earlier_runs(out_dir, names)
         classes = folder_classes(from_folder)
     settings = {

@@ -42,7 +42,7 @@ from facetrain.cli.bench_options import device_option
 )
 @click.option(
     "--from-folder",
-    type=click.Path(exists=True, file_okay=False),
+    type=click.Path(file_okay=False),
     help="Also run `facetrain train` of the margin heads on this image folder (root/<identity>/<image>) and "
     "report its images/s beside the compute step's; the folder's identities become every row's classes.",
 )
