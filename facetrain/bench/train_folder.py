@@ -35,15 +35,16 @@ def folder_classes(folder: str) -> int:
     return len(scan_image_folder(folder).class_names)
 
 
-def window_steps(settings: dict) -> tuple[int, int]:
-    """(steps a log window, steps of the whole run): whole windows, the warm-up rounded up to them."""
+def window_steps(settings: dict) -> tuple[int, int, int]:
+    """(steps a log window, warm-up steps, steps of the whole run): whole windows, the warm-up rounded
+    up to them."""
     window = max(1, settings["steps"] // WINDOWS)
     warmup = math.ceil(settings["warmup"] / window) * window
-    return window, warmup + window * max(1, settings["steps"] // window)
+    return window, warmup, warmup + window * max(1, settings["steps"] // window)
 
 
 def train_config(settings: dict, kind: str, run_dir: Path, optim) -> dict:
-    window, total = window_steps(settings)
+    window, _, total = window_steps(settings)
     size = settings["image_size"]
     return {
         "data": {
@@ -103,10 +104,9 @@ def run_train_path(settings: dict, kind: str, out_dir: Path, optim) -> dict:
         raise FacetrainError(
             f"bench train --from-folder: facetrain train failed ({config_path}): {lines[-1]}"
         )
-    window, total = window_steps(settings)
+    window, warmup, _ = window_steps(settings)
     with (run_dir / "metrics.csv").open() as handle:
         rows = [row for row in csv.DictReader(handle) if row["images_per_s"]]
-    warmup = total - window * max(1, settings["steps"] // window)
     steady = [float(row["images_per_s"]) for row in rows if int(row["step"]) > warmup]
     summary = json.loads((run_dir / "summary.json").read_text())
     return {
