@@ -111,7 +111,8 @@ JPEG_FOLDER = (
 )  # folder under OUT, identities, images each: 8,192 JPEGs, 32 steps an epoch
 FOLDER_WORKERS = 12
 BESIDE_INSIGHTFACE_AND_CCE = (
-    "beside insightface's Partial FC and Cut Cross-Entropy with and without its filter",
+    "with and without the gradient filter, beside insightface's Partial FC and Cut Cross-Entropy with and "
+    "without its filter",
     ["--peers", "insightface,cce", "--peers-dir", str(PEERS_DIR)],
 )
 
@@ -119,7 +120,8 @@ BESIDE_INSIGHTFACE_AND_CCE = (
 def issue56_plan(out: Path, gib: float) -> list[Step]:
     folder, identities, per_identity = JPEG_FOLDER
     return [
-        _head(out, "issue56_head", "bf16", "sharded,tiled_triton", gib, 150, BESIDE_INSIGHTFACE_AND_CCE, part=3),
+        _head(out, "issue56_head", "bf16", "sharded,tiled_triton,tiled_triton_filter", gib, 150,
+              BESIDE_INSIGHTFACE_AND_CCE, part=3),
         _train(out, "r50", 2_000_000, "sharded,tiled,linear", part=3, name="issue56_train_r50_2000k"),
         Step("pytest -m cuda: no host wait between logs", ["pytest", "-m", "cuda", "-q", "-rs", "-p",
              "no:cacheprovider", "tests/test_train_device.py", f"--junitxml={out / 'pytest_train_device.xml'}"],
