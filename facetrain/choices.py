@@ -26,8 +26,11 @@ DEFAULT_FOLD_SEED = 0
 # where `facetrain bench` commands run
 DEVICE_CHOICES = ("auto", "cpu", "cuda")
 
-# train.precision and `facetrain bench train --precision`: the autocast dtypes by name (train/step.py)
+# the autocast dtypes by name (train/step.py), what `facetrain bench head --precision` takes
 PRECISIONS = ("fp32", "bf16", "fp16")
+# train.precision and `facetrain bench train --precision`: those, or auto, which the device decides
+# (bf16 where it computes bf16 natively, else fp32: facetrain.train.device_defaults)
+TRAIN_PRECISIONS = (*PRECISIONS, "auto")
 
 # the built-in synthetic face set (data.synth, `facetrain synth`'s options): identities and images
 SYNTH_DEFAULTS = {

@@ -27,9 +27,11 @@ from facetrain.heads.plan import HeadPlan
 from facetrain.models import build_backbone
 from facetrain.models.config import ModelConfig
 from facetrain.train.device_defaults import (
+    BF16_EMULATED_SLOWDOWN,
     DETERMINISTIC_CUBLAS_WORKSPACE,
     TILE_CLASSES,
     apply_device_defaults,
+    native_bf16,
     resolve_device_defaults,
     tile_classes,
 )
@@ -49,14 +51,22 @@ def process_switches():
     torch.set_float32_matmul_precision(saved[1])
 
 
+def without_bf16(device_type: str) -> bool:
+    return False
+
+
+def with_bf16(device_type: str) -> bool:
+    return True
+
+
 def test_cpu_keeps_what_facetrain_always_did():
-    defaults = resolve_device_defaults("cpu", Config(), environ={})
-    assert dataclasses.astuple(defaults) == ("cpu", False, False, "highest", True, None)
+    defaults = resolve_device_defaults("cpu", Config(), environ={}, has_native_bf16=without_bf16)
+    assert dataclasses.astuple(defaults) == ("cpu", False, False, "highest", True, None, "fp32", False, False)
 
 
 def test_cuda_gets_the_gpu_defaults():
-    defaults = resolve_device_defaults("cuda", Config(), environ={})
-    assert (defaults.pin_memory, defaults.cudnn_benchmark) == (True, True)
+    defaults = resolve_device_defaults("cuda", Config(), environ={}, has_native_bf16=with_bf16)
+    assert (defaults.pin_memory, defaults.cudnn_benchmark, defaults.persistent_workers) == (True, True, True)
     assert (defaults.float32_matmul_precision, defaults.broadcast_buffers) == ("high", False)
     assert defaults.cublas_workspace_config is None
 
@@ -75,9 +85,10 @@ def test_deterministic_cuda_gets_a_cublas_workspace_and_no_benchmark():
 def test_explicit_settings_win_over_the_device(device_type):
     cfg = Config()
     cfg.data.pin_memory = device_type == "cpu"  # the opposite of the device's default
+    cfg.data.persistent_workers = device_type == "cpu"
     cfg.head.tile_classes = 1000
     defaults = resolve_device_defaults(device_type, cfg, environ={})
-    assert defaults.pin_memory == (device_type == "cpu")
+    assert defaults.pin_memory == defaults.persistent_workers == (device_type == "cpu")
     assert tile_classes(cfg.head.tile_classes, device_type) == 1000
     assert tile_classes(None, device_type) == TILE_CLASSES[device_type]  # what the head plan uses
 
@@ -92,7 +103,8 @@ def test_applying_cpu_defaults_touches_no_process_switch_and_resolves_the_config
     assert (torch.backends.cudnn.benchmark, torch.get_float32_matmul_precision()) == before
     assert environ == {}
     # in place, so the run holds one config object
-    assert (cfg.data.pin_memory, cfg.head.tile_classes) == (False, None)  # tile_classes: the head plan's
+    assert (cfg.data.pin_memory, cfg.data.persistent_workers) == (False, False)
+    assert cfg.head.tile_classes is None  # the head plan's
 
 
 def test_applying_cuda_defaults_sets_the_switches(process_switches):
@@ -103,7 +115,7 @@ def test_applying_cuda_defaults_sets_the_switches(process_switches):
     assert environ == {"CUBLAS_WORKSPACE_CONFIG": DETERMINISTIC_CUBLAS_WORKSPACE}
     assert torch.backends.cudnn.benchmark is False  # deterministic
     assert torch.get_float32_matmul_precision() == "high"
-    assert cfg.data.pin_memory is True
+    assert cfg.data.pin_memory is cfg.data.persistent_workers is True
     cfg.train.deterministic = False
     apply_device_defaults(resolve_device_defaults("cuda", cfg, {}), cfg, {})
     assert torch.backends.cudnn.benchmark is True
@@ -112,24 +124,98 @@ def test_applying_cuda_defaults_sets_the_switches(process_switches):
 def test_the_log_is_one_line_naming_each_setting():
     cfg = Config()
     cfg.train.deterministic = True
-    line = resolve_device_defaults("cuda", cfg, environ={}).describe()
+    line = resolve_device_defaults("cuda", cfg, environ={}, has_native_bf16=with_bf16).describe()
     assert "\n" not in line
-    for part in ("pin_memory on", "broadcast_buffers off", "benchmark off", "high", ":4096:8"):
+    parts = ("precision fp32 (native bf16)", "pin_memory on", "persistent_workers on", "broadcast_buffers off",
+             "benchmark off", "high", ":4096:8")  # fmt: skip
+    for part in parts:
         assert part in line, part
-    assert resolve_device_defaults("cpu", Config(), environ={}).describe() == (
-        "device defaults (cpu): pin_memory off, DDP broadcast_buffers on"
+    assert resolve_device_defaults("cpu", Config(), environ={}, has_native_bf16=without_bf16).describe() == (
+        "device defaults (cpu): precision fp32 (no native bf16), pin_memory off, persistent_workers off, "
+        "DDP broadcast_buffers on"
     )
 
 
 def test_null_means_the_device_and_values_stay_checked(tmp_path):
     path = tmp_path / "run.yaml"
-    path.write_text(yaml.safe_dump({"data": {"pin_memory": None}, "head": {"tile_classes": None}}))
+    nulls = {"data": {"pin_memory": None, "persistent_workers": None}, "head": {"tile_classes": None}}
+    path.write_text(yaml.safe_dump(nulls))
     cfg = load_config(path)
-    assert (cfg.data.pin_memory, cfg.head.tile_classes) == (None, None)
+    assert (cfg.data.pin_memory, cfg.data.persistent_workers, cfg.head.tile_classes) == (None, None, None)
     validate(cfg)
     path.write_text(yaml.safe_dump({"head": {"tile_classes": 0}}))
     with pytest.raises(FacetrainError, match="head.tile_classes = 0: must be >= 1"):
         validate(load_config(path))
+
+
+# ---- train.precision auto (issue 56, item 5) ------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    ("device_type", "native", "expected"),
+    [("cpu", False, "fp32"), ("cpu", True, "bf16"), ("cuda", True, "bf16"), ("cuda", False, "fp32")],
+)
+def test_auto_precision_is_bf16_only_where_the_device_computes_it(device_type, native, expected):
+    cfg = load_config(overrides=["train.precision=auto"])
+    asked = []
+
+    def capability(device: str) -> bool:
+        asked.append(device)
+        return native
+
+    defaults = resolve_device_defaults(device_type, cfg, environ={}, has_native_bf16=capability)
+    assert (defaults.precision, asked) == (expected, [device_type])
+    assert defaults.warning is None  # auto never picks what costs time
+    assert f"precision {expected} ({'native' if native else 'no native'} bf16)" in defaults.describe()
+
+
+def test_applying_the_defaults_puts_the_resolved_precision_in_the_config():
+    """What the run, its saved config.yaml and its checkpoints hold from then on."""
+    cfg = load_config(overrides=["train.precision=auto"])
+    apply_device_defaults(resolve_device_defaults("cpu", cfg, {}, has_native_bf16=with_bf16), cfg, {})
+    assert cfg.train.precision == "bf16"
+
+
+def test_auto_precision_with_a_pipeline_is_fp32_and_passes_the_pipeline_rule():
+    cfg = load_config(overrides=["train.precision=auto", "parallel.pipeline_stages=2"])
+    validate(cfg, world_size=2)
+    assert resolve_device_defaults("cuda", cfg, environ={}, has_native_bf16=with_bf16).precision == "fp32"
+
+
+@pytest.mark.parametrize("precision", ["fp32", "bf16", "fp16"])
+@pytest.mark.parametrize("native", [False, True])
+def test_explicit_precisions_are_kept(precision, native):
+    cfg = load_config(overrides=[f"train.precision={precision}"])
+    capability = with_bf16 if native else without_bf16
+    assert resolve_device_defaults("cuda", cfg, environ={}, has_native_bf16=capability).precision == precision
+
+
+def test_explicit_bf16_warns_on_a_cpu_without_bf16_units_only():
+    bf16 = load_config(overrides=["train.precision=bf16"])
+    emulated = resolve_device_defaults("cpu", bf16, environ={}, has_native_bf16=without_bf16)
+    warning = emulated.warning
+    assert emulated.precision == "bf16" and warning is not None and "\n" not in warning
+    for part in (BF16_EMULATED_SLOWDOWN, "slower", "train.precision=auto", "fp32", "AVX512-BF16 or AMX"):
+        assert part in warning, part
+    assert resolve_device_defaults("cpu", bf16, environ={}, has_native_bf16=with_bf16).warning is None
+    assert resolve_device_defaults("cuda", bf16, environ={}, has_native_bf16=without_bf16).warning is None
+    fp32 = resolve_device_defaults("cpu", Config(), environ={}, has_native_bf16=without_bf16)
+    assert fp32.warning is None
+
+
+def test_the_hardware_probe_asks_torch(monkeypatch):
+    for avx512_bf16, amx, expected in ((False, False, False), (True, False, True), (False, True, True)):
+        monkeypatch.setattr(torch.cpu, "_is_avx512_bf16_supported", lambda value=avx512_bf16: value)
+        monkeypatch.setattr(torch.cpu, "_is_amx_tile_supported", lambda value=amx: value)
+        assert native_bf16("cpu") is expected
+    emulation = []
+    monkeypatch.setattr(
+        torch.cuda,
+        "is_bf16_supported",
+        lambda including_emulation: emulation.append(including_emulation) or False,
+    )
+    assert native_bf16("cuda") is False and emulation == [False]  # emulated bf16 on old GPUs is not native
+    assert native_bf16("meta") is False
 
 
 def ddp_buffers_worker(rank: int, world_size: int, broadcast_buffers: bool) -> dict:

@@ -10,6 +10,7 @@ import sys
 
 import yaml
 
+from facetrain.train.device_defaults import native_bf16
 from tests.support.train_helpers import REPO, tiny_config
 
 # `facetrain train` in a fresh interpreter, counting the Config objects alive when the loop starts and
@@ -31,11 +32,11 @@ fit = trainer.Trainer.fit
 def count():
     gc.collect()
     seen["counts"].append(sum(isinstance(o, Config) for o in gc.get_objects()))
-def counted_fit(self):
+def counted_fit(self, *args):
     count()
     seen["loaded_is_trained"] = all(cfg is self.cfg for cfg in loaded)
     try:
-        return fit(self)
+        return fit(self, *args)
     finally:
         count()
 trainer.Trainer.fit = counted_fit
@@ -47,8 +48,10 @@ finally:
 
 
 def test_a_run_holds_one_config_object_resolved_in_place(tmp_path):
-    # a global batch of 2 micro-batches and the device's pin_memory: both resolved by the run itself
-    config = tiny_config(tmp_path, "run", train={"steps": 2, "global_batch": 16, "checkpoint_every": 2})
+    # a global batch of 2 micro-batches, the device's pin_memory, persistent_workers and precision: all
+    # resolved by the run itself
+    train = {"steps": 2, "global_batch": 16, "checkpoint_every": 2, "precision": "auto"}
+    config = tiny_config(tmp_path, "run", train=train)
     result = subprocess.run(
         [sys.executable, "-c", TRACE, str(config)], capture_output=True, text=True, timeout=600, cwd=REPO
     )
@@ -58,6 +61,8 @@ def test_a_run_holds_one_config_object_resolved_in_place(tmp_path):
     assert seen == {"counts": [1, 1], "loaded_is_trained": True}
     saved = yaml.safe_load((tmp_path / "run" / "config.yaml").read_text())
     assert (saved["optim"]["grad_accumulation"], saved["data"]["pin_memory"]) == (2, False)
+    assert saved["data"]["persistent_workers"] is False
+    assert saved["train"]["precision"] == ("bf16" if native_bf16("cpu") else "fp32")
     checkpoint = yaml.safe_load(
         (tmp_path / "run" / "checkpoints" / "step_00000002" / "config.yaml").read_text()
     )

@@ -1,4 +1,5 @@
-"""The GPU check: `pytest -m cuda` and the CUDA benchmarks, in two parts of under 6 minutes each.
+"""The GPU check: `pytest -m cuda` and the CUDA benchmarks, in two parts of under 6 minutes each; and
+issue 56's figures side by side, in two more (parts 3 and 4).
 
 Run through tools/gpu_check.sh OUT_DIR on a machine with CUDA (docs/gpu.md). Every step runs in its
 own process with its own time limit, and the whole check stops starting steps when its budget is
@@ -62,8 +63,9 @@ EACH_MARGIN = (
 
 
 def _head(
-    out: Path, name: str, precision: str, heads: str, gib: float, timeout_s: int, compared=BESIDE_THE_PEERS
-) -> Step:
+    out: Path, name: str, precision: str, heads: str, gib: float, timeout_s: int, compared=BESIDE_THE_PEERS,
+    part: int = 1,
+) -> Step:  # fmt: skip
     """The head bench at one size, C 1M, B 1024, D 512; `compared`: what it sets the heads beside (its
     title and options)."""
     title, options = compared
@@ -76,22 +78,62 @@ def _head(
         timeout_s,
         report=f"{name}/bench_head.json",
         table=f"{name}/bench_head.md",
-        part=1,
+        part=part,
     )  # fmt: skip
 
 
-def _train(out: Path, backbone: str, classes: int, heads: str, part: int) -> Step:
-    name = f"train_{backbone}_{classes // 1000}k"
+def _train(
+    out: Path, backbone: str, classes: int, heads: str, part: int, extra: tuple[str, ...] = (), timeout_s: int = 90,
+    name: str = "",
+) -> Step:  # fmt: skip
+    """`bench train` of `backbone` at 112px, bf16, channels_last, B 256 on one GPU (its MFU included);
+    `extra`: more options (--compile, --from-folder), named in the step's title."""
+    name = name or f"train_{backbone}_{classes // 1000}k"
+    more = f" ({' '.join(extra)})" if extra else ""
     return Step(
-        f"train {backbone} 112px bf16 channels_last B 256, C {classes:,}: {heads}",
+        f"train {backbone} 112px bf16 channels_last B 256, C {classes:,}: {heads}{more}",
         ["facetrain", "bench", "train", "--device", "cuda", "--world-size", "1", "--backbone", backbone,
          "--image-size", "112", "--batch", "256", "--precision", "bf16", "--channels-last",
          "--classes", str(classes), "--heads", heads, "--linear-classes", "1000",
-         "--steps", "10", "--warmup", "3", "--out", str(out / name)],
-        90,
+         "--steps", "10", "--warmup", "3", *extra, "--out", str(out / name)],
+        timeout_s,
         report=f"{name}/train.json",
         part=part,
     )  # fmt: skip
+
+
+# Issue 56's rows (parts 3 and 4): the head beside its peers, the train step's MFU, the real train
+# command from JPEGs on disk, and a compiled backbone; each part one command of under 6 minutes
+JPEG_FOLDER = (
+    "jpeg_faces",
+    512,
+    16,
+)  # folder under OUT, identities, images each: 8,192 JPEGs, 32 steps an epoch
+FOLDER_WORKERS = 12
+BESIDE_INSIGHTFACE_AND_CCE = (
+    "with and without the gradient filter, beside insightface's Partial FC and Cut Cross-Entropy with and "
+    "without its filter",
+    ["--peers", "insightface,cce", "--peers-dir", str(PEERS_DIR)],
+)
+
+
+def issue56_plan(out: Path, gib: float) -> list[Step]:
+    folder, identities, per_identity = JPEG_FOLDER
+    return [
+        _head(out, "issue56_head", "bf16", "sharded,tiled_triton,tiled_triton_filter", gib, 150,
+              BESIDE_INSIGHTFACE_AND_CCE, part=3),
+        _train(out, "r50", 2_000_000, "sharded,tiled,linear", part=3, name="issue56_train_r50_2000k"),
+        Step("pytest -m cuda: no host wait between logs", ["pytest", "-m", "cuda", "-q", "-rs", "-p",
+             "no:cacheprovider", "tests/test_train_device.py", f"--junitxml={out / 'pytest_train_device.xml'}"],
+             90, part=4),
+        Step("a folder of synthetic JPEG faces", ["python", "tools/jpeg_faces.py", str(out / folder),
+             "--identities", str(identities), "--images-per-identity", str(per_identity)], 60, part=4),
+        _train(out, "r50", identities, "tiled", part=4, timeout_s=150, name="issue56_train_r50_from_folder",
+               extra=("--from-folder", str(out / folder), "--workers", str(FOLDER_WORKERS), "--steps", "30",
+                      "--warmup", "6")),
+        _train(out, "r50", 1000, "linear", part=4, timeout_s=180, name="issue56_train_r50_compiled",
+               extra=("--compile",)),
+    ]  # fmt: skip
 
 
 def plan(out: Path, gpus: int, gib: float) -> list[Step]:
@@ -150,6 +192,7 @@ def plan(out: Path, gpus: int, gib: float) -> list[Step]:
             report="pipeline/bench_pipeline.json",
             part=2,
         ),
+        *issue56_plan(out, gib),
     ]  # fmt: skip
 
 
@@ -287,9 +330,9 @@ def main() -> int:
     parser.add_argument(
         "--part",
         type=int,
-        choices=(1, 2),
-        help=f"run one of the two parts (each fits a 6-minute command: no step starts after "
-        f"{PART_BUDGET_S} s unless --budget-s says otherwise); part 1 holds the most important steps",
+        choices=(1, 2, 3, 4),
+        help=f"run one part (each fits a 6-minute command: no step starts after {PART_BUDGET_S} s unless "
+        "--budget-s says otherwise); part 1 holds the most important steps, parts 3 and 4 issue 56's figures",
     )
     parser.add_argument(
         "--budget-s",
@@ -318,8 +361,7 @@ def main() -> int:
     steps = plan(out, gpu["count"], gpu["memory_gib"])
     if args.only is not None:
         steps = [step for number, step in enumerate(steps) if number in args.only]
-    if args.part is not None:
-        steps = [step for step in steps if step.part == args.part]
+    steps = [step for step in steps if step.part in ((args.part,) if args.part else (1, 2))]
     for step in steps:
         print(f"gpu_check: {step.name}", flush=True)
         run_step(step, out, deadline)

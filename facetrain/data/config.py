@@ -86,7 +86,9 @@ class DataConfig:
     num_workers: int = setting(2, WORKERS)
     # page-locked batches, so copies to the GPU overlap the step; null: on when training on CUDA
     pin_memory: bool | None = None
-    persistent_workers: bool = False
+    # the loader's workers kept from one epoch to the next, so no epoch starts by starting them; null:
+    # on when training on CUDA (where restarting them stalls the GPU at each epoch boundary)
+    persistent_workers: bool | None = None
     prefetch_factor: int = setting(2, Within(1, 1024))
     # distributed | identity (P identities x K images)
     sampler: str = setting("distributed", Registered(SAMPLERS))

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from facetrain.choices import PRECISIONS
+from facetrain.choices import TRAIN_PRECISIONS
 from facetrain.config.bounds import BATCH_SIZE, SEED
 from facetrain.config.checks import NotEmpty, OneOf, RegisteredEach, Within, at_least, setting
 from facetrain.train.trackers import TRACKERS
@@ -20,7 +20,9 @@ class TrainConfig:
     global_batch: int | None = setting(None, Within(1, 2**30))
     steps: int = setting(1000, Within(1, 10**9))  # optimizer steps; 1e20 would never end
     seed: int = setting(0, SEED)
-    precision: str = setting("fp32", OneOf(PRECISIONS))  # fp16 needs CUDA
+    # fp32 | bf16 | fp16 (CUDA) | auto: bf16 where the device computes it natively (a GPU from Ampere
+    # on; a CPU with AVX512-BF16 or AMX), else fp32; the run's saved config and log hold the choice
+    precision: str = setting("fp32", OneOf(TRAIN_PRECISIONS))
     deterministic: bool = False
     log_every: int = setting(10, at_least(1))
     checkpoint_every: int = setting(500, at_least(1))

@@ -12,7 +12,14 @@ wait on the host or on itself (issue 22, item 7):
 - DDP without `broadcast_buffers`: an NCCL broadcast of every batch-norm buffer each step buys nothing,
   as each replica's statistics are its own batch's anyway and checkpoints keep replica 0's;
 - `CUBLAS_WORKSPACE_CONFIG` when `train.deterministic` asks for deterministic algorithms, without which
-  cuBLAS GEMMs are not reproducible (torch only warns, as facetrain asks it to).
+  cuBLAS GEMMs are not reproducible (torch only warns, as facetrain asks it to);
+- persistent loader workers (`data.persistent_workers` null): restarting them at every epoch stalls the
+  GPU at each epoch boundary (issue 56 measured the dips with 16 workers); on the CPU the workers share
+  the cores with the step, and freeing them between epochs is what facetrain always did.
+
+`train.precision: auto` is resolved here too (issue 56, item 5): bf16 where the device computes bf16
+natively (`native_bf16`), fp32 otherwise. A CPU without bf16 units emulates bf16 autocast, and that is
+slower than fp32, not faster: an explicit bf16 there is kept, with one warning (`precision_warning`).
 
 A value the config sets explicitly always wins over the device's default.
 """
@@ -21,7 +28,7 @@ from __future__ import annotations
 
 import dataclasses
 import os
-from collections.abc import MutableMapping
+from collections.abc import Callable, MutableMapping
 
 import torch
 
@@ -37,6 +44,41 @@ from facetrain.train.run_config import Config
 # autocast; `facetrain.heads.memory.memory_parts`).
 TILE_CLASSES = {"cpu": 8192, "cuda": 65536}
 DETERMINISTIC_CUBLAS_WORKSPACE = ":4096:8"  # what the CUDA docs give for reproducible cuBLAS GEMMs
+# bf16 autocast against fp32 on CPUs without bf16 units, the small backbone's eager training step
+# (docs/benchmarks.md, "CPU precision": 2.1-3.2x on an AVX-512 Xeon, 9-10x on an AVX2-only EPYC); what
+# the warning of an explicit bf16 there quotes. Compiled, on AVX-512, bf16 was measured faster instead.
+BF16_EMULATED_SLOWDOWN = "2-10x"
+
+
+def native_bf16(device_type: str) -> bool:
+    """Whether the device computes bf16 in hardware: a GPU with bf16 tensor cores (Ampere on; torch's
+    emulation on older GPUs does not count), a CPU with AVX512-BF16 or AMX tiles (oneDNN's bf16 kernels
+    then run on them; without them it converts to fp32 around every operation)."""
+    if device_type == "cuda":
+        return torch.cuda.is_bf16_supported(including_emulation=False)
+    if device_type == "cpu":
+        return torch.cpu._is_avx512_bf16_supported() or torch.cpu._is_amx_tile_supported()
+    return False
+
+
+def resolve_precision(configured: str, device_type: str, native: bool, pipeline_stages: int = 1) -> str:
+    """train.precision as the run uses it: auto is bf16 where the device computes it natively (and no
+    pipeline, which trains in fp32), else fp32; any other value stays as it is."""
+    if configured != "auto":
+        return configured
+    return "bf16" if native and pipeline_stages == 1 else "fp32"
+
+
+def precision_warning(precision: str, device_type: str, native: bool) -> str | None:
+    """The one line that says an explicit bf16 costs time on this CPU, and what to set instead."""
+    if precision != "bf16" or device_type != "cpu" or native:
+        return None
+    capability = torch.backends.cpu.get_cpu_capability()
+    return (
+        f"warning: train.precision=bf16 on a CPU without bf16 units ({capability}, no AVX512-BF16 or AMX): "
+        f"bf16 autocast is emulated there, {BF16_EMULATED_SLOWDOWN} slower an eager step than fp32 "
+        "(docs/benchmarks.md); use --set train.precision=auto (or fp32)"
+    )
 
 
 @dataclasses.dataclass(frozen=True)
@@ -47,11 +89,20 @@ class DeviceDefaults:
     float32_matmul_precision: str  # torch.set_float32_matmul_precision's word: "highest" leaves fp32 alone
     broadcast_buffers: bool  # DDP's, for the backbone
     cublas_workspace_config: str | None  # set in the environment when not None
+    precision: str  # train.precision resolved: fp32, bf16 or fp16
+    native_bf16: bool  # the device computes bf16 in hardware
+    persistent_workers: bool  # the loader's
 
     def describe(self) -> str:
         """The one log line: what this run uses on its device."""
         on = {True: "on", False: "off"}
-        parts = [f"pin_memory {on[self.pin_memory]}", f"DDP broadcast_buffers {on[self.broadcast_buffers]}"]
+        bf16 = "native bf16" if self.native_bf16 else "no native bf16"
+        parts = [
+            f"precision {self.precision} ({bf16})",
+            f"pin_memory {on[self.pin_memory]}",
+            f"persistent_workers {on[self.persistent_workers]}",
+            f"DDP broadcast_buffers {on[self.broadcast_buffers]}",
+        ]
         if self.device_type == "cuda":
             parts += [
                 f"cudnn.benchmark {on[self.cudnn_benchmark]}",
@@ -61,36 +112,51 @@ class DeviceDefaults:
             parts.append(f"CUBLAS_WORKSPACE_CONFIG={self.cublas_workspace_config}")
         return f"device defaults ({self.device_type}): {', '.join(parts)}"
 
+    @property
+    def warning(self) -> str | None:
+        """What the run's primary rank warns of once, if anything: an explicit bf16 that costs time."""
+        return precision_warning(self.precision, self.device_type, self.native_bf16)
+
 
 def tile_classes(configured: int | None, device_type: str) -> int:
     return configured if configured is not None else TILE_CLASSES.get(device_type, TILE_CLASSES["cpu"])
 
 
 def resolve_device_defaults(
-    device_type: str, cfg: Config, environ: MutableMapping[str, str] = os.environ
+    device_type: str,
+    cfg: Config,
+    environ: MutableMapping[str, str] = os.environ,
+    has_native_bf16: Callable[[str], bool] = native_bf16,
 ) -> DeviceDefaults:
     """The settings a run on `device_type` ("cpu", "cuda") uses; a pure function of its arguments.
 
     `environ` is read only: a CUBLAS_WORKSPACE_CONFIG the user set is kept (and not reported as ours).
+    `has_native_bf16` asks the hardware (tests fake it).
     """
     cuda = device_type == "cuda"
     deterministic = cfg.train.deterministic
     needs_workspace = cuda and deterministic and "CUBLAS_WORKSPACE_CONFIG" not in environ
+    native = has_native_bf16(device_type)
+    data = cfg.data
     return DeviceDefaults(
         device_type=device_type,
-        pin_memory=cfg.data.pin_memory if cfg.data.pin_memory is not None else cuda,
+        pin_memory=data.pin_memory if data.pin_memory is not None else cuda,
         cudnn_benchmark=cuda and not deterministic,
         float32_matmul_precision="high" if cuda else "highest",
         broadcast_buffers=not cuda,
         cublas_workspace_config=DETERMINISTIC_CUBLAS_WORKSPACE if needs_workspace else None,
+        precision=resolve_precision(cfg.train.precision, device_type, native, cfg.parallel.pipeline_stages),
+        native_bf16=native,
+        persistent_workers=data.persistent_workers if data.persistent_workers is not None else cuda,
     )
 
 
 def apply_device_defaults(
     defaults: DeviceDefaults, cfg: Config, environ: MutableMapping[str, str] = os.environ
 ) -> None:
-    """Set the process-wide switches `defaults` names and resolve `cfg`'s null settings in place (what
-    the loader and the saved run config then see; head.tile_classes is the head plan's), so the run
+    """Set the process-wide switches `defaults` names and resolve `cfg`'s null and auto settings in place
+    (what the loader, the step and the saved run config then see; head.tile_classes is the head plan's),
+    so the run
     goes on holding the one config object it started with.
 
     On the CPU nothing process-wide is touched. Call it before the first GEMM on the device: cuBLAS
@@ -102,3 +168,5 @@ def apply_device_defaults(
         torch.backends.cudnn.benchmark = defaults.cudnn_benchmark
         torch.set_float32_matmul_precision(defaults.float32_matmul_precision)
     cfg.data.pin_memory = defaults.pin_memory
+    cfg.data.persistent_workers = defaults.persistent_workers
+    cfg.train.precision = defaults.precision

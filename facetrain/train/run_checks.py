@@ -266,7 +266,7 @@ def _pooled_output_problems(cfg: Config) -> Iterator[Problem]:
 
 def _pipeline_problems(cfg: Config) -> Iterator[Problem]:
     parallel, train = cfg.parallel, cfg.train
-    if train.precision != "fp32":
+    if train.precision not in ("fp32", "auto"):  # auto resolves to fp32 with a pipeline
         yield "train.precision", train.precision, "must be 'fp32' when parallel.pipeline_stages > 1"
     if cfg.optim.grad_accumulation != 1:
         yield (

@@ -84,6 +84,8 @@ def build_training_run(
     checkpointer.write_run_config(cfg)
     if dims.is_primary:
         logger.info(device_defaults.describe())
+        if device_defaults.warning is not None:
+            logger.warning(device_defaults.warning)
         for note in notes:
             logger.info(f"note: {note}")
         if (warning := schedule_warning(cfg)) is not None:

@@ -53,6 +53,7 @@ from facetrain.train.run_checks import validate
 from facetrain.train.run_config import Config
 from facetrain.train.setup import build_training_run
 from facetrain.train.stage_groups import set_train_mode
+from facetrain.train.startup import StartupClock
 from facetrain.train.step import StepResult, StepWindow, check_finite_weights, train_step
 from facetrain.train.step_gate import StepGate, StopSignals
 from facetrain.train.trackers import check_installed
@@ -87,6 +88,7 @@ def _drop_frame_locals(error: BaseException | None) -> None:
 
 
 def _train_in_group(cfg: Config, resume: str | None) -> dict:
+    startup = StartupClock()
     dims = init_parallel(cfg.parallel.pipeline_stages, cfg.parallel.backend, cfg.parallel.timeout_s)
     trainer = None
     device_defaults = resolve_run_config(cfg, dims)
@@ -104,7 +106,7 @@ def _train_in_group(cfg: Config, resume: str | None) -> dict:
         resumed = trainer.resumed_from
         started = f"resumed from {resumed} at step {trainer.state.step}" if resumed else "started"
         run_log.attach(trainer.run_dir, run_log.start_header(started, dims.world_size))
-        return trainer.fit()
+        return trainer.fit(startup)
     except OSError as error:  # the disk filled up, or the output folder became unwritable
         raise _logged(
             FacetrainError(
@@ -201,7 +203,8 @@ class Trainer(Stateful):
         the weights of `step` are the first that are not (or give a non-finite loss)."""
         return next((path for saved, path in reversed(self.finite_checkpoints) if saved < step), None)
 
-    def fit(self) -> dict:
+    def fit(self, startup: StartupClock) -> dict:
+        """Train until train.steps or a stop; `startup`, started with the run, times its first step."""
         cfg, dims, state = self.cfg, self.dims, self.state
         log = MetricsLog(self.run_dir, dims.is_primary, cfg.train.trackers, to_dict(cfg))
         minutes = cfg.train.checkpoint_every_minutes
@@ -218,9 +221,13 @@ class Trainer(Stateful):
         try:
             if self.verifies_its_start() and self.verify_if_due(False, log, at_start=True):
                 self.save(is_best=True, final_step=False)  # best/ holds the start until a step beats it
+            startup.setup_done()
             while state.step < cfg.train.steps and (step_batches := gate.next_step(signals)) is not None:
+                startup.batches_ready()
                 lr = self.scheduler.get_last_lr()[0]
                 result = self.take_step(step_batches)
+                if startup.step_done(dims.device) and dims.is_primary:
+                    logger.info(startup.line())
                 progress.update(1)
                 window.add(result, state.step)
 
@@ -255,7 +262,7 @@ class Trainer(Stateful):
             log.close()
         if gate.data_failed:
             raise _data_failure(gate, state.step, self.last_checkpoint)
-        return self._finish(gate, time.perf_counter() - started)
+        return self._finish(gate, time.perf_counter() - started, startup.parts)
 
     def take_step(self, step_batches: list) -> StepResult:
         """One optimizer step at `state.step`: the backbone frozen for optim.head_only_steps, the margin
@@ -308,7 +315,7 @@ class Trainer(Stateful):
         saved = self.checkpointer.save(is_best, evaluation=self.evaluation if is_best or final_step else None)
         self.finite_checkpoints.append((step, str(saved)))
 
-    def _finish(self, gate: StepGate, train_seconds: float) -> dict:
+    def _finish(self, gate: StepGate, train_seconds: float, startup: dict[str, float] | None) -> dict:
         """Write the summary and the curves; a verification that failed on the way fails the command now,
         after every checkpoint is written."""
         state, dims = self.state, self.dims
@@ -322,6 +329,7 @@ class Trainer(Stateful):
             "best_step": state.best_step,
             "evaluation": self.evaluation,
             "train_seconds": train_seconds,
+            "startup_s": startup,  # to the first step's end, in parts (`facetrain.train.startup`)
             "stop_to_checkpoint_s": self.stop_seconds,
             "slurm_job_id": job_id("SLURM_JOB_ID"),
         }
