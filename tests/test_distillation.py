@@ -5,14 +5,20 @@ one-line refusals; the per-image cache of the teacher's embeddings (`loss.teache
 from __future__ import annotations
 
 import hashlib
+import shutil
 from pathlib import Path
 
 import pytest
 import torch
+import yaml
 from torch import nn
 
+from facetrain.checkpoint import resolve_checkpoint
+from facetrain.errors import EveryRankError
 from facetrain.interop import load_model
-from facetrain.train.distillation import Distillation, TeacherCache
+from facetrain.train.distillation import Distillation, TeacherCache, build_distillation, pin_teacher
+from facetrain.train.losses import LossConfig
+from facetrain.train.run_config import checkpoint_config
 from facetrain.train.step import StepParts, StepSettings, train_step
 from tests.support.train_helpers import logged_losses, run_cli, tiny_config, trained_tiny_run
 
@@ -224,3 +230,60 @@ def test_a_cache_with_random_augmentation_or_without_a_teacher_is_one_line(teach
         lines = result.stderr.strip().splitlines()
         assert result.returncode == 2 and len(lines) == 1, result.stderr
         assert "loss.teacher_cache" in lines[0] and expected in lines[0]
+
+
+def moved_on(run: Path, step: int) -> Path:
+    """`run` as if it had trained on to `step`: its last checkpoint copied there (other weights do not
+    matter: which checkpoint is read is what is checked) and `last` pointing at it."""
+    checkpoints = run / "checkpoints"
+    newer = checkpoints / f"step_{step:08d}"
+    shutil.copytree(resolve_checkpoint(run), newer)
+    (checkpoints / "last").write_text(newer.name)
+    return newer
+
+
+def test_a_run_folder_teacher_is_pinned_at_the_start_and_every_resume_keeps_it(teacher_run, tmp_path):
+    teacher = tmp_path / "teacher"
+    shutil.copytree(teacher_run / "run", teacher)
+    pinned = resolve_checkpoint(teacher)
+    data = {"path": str(teacher_run / "synth")}
+    train = {"steps": 2, "checkpoint_every": 2}
+    config = tiny_config(tmp_path, "student", data=data, train=train, loss={"teacher": str(teacher)})
+    result = run_cli("train", "-c", str(config))
+    assert result.returncode == 0, result.stderr
+    assert f"loss.teacher: {teacher} resolved to {pinned}" in result.stdout + result.stderr
+    student = tmp_path / "student"
+    assert yaml.safe_load((student / "config.yaml").read_text())["loss"]["teacher"] == str(pinned)
+    assert checkpoint_config(resolve_checkpoint(student)).loss.teacher == str(pinned)
+
+    moved_on(teacher, 9)  # the teacher run trains on: the resume keeps learning from the pinned one
+    result = run_cli("train", "-c", str(config), "--set", "train.steps=4", "--resume", "auto")
+    assert result.returncode == 0, result.stderr
+    assert "resolved to" not in result.stdout + result.stderr
+    assert checkpoint_config(resolve_checkpoint(student)).loss.teacher == str(pinned)
+
+    shutil.rmtree(pinned)  # pruned by the teacher run: refused, not silently replaced by step 9
+    result = run_cli("train", "-c", str(config), "--set", "train.steps=6", "--resume", "auto")
+    lines = result.stderr.strip().splitlines()
+    assert result.returncode == 2 and len(lines) == 1, result.stderr
+    assert str(pinned) in lines[0] and "is gone" in lines[0] and "--set loss.teacher=" in lines[0]
+
+
+@pytest.mark.parametrize("suffix", [".tmp", ".deleting", ".replaced"])
+def test_a_teacher_is_read_from_a_finished_checkpoint_only(teacher_run, tmp_path, suffix):
+    """A checkpoint is written as step_N.tmp and renamed once whole, so a finished one never changes; one
+    being written (even with its index and meta.json already there), removed or replaced is refused in
+    one line, and a run folder holding one resolves to its newest finished checkpoint."""
+    teacher = tmp_path / "teacher"
+    shutil.copytree(teacher_run / "run", teacher)
+    finished = resolve_checkpoint(teacher)
+    unfinished = teacher / "checkpoints" / f"step_00000009{suffix}"
+    shutil.copytree(finished, unfinished)
+    (teacher / "checkpoints" / "last").unlink()  # a pointer lost too: the newest finished one is taken
+    loss = LossConfig(teacher=str(teacher))
+    assert pin_teacher(loss, None) == f"loss.teacher: {teacher} resolved to {finished}"
+    assert loss.teacher == str(finished)
+    with pytest.raises(EveryRankError) as refused:
+        build_distillation(LossConfig(teacher=str(unfinished)), 32, torch.device("cpu"))
+    message = str(refused.value)
+    assert "\n" not in message and str(unfinished) in message and "still writing or removing" in message

@@ -14,6 +14,9 @@ from facetrain.input_files import UnreadableInput, read_regular_bytes
 
 POINTERS = ("last", "best")
 STEP_NAME = re.compile(r"step_\d{8}")
+UNFINISHED_NAME = re.compile(r"step_\d{8}\.(tmp|deleting|replaced)")
+"""A checkpoint being written (`.tmp`, renamed once whole), removed or replaced: its files may change
+or vanish while read, so it is never read (`facetrain/checkpoint/writer.py`)."""
 MAX_POINTER_BYTES = 4096
 META_COUNTS = {
     "step": 0,
@@ -103,8 +106,15 @@ def meta_problem(meta: dict) -> str | None:
 
 def resolve_checkpoint(path: str | Path) -> Path:
     """A checkpoint directory from itself, a `last`/`best` pointer, a checkpoints dir or a run dir; a run
-    without a `last` pointer (lost, or never written) resolves to its newest finished checkpoint."""
+    without a `last` pointer (lost, or never written) resolves to its newest finished checkpoint. Only
+    a finished checkpoint is ever taken: one whose files no run changes any more."""
     path = Path(path)
+    if UNFINISHED_NAME.fullmatch(path.name):
+        finished = path.with_name(path.name.split(".")[0])
+        raise FacetrainError(
+            f"{path} is a checkpoint a run is still writing or removing, whose files may change while "
+            f"read; pass {finished} once it is there, or the run folder {path.parent.parent}"
+        )
     for candidate in (path, path / "last", path / "checkpoints" / "last"):
         if candidate.name in POINTERS and candidate.exists() and not candidate.is_dir():
             target, problem = pointer_target(candidate)

@@ -93,6 +93,17 @@ def load_model(
     return _load_checkpoint(path, device)
 
 
+def checkpoint_behind(path: str | Path) -> Path | None:
+    """The checkpoint `load_model` reads for a path that names whichever is newest when it is read (a
+    run folder, its checkpoints folder, a `last`/`best` pointer); None for a path that names one model
+    for good (a checkpoint, an export folder, a model file)."""
+    path = Path(path)
+    if (path.is_dir() and (path / CARD_NAME).is_file()) or (path.is_file() and path.suffix in FILE_LOADERS):
+        return None
+    checkpoint = resolve_checkpoint(path)
+    return None if checkpoint == path else checkpoint
+
+
 def _load_checkpoint(path: Path, device: torch.device | str) -> LoadedModel:
     """The backbone its config.yaml's model and data sections build, filled with its weights (the
     weight average when the run kept one), from however many ranks wrote it, without a group. The

@@ -25,13 +25,16 @@ with its size in the run's log; each data-parallel rank fills its own from the s
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import numpy as np
 import torch
 from torch import nn
 from torch.nn import functional
 
+from facetrain.checkpoint.layout import POINTERS, complete_checkpoints
 from facetrain.errors import EveryRankError, FacetrainError
-from facetrain.interop.loading import load_model
+from facetrain.interop.loading import checkpoint_behind, load_model
 from facetrain.models.state_match import first_nonfinite
 from facetrain.train.losses import LossConfig
 
@@ -130,6 +133,40 @@ class Distillation:
         else:
             teacher = self.cache.embeddings(indices, images, self.teacher_embeddings)
         return self.weight * distillation_loss(student, teacher, self.kind)
+
+
+def pin_teacher(cfg: LossConfig, recorded: str | None) -> str | None:
+    """Set `cfg.teacher`, in place, to the checkpoint a run-folder teacher names, and return the line
+    that says so (None when nothing changed). `recorded`: on a resume, the teacher the checkpoint was
+    saved with; when it is a checkpoint of the run folder `cfg.teacher` names, it stays the teacher,
+    and one since removed is refused rather than replaced by that run's newer one."""
+    if cfg.teacher is None:
+        return None
+    given = Path(cfg.teacher)
+    if recorded is not None and recorded != cfg.teacher and Path(recorded).parent == _checkpoints_of(given):
+        if Path(recorded) not in complete_checkpoints(Path(recorded).parent.parent):
+            raise EveryRankError(
+                f"loss.teacher: {given} was pinned at this run's start to {recorded}, which is gone (pruned "
+                f"by that run?); restore it, or resume with --set loss.teacher=CHECKPOINT to learn from "
+                "another teacher from here on"
+            )
+        cfg.teacher = recorded
+        return None
+    try:
+        checkpoint = checkpoint_behind(given)
+    except FacetrainError as error:
+        raise EveryRankError(f"loss.teacher: {error}") from None
+    if checkpoint is None:
+        return None
+    cfg.teacher = str(checkpoint)
+    return f"loss.teacher: {given} resolved to {checkpoint}"
+
+
+def _checkpoints_of(path: Path) -> Path:
+    """The checkpoints folder a run folder, checkpoints folder or pointer names its checkpoints in."""
+    if path.name == "checkpoints":
+        return path
+    return path.parent if path.name in POINTERS else path / "checkpoints"
 
 
 def build_distillation(

@@ -25,7 +25,7 @@ from facetrain.parallel.parallelize import parallelize_backbone
 from facetrain.train.class_remap import match_classes
 from facetrain.train.data_checks import check_training_set
 from facetrain.train.device_defaults import DeviceDefaults
-from facetrain.train.distillation import build_distillation
+from facetrain.train.distillation import build_distillation, pin_teacher
 from facetrain.train.head_plan import build_head
 from facetrain.train.imprint import imprint_head
 from facetrain.train.losses import build_loss
@@ -81,6 +81,8 @@ def build_training_run(
     accumulation = cfg.optim.grad_accumulation
     if cfg.train.deterministic:
         torch.use_deterministic_algorithms(True, warn_only=True)
+    recorded = None if checkpoint is None else checkpoint_config(checkpoint).loss.teacher
+    pinned = pin_teacher(cfg.loss, recorded)  # before the config is saved: it records the pinned one
     checkpointer.write_run_config(cfg)
     if dims.is_primary:
         logger.info(device_defaults.describe())
@@ -88,6 +90,8 @@ def build_training_run(
             logger.warning(device_defaults.warning)
         for note in notes:
             logger.info(f"note: {note}")
+        if pinned is not None:
+            logger.info(pinned)
         if (warning := schedule_warning(cfg)) is not None:
             logger.warning(warning)
 
