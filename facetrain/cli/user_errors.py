@@ -6,6 +6,7 @@ import errno
 import os
 
 from facetrain.errors import EveryRankError, FacetrainError, PeerFailed
+from facetrain.files import file_size_limit
 from facetrain.logger import logger
 
 # What the machine, not facetrain, refused: a full disk, a read-only or unwritable folder, a name the
@@ -33,7 +34,7 @@ def environment_error_line(error: OSError) -> str | None:
     advice = ENVIRONMENT_ADVICE.get(error.errno)
     if advice is None:
         return None
-    if error.errno == errno.EFBIG and (limit := _file_size_limit()) is not None:
+    if error.errno == errno.EFBIG and (limit := file_size_limit()) is not None:
         advice = f"it passed this process's file-size limit of {limit} bytes (ulimit -f); raise it, then run it again"
     where = f"{error.filename}: " if error.filename else ""
     return f"{where}{error.strerror or os.strerror(error.errno)}; {advice}"
@@ -57,11 +58,3 @@ def report_user_error(error: FacetrainError) -> int:
         return 2  # the rank that failed, or rank 0, prints it
     logger.error(f"error: {error}")  # named by its rank when not rank 0's
     return 2
-
-
-def _file_size_limit() -> int | None:
-    """The soft RLIMIT_FSIZE in bytes, or None when there is none."""
-    import resource
-
-    soft = resource.getrlimit(resource.RLIMIT_FSIZE)[0]
-    return None if soft == resource.RLIM_INFINITY else soft
