@@ -17,19 +17,21 @@ from typing import Any, Protocol
 
 CHECKS = "checks"
 IS_PATH = "is_path"
+FORMERLY = "formerly"
 
 
 class Check(Protocol):
     def problem(self, value: Any) -> str | None: ...
 
 
-def setting(default: Any, *checks: Check, path: bool = False) -> Any:
+def setting(default: Any, *checks: Check, path: bool = False, formerly: str | None = None) -> Any:
     """A dataclass field with its checks; `path` marks a path whose `~` the loader expands, and which
-    the file system must be able to name (`PathName`).
+    the file system must be able to name (`PathName`); `formerly` is the whole dotted key the setting
+    had before it moved to this section, which the loader still reads (`facetrain.config.former_keys`).
 
     A list or dict default is copied for every instance, as dataclasses require of mutable defaults.
     """
-    metadata = {CHECKS: (*checks, PathName()) if path else checks, IS_PATH: path}
+    metadata = {CHECKS: (*checks, PathName()) if path else checks, IS_PATH: path, FORMERLY: formerly}
     if isinstance(default, list | dict):
         return dataclasses.field(default_factory=lambda: copy.deepcopy(default), metadata=metadata)
     return dataclasses.field(default=default, metadata=metadata)

@@ -19,6 +19,7 @@ from typing import Any, TypeVar, Union
 import yaml
 
 from facetrain.config.checks import is_path_field
+from facetrain.config.former_keys import read_former_keys
 from facetrain.config.plain_yaml import PlainYamlError, parse_plain_yaml
 from facetrain.config.recipes import config_file
 from facetrain.errors import FacetrainError
@@ -104,11 +105,14 @@ def apply_override(raw: dict[str, Any], override: str) -> None:
 def from_dict(
     cls: type[T], raw: Any, source: str = "config", prefix: str = "", given: Mapping[str, str] | None = None
 ) -> T:
-    """Build dataclass `cls` from a mapping, checking every key and type; `given`: see `where_given`."""
+    """Build dataclass `cls` from a mapping, checking every key and type; `given`: see `where_given`.
+    A whole tree (no `prefix`) reads the keys its settings had before they moved (`former_keys`)."""
     section = prefix.rstrip(".")
     if not isinstance(raw, dict):
         where = where_given(section, source, given)
         raise FacetrainError(f"{where}: {section or 'the top level'} must be a mapping")
+    if not prefix:
+        raw = read_former_keys(cls, raw, lambda key: where_given(key, source, given))
     hints = typing.get_type_hints(cls)
     fields = {f.name: f for f in dataclasses.fields(cls)}
     unknown = sorted(str(key) for key in raw if key not in fields)
