@@ -36,7 +36,7 @@ def finished_run(tmp_path_factory) -> Path:
     """A finished 2-step run of tiny_config with one checkpoint (run/), beside it the synthetic set it
     trained on (synth/, 12 identities) and its config (run.yaml). Trained once for every test that only
     needs a finished run; a test that changes anything in it copies it first."""
-    return trained_tiny_run(tmp_path_factory.mktemp("finished"), steps=2, checkpoint_every=2)
+    return trained_tiny_run(tmp_path_factory.mktemp("finished"), steps=2, every=2)
 
 
 @pytest.fixture

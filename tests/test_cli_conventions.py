@@ -73,7 +73,7 @@ def test_no_group_has_a_single_verb():
 
 
 def test_train_out_is_the_run_directory_and_quiet_drops_the_progress_line(tmp_path):
-    config = tiny_config(tmp_path, "run", train={"steps": 2, "checkpoint_every": 2})
+    config = tiny_config(tmp_path, "run", train={"steps": 2}, checkpoint={"every": 2})
     code, stdout, stderr = invoke("train", "-c", config, "-o", tmp_path / "elsewhere", "-q")
     assert code == 0, stderr
     assert (tmp_path / "elsewhere" / "checkpoints").is_dir() and not (tmp_path / "run").exists()

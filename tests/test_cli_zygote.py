@@ -59,7 +59,7 @@ def test_a_forked_command_prints_and_exits_as_a_fresh_interpreter(tmp_path):
 
 
 def test_a_forked_run_trains_and_checkpoints(tmp_path):
-    config = tiny_config(tmp_path, train={"steps": 2, "checkpoint_every": 2})
+    config = tiny_config(tmp_path, train={"steps": 2}, checkpoint={"every": 2})
     forked = cli_zygote.run(["train", "-c", str(config)], tmp_path, cli_env(), timeout=300)
     assert forked.returncode == 0, forked.stderr
     assert [path.name for path in (tmp_path / "run" / "checkpoints").glob("step_*")] == ["step_00000002"]
@@ -75,7 +75,7 @@ def test_a_variable_read_at_start_that_differs_means_a_fresh_interpreter(tmp_pat
 
 
 def test_a_forked_command_past_its_timeout_is_killed(tmp_path):
-    config = tiny_config(tmp_path, train={"steps": 100_000, "checkpoint_every": 100_000})
+    config = tiny_config(tmp_path, train={"steps": 100_000}, checkpoint={"every": 100_000})
     started = time.monotonic()
     with pytest.raises(subprocess.TimeoutExpired):
         cli_zygote.run(["train", "-c", str(config)], REPO, cli_env(), timeout=5)

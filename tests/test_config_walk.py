@@ -16,7 +16,7 @@ CALLBACK_SITES = {"facetrain.registry", "facetrain.config.validate"}
 
 
 def test_the_config_reaches_libraries_as_sections_and_climbs_only_through_callbacks(tmp_path):
-    config = tiny_config(tmp_path, "run", train={"steps": 2, "checkpoint_every": 2})
+    config = tiny_config(tmp_path, "run", train={"steps": 2}, checkpoint={"every": 2})
     result = subprocess.run(
         [sys.executable, "-m", "tools.config_walk", str(config), "--json"],
         capture_output=True,

@@ -107,7 +107,7 @@ def failure_lines(stderr: str) -> str:
 @pytest.mark.parametrize("precision", ["fp32", "bf16", "fp16"])
 def test_thirty_steps_lower_the_loss(tmp_path, precision):
     """fp16 runs with the trainer's GradScaler; every precision must learn the synthetic identities."""
-    train(tmp_path, "run", train={"steps": 30, "precision": precision, "checkpoint_every": 30})
+    train(tmp_path, "run", train={"steps": 30, "precision": precision}, checkpoint={"every": 30})
     losses = logged_losses(tmp_path / "run")
     assert len(losses) == 30 and all(np.isfinite(losses))
     assert np.mean(losses[-5:]) < 0.8 * np.mean(losses[:5])
@@ -118,12 +118,12 @@ def test_two_ranks_on_one_gpu_train_and_reshard(tmp_path):
     A torch older than the app's 2.14 (a GPU image's own) must refuse in one line instead."""
     gloo = ("--set", "parallel.backend=gloo")
     if importlib.util.find_spec("torch.distributed.checkpoint.protocol") is None:
-        config = tiny_config(tmp_path, "run", train={"steps": 4, "checkpoint_every": 4})
+        config = tiny_config(tmp_path, "run", train={"steps": 4}, checkpoint={"every": 4})
         result = run_cli("train", "-c", str(config), "--nproc", "2", *gloo, timeout=300)
         assert result.returncode != 0 and "needs torch >= 2.14" in result.stderr, result.stderr[-3000:]
         assert "Traceback" not in result.stderr
         return
-    config = train(tmp_path, "run", "--nproc", "2", *gloo, train={"steps": 4, "checkpoint_every": 4})
+    config = train(tmp_path, "run", "--nproc", "2", *gloo, train={"steps": 4}, checkpoint={"every": 4})
     result = run_cli("train", "-c", str(config), "--resume", "auto", "--set", "train.steps=6", timeout=300)
     assert result.returncode == 0, result.stderr[-3000:]
     meta = json.loads((tmp_path / "run" / "checkpoints" / "step_00000006" / "meta.json").read_text())
@@ -131,7 +131,7 @@ def test_two_ranks_on_one_gpu_train_and_reshard(tmp_path):
 
 
 def test_a_cuda_checkpoint_resumes_on_the_cpu_and_back(tmp_path, monkeypatch):
-    config = train(tmp_path, "run", train={"steps": 3, "checkpoint_every": 3})
+    config = train(tmp_path, "run", train={"steps": 3}, checkpoint={"every": 3})
     monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "")
     result = run_cli("train", "-c", str(config), "--resume", "auto", "--set", "train.steps=5", timeout=300)
     assert result.returncode == 0, result.stderr[-3000:]
@@ -143,7 +143,7 @@ def test_a_cuda_checkpoint_resumes_on_the_cpu_and_back(tmp_path, monkeypatch):
 
 def test_export_of_a_cuda_checkpoint_matches_onnxruntime_and_evaluates_on_cuda(tmp_path):
     pytest.importorskip("onnxruntime")
-    train(tmp_path, "run", train={"steps": 3, "checkpoint_every": 3})
+    train(tmp_path, "run", train={"steps": 3}, checkpoint={"every": 3})
     out = tmp_path / "export"
     result = run_cli(
         "export", str(tmp_path / "run"), "-o", str(out), "--formats", "safetensors,onnx", "--quiet"
@@ -177,6 +177,6 @@ def test_pipeline_of_two_stages_on_cuda(tmp_path):
 def test_compiled_backbone_trains(tmp_path):
     if "compile" not in {f.name for f in dataclasses.fields(ModelConfig)}:
         pytest.skip("facetrain has no model.compile option yet; nothing to compile behind it")
-    train(tmp_path, "run", model={"compile": True}, train={"steps": 10, "checkpoint_every": 10})
+    train(tmp_path, "run", model={"compile": True}, train={"steps": 10}, checkpoint={"every": 10})
     losses = logged_losses(tmp_path / "run")
     assert len(losses) == 10 and all(np.isfinite(losses))

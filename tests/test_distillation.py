@@ -95,13 +95,13 @@ def test_a_distilled_run_logs_the_term_leaves_its_teacher_and_resumes_exactly(te
     teacher = teacher_run / "run"
     teacher_files = digest(teacher)
     data = {"path": str(teacher_run / "synth")}
-    train = {"steps": 4, "checkpoint_every": 2}
-    plain = tiny_config(tmp_path, "plain", data=data, train=train)
+    train, checkpoint = {"steps": 4}, {"every": 2}
+    plain = tiny_config(tmp_path, "plain", data=data, train=train, checkpoint=checkpoint)
     assert run_cli("train", "-c", str(plain)).returncode == 0
     distilled = {}
     for name, weight in (("straight", 1.0), ("double", 2.0)):
         loss = {"teacher": str(teacher), "teacher_weight": weight}
-        config = tiny_config(tmp_path, name, data=data, train=train, loss=loss)
+        config = tiny_config(tmp_path, name, data=data, train=train, checkpoint=checkpoint, loss=loss)
         result = run_cli("train", "-c", str(config))
         assert result.returncode == 0, result.stderr
         distilled[name] = logged_losses(tmp_path / name)
@@ -194,11 +194,16 @@ def test_a_cached_run_equals_the_uncached_one(teacher_run, tmp_path):
     and the losses and the weights are those of the run that computes them at every step."""
     teacher = str(teacher_run / "run")
     data = {"path": str(teacher_run / "synth"), "augment": {"horizontal_flip": False}}
-    train = {"steps": 6, "batch_size": 32, "checkpoint_every": 6}
+    train, checkpoint = {"steps": 6, "batch_size": 32}, {"every": 6}
     runs = {}
     for name, cache in (("computed", False), ("cached", True)):
         config = tiny_config(
-            tmp_path, name, data=data, train=train, loss={"teacher": teacher, "teacher_cache": cache}
+            tmp_path,
+            name,
+            data=data,
+            train=train,
+            checkpoint=checkpoint,
+            loss={"teacher": teacher, "teacher_cache": cache},
         )
         result = run_cli("train", "-c", str(config))
         assert result.returncode == 0, result.stderr
@@ -247,8 +252,10 @@ def test_a_run_folder_teacher_is_pinned_at_the_start_and_every_resume_keeps_it(t
     shutil.copytree(teacher_run / "run", teacher)
     pinned = resolve_checkpoint(teacher)
     data = {"path": str(teacher_run / "synth")}
-    train = {"steps": 2, "checkpoint_every": 2}
-    config = tiny_config(tmp_path, "student", data=data, train=train, loss={"teacher": str(teacher)})
+    train, checkpoint = {"steps": 2}, {"every": 2}
+    config = tiny_config(
+        tmp_path, "student", data=data, train=train, checkpoint=checkpoint, loss={"teacher": str(teacher)}
+    )
     result = run_cli("train", "-c", str(config))
     assert result.returncode == 0, result.stderr
     assert f"loss.teacher: {teacher} resolved to {pinned}" in result.stdout + result.stderr

@@ -101,7 +101,7 @@ def test_the_readme_multi_node_command_is_the_one_in_the_training_docs():
 
 @pytest.mark.slow
 def test_two_nodes_train_and_checkpoint_with_the_documented_command(tmp_path):
-    config = tiny_config(tmp_path, "run", train={"steps": 4, "checkpoint_every": 2})
+    config = tiny_config(tmp_path, "run", train={"steps": 4}, checkpoint={"every": 2})
     argv = on_this_machine(
         doc_command("README.md", "Several nodes (run on each node):"), free_port(), config, "two"
     )
@@ -147,7 +147,7 @@ def wait_listening(port: int, timeout: float = 60) -> None:
 
 
 MEMBERSHIP = re.compile(r"membership: world size (\d+) -> (\d+); resumed from step (\d+), (\d+) steps? lost")
-ELASTIC = {"global_batch": 16, "steps": 100000, "checkpoint_every": 3}
+ELASTIC, EVERY_3 = {"global_batch": 16, "steps": 100000}, {"every": 3}
 # At tiny_config's lr 0.05 this 12-class set trains chaotically: the 1e-7 by which a resized step's
 # gradient differs (summed in another order) grows to 1e-2 within 20 steps, and at 0.01 to 1e-3 within
 # 45 as the loss nears 0. At 0.002 the run still learns (the weights move by far more than 1e-5).
@@ -158,8 +158,10 @@ QUIET = {"lr": 0.002}
 def test_a_job_loses_a_node_goes_on_alone_and_grows_back(tmp_path):
     """The shrink is compared with an uninterrupted run at the first checkpoint the lone rank writes;
     the whole 2 -> 1 -> 2 trajectory, at fixed steps, in the test after this one."""
-    train = {**ELASTIC, "keep_checkpoints": 1000}
-    config = tiny_config(tmp_path, "run", train=train, optim=QUIET, parallel={"timeout_s": 20})
+    checkpoint = {**EVERY_3, "keep": 1000}
+    config = tiny_config(
+        tmp_path, "run", train=ELASTIC, checkpoint=checkpoint, optim=QUIET, parallel={"timeout_s": 20}
+    )
     port = free_port()
     argv = on_this_machine(
         doc_command("docs/training.md", "## Preemptible clusters"), port, config, "elastic"
@@ -188,7 +190,9 @@ def test_a_job_loses_a_node_goes_on_alone_and_grows_back(tmp_path):
     assert read_meta(alone)["world_size"] == 1
     last = read_meta(resolve_checkpoint(tmp_path / "run"))
     assert last["world_size"] == 2 and last["step"] > int(grown[3])
-    reference = tiny_config(tmp_path, "reference", train={**ELASTIC, "steps": resumed + 3}, optim=QUIET)
+    reference = tiny_config(
+        tmp_path, "reference", train={**ELASTIC, "steps": resumed + 3}, checkpoint=EVERY_3, optim=QUIET
+    )
     result = subprocess.run(
         [sys.executable, "-m", "facetrain", "train", "-c", str(reference), "--nproc", "2"],
         cwd=REPO, env=ENV, capture_output=True, text=True, timeout=AGENT_TIMEOUT_S,
@@ -200,9 +204,9 @@ def test_a_job_loses_a_node_goes_on_alone_and_grows_back(tmp_path):
 @pytest.mark.slow
 def test_a_run_that_goes_2_1_2_ranks_ends_with_the_weights_of_an_uninterrupted_2_rank_run(tmp_path):
     """Fixed steps (4 on 2 ranks, 4 on 1, 4 on 2) through --nproc and --resume auto, no timing involved."""
-    train = {"global_batch": 16, "steps": 12, "checkpoint_every": 4}
-    reference = tiny_config(tmp_path, "reference", train=train, optim=QUIET)
-    config = tiny_config(tmp_path, "run", train=train, optim=QUIET)
+    train, checkpoint = {"global_batch": 16, "steps": 12}, {"every": 4}
+    reference = tiny_config(tmp_path, "reference", train=train, checkpoint=checkpoint, optim=QUIET)
+    config = tiny_config(tmp_path, "run", train=train, checkpoint=checkpoint, optim=QUIET)
 
     def run(*args: str) -> str:
         result = subprocess.run(

@@ -20,7 +20,8 @@ from pathlib import Path
 
 import pytest
 
-from facetrain.checkpoint import find_damage, find_resume_point
+from facetrain.checkpoint import find_resume_point
+from facetrain.checkpoint.layout import find_damage
 from facetrain.checkpoint.resume_point import find_checkpoint_to_resume, restarted_job
 from facetrain.checkpoint.run_dir import RUN_CONFIG_HEADER, check_run_dir
 from facetrain.errors import FacetrainError
@@ -40,7 +41,7 @@ STEPS = 6
 @pytest.fixture(scope="module")
 def finished_run(tmp_path_factory) -> Path:
     """A 6-step run with checkpoints at steps 2, 4 and 6 (copied by the tests that damage it)."""
-    return trained_tiny_run(tmp_path_factory.mktemp("finished"), steps=STEPS, checkpoint_every=2)
+    return trained_tiny_run(tmp_path_factory.mktemp("finished"), steps=STEPS, every=2)
 
 
 def copy_run(finished_run: Path, tmp_path: Path) -> Path:
@@ -232,7 +233,11 @@ def test_a_failing_verification_loses_no_checkpoint_and_is_one_line(
     image = corrupt_a_pairs_image(tmp_path)
     pairs = tmp_path / "synth" / "heldout" / "pairs.txt"
     config = tiny_config(
-        tmp_path, "run", train={"steps": 6, "checkpoint_every": 6}, eval={"pairs": str(pairs), "every": every}
+        tmp_path,
+        "run",
+        train={"steps": 6},
+        checkpoint={"every": 6},
+        eval={"pairs": str(pairs), "every": every},
     )
     result = run_cli("train", "-c", str(config))
     assert result.returncode == 2
@@ -252,7 +257,7 @@ def test_a_failing_verification_loses_no_checkpoint_and_is_one_line(
 def test_a_full_disk_during_a_checkpoint_is_one_line_and_the_earlier_ones_resume_exactly(
     finished_run, tmp_path
 ):
-    config = tiny_config(tmp_path, "run", train={"steps": STEPS, "checkpoint_every": 2})
+    config = tiny_config(tmp_path, "run", train={"steps": STEPS}, checkpoint={"every": 2})
     result = subprocess.run(
         [sys.executable, "-m", "tests.support.fault_injection", "disk-full", "2", "train", "-c", str(config)],
         capture_output=True, text=True, cwd=REPO, env=ENV, timeout=300,
@@ -285,7 +290,7 @@ def test_a_real_full_disk_and_a_read_only_folder(tmp_path):
     for folder in (full, read_only):
         folder.mkdir()
     config = tiny_config(
-        tmp_path, "run", train={"steps": STEPS, "checkpoint_every": 2, "output_dir": str(full / "run")}
+        tmp_path, "run", train={"steps": STEPS, "output_dir": str(full / "run")}, checkpoint={"every": 2}
     )
     python = f"{sys.executable} -m facetrain"
     script = f"""
@@ -316,11 +321,12 @@ def test_ctrl_c_checkpoints_and_exits_0_and_the_run_resumes_exactly(finished_run
     """SIGINT to the process alone; SIGTERM and SIGUSR1, loader workers and every process of a run
     signalled at once are in test_stop_signals.py."""
     sig = signal.SIGINT
-    config = tiny_config(tmp_path, "run", train={"steps": STEPS, "checkpoint_every": 2})
+    config = tiny_config(tmp_path, "run", train={"steps": STEPS}, checkpoint={"every": 2})
     slow = tiny_config(
         tmp_path,
         "slow",
-        train={"steps": 100000, "checkpoint_every": 100000, "output_dir": str(tmp_path / "run")},
+        train={"steps": 100000, "output_dir": str(tmp_path / "run")},
+        checkpoint={"every": 100000},
     )
     process = start("train", "-c", str(slow))
     wait_for_step(process, tmp_path / "run", 1)

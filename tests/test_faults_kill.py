@@ -3,7 +3,7 @@ one, pruning never removes the last good one first, and `--resume auto` ends exa
 was never killed ends.
 
 One process, killed by `tests/support/fault_injection.py` at the named point of its second checkpoint write
-(step 4 of 6, checkpoints every 2 steps, `train.keep_checkpoints=1` so that every write also prunes).
+(step 4 of 6, checkpoints every 2 steps, `checkpoint.keep=1` so that every write also prunes).
 """
 
 from __future__ import annotations
@@ -15,7 +15,8 @@ from pathlib import Path
 
 import pytest
 
-from facetrain.checkpoint import complete_checkpoints, find_resume_point
+from facetrain.checkpoint import find_resume_point
+from facetrain.checkpoint.layout import complete_checkpoints
 from tests.support.fault_helpers import ENV, assert_same_checkpoint
 from tests.support.train_helpers import REPO, run_cli, tiny_config
 
@@ -23,7 +24,7 @@ STEPS, EVERY = 6, 2
 
 
 def config_for(tmp: Path, name: str, keep: int = 1) -> Path:
-    return tiny_config(tmp, name, train={"steps": STEPS, "checkpoint_every": EVERY, "keep_checkpoints": keep})
+    return tiny_config(tmp, name, train={"steps": STEPS}, checkpoint={"every": EVERY, "keep": keep})
 
 
 @pytest.fixture(scope="module")

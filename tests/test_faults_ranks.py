@@ -35,14 +35,14 @@ from tests.support.fault_helpers import (
 from tests.support.train_helpers import REPO, run_cli, tiny_config
 
 STEPS, EVERY, BATCH = 12, 4, 8
-FOREVER = {"steps": 100000, "checkpoint_every": 100000}
+FOREVER = {"steps": 100000}
 
 
 @pytest.fixture(scope="module")
 def uninterrupted(tmp_path_factory) -> Path:
     """12 steps on 2 ranks with checkpoints every 4, never interrupted."""
     tmp = tmp_path_factory.mktemp("uninterrupted")
-    config = tiny_config(tmp, "run", train={"steps": STEPS, "checkpoint_every": EVERY})
+    config = tiny_config(tmp, "run", train={"steps": STEPS}, checkpoint={"every": EVERY})
     result = run_cli("train", "-c", str(config), "--nproc", "2")
     assert result.returncode == 0, result.stderr
     return tmp / "run"
@@ -50,7 +50,7 @@ def uninterrupted(tmp_path_factory) -> Path:
 
 @pytest.mark.slow
 def test_a_torchrun_job_restarted_after_a_dead_rank_resumes_by_itself(tmp_path, uninterrupted):
-    config = tiny_config(tmp_path, "run", train={"steps": STEPS, "checkpoint_every": EVERY})
+    config = tiny_config(tmp_path, "run", train={"steps": STEPS}, checkpoint={"every": EVERY})
     torchrun = subprocess.Popen(
         [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", "2",
          "--max-restarts", "1", "-m", "facetrain", "train", "-c", str(config)],
@@ -81,7 +81,9 @@ def test_a_lost_rank_is_named_within_the_collective_timeout(tmp_path, fault):
     """Plain `python -m facetrain train` per rank, as torchrun starts them but with no agent to stop
     the survivor: the collective timeout (5 s here) and the check-in at the store must."""
     timeout_s = 5
-    config = tiny_config(tmp_path, "run", train=FOREVER, parallel={"timeout_s": timeout_s})
+    config = tiny_config(
+        tmp_path, "run", train=FOREVER, checkpoint={"every": 100000}, parallel={"timeout_s": timeout_s}
+    )
     rendezvous = {"MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(free_port()), "WORLD_SIZE": "2"}
     ranks = [
         subprocess.Popen(
@@ -141,7 +143,7 @@ def break_between_epochs(tmp: Path, skip_bad_images: bool, damage) -> tuple[subp
     victim = image_read_by(faces, rank=1, epoch=1, batch=5)
     config = tiny_config(
         tmp, "run", data={"source": "folder", "path": str(faces), "skip_bad_images": skip_bad_images},
-        train={"steps": 14, "checkpoint_every": 100},
+        train={"steps": 14}, checkpoint={"every": 100},
     )  # fmt: skip
     launcher = start("train", "-c", str(config), "--nproc", "2")
     wait_for_step(launcher, tmp / "run", 6)

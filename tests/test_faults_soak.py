@@ -18,9 +18,9 @@ STEPS, EVERY, KILLS, SEED = 240, 40, 3, 14
 
 @pytest.mark.slow
 def test_a_run_killed_three_times_ends_exactly_where_an_uninterrupted_one_does(tmp_path):
-    train = {"steps": STEPS, "checkpoint_every": EVERY, "log_every": 1}
-    straight = tiny_config(tmp_path, "straight", train=train)
-    interrupted = tiny_config(tmp_path, "interrupted", train=train)
+    train, checkpoint = {"steps": STEPS, "log_every": 1}, {"every": EVERY}
+    straight = tiny_config(tmp_path, "straight", train=train, checkpoint=checkpoint)
+    interrupted = tiny_config(tmp_path, "interrupted", train=train, checkpoint=checkpoint)
     result = run_cli("train", "-c", str(straight), "--nproc", "2", timeout=900)
     assert result.returncode == 0, result.stderr
 

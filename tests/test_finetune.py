@@ -89,7 +89,7 @@ def test_a_fine_tune_verifies_its_start_and_keeps_it_as_best_when_no_step_beats_
     pairs = str(earlier_run / "synth" / "heldout" / "pairs.txt")
     config = tiny_config(
         tmp_path, "finetune", data={"path": str(earlier_run / "synth")}, eval={"pairs": pairs, "every": 2},
-        optim={"head_only_steps": 4}, train={"steps": 4, "checkpoint_every": 100},
+        optim={"head_only_steps": 4}, train={"steps": 4}, checkpoint={"every": 100},
     )  # fmt: skip
     result = run_cli("train", "-c", str(config), "--init", str(earlier_run / "run"))
     assert result.returncode == 0, result.stderr
@@ -115,7 +115,7 @@ def test_best_min_gain_keeps_the_start_when_the_learning_steps_do_not_beat_it_by
     config = tiny_config(
         tmp_path, "finetune", data={"path": str(earlier_run / "synth")},
         eval={"pairs": pairs, "every": 2, "best_min_gain": 0.99}, optim={"head_only_steps": 1},
-        train={"steps": 4, "checkpoint_every": 100},
+        train={"steps": 4}, checkpoint={"every": 100},
     )  # fmt: skip
     result = run_cli("train", "-c", str(config), "--init", str(earlier_run / "run"))
     assert result.returncode == 0, result.stderr

@@ -46,7 +46,7 @@ def rank_threads(tmp_path, *overrides: str) -> tuple[dict[str, list[list[str]]],
     probe, listings = tmp_path / "probe.py", tmp_path / "threads"
     probe.write_text(PROBE)
     listings.mkdir()
-    config = tiny_config(tmp_path, "run", train={"steps": 2, "checkpoint_every": 2})
+    config = tiny_config(tmp_path, "run", train={"steps": 2}, checkpoint={"every": 2})
     command = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", "2"]
     result = subprocess.run(
         [*command, str(probe), str(listings), str(config), *overrides],

@@ -20,7 +20,7 @@ def relative_run(tmp_path_factory) -> Path:
     """A tiny run trained from `tmp` with relative paths (data.path synth, train.output_dir runs/r)."""
     tmp = tmp_path_factory.mktemp("relative")
     config = tiny_config(
-        tmp, "r", data={"path": "synth"}, train={"output_dir": "runs/r", "steps": 2, "checkpoint_every": 2}
+        tmp, "r", data={"path": "synth"}, train={"output_dir": "runs/r", "steps": 2}, checkpoint={"every": 2}
     )
     result = run_cli("train", "-c", str(config), "-q", cwd=tmp)
     assert result.returncode == 0, result.stderr

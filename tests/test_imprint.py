@@ -92,7 +92,7 @@ def test_every_shard_equals_one_process_class_means(world_size):
 def pretrained(tmp_path_factory):
     """A few steps of a tiny run: the network a fine-tune starts from."""
     tmp = tmp_path_factory.mktemp("pretrained")
-    result = run_cli("train", "-c", str(tiny_config(tmp, train={"steps": 4, "checkpoint_every": 4})))
+    result = run_cli("train", "-c", str(tiny_config(tmp, train={"steps": 4}, checkpoint={"every": 4})))
     assert result.returncode == 0, result.stderr
     return tmp
 
@@ -105,7 +105,8 @@ def test_a_fine_tune_starts_from_its_starting_networks_class_means(pretrained, t
         model={"init": str(pretrained / "run")},
         head={"init": "class_means"},
         optim={"lr": 1e-9},
-        train={"steps": 1, "checkpoint_every": 1},
+        train={"steps": 1},
+        checkpoint={"every": 1},
     )
     result = run_cli("train", "-c", str(config), "--nproc", "2")
     assert result.returncode == 0, result.stderr

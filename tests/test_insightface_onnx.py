@@ -103,7 +103,7 @@ def test_fine_tuning_starts_from_the_import(imported, tmp_path):
             "heldout_images_per_identity": 2, "pairs_folds": 2, "pairs_per_fold": 2, "image_size": 112,
         }},
         model={"backbone": ARCH, "embedding_size": EMBEDDING_SIZE},
-        train={"steps": 2, "batch_size": 4, "checkpoint_every": 2},
+        train={"steps": 2, "batch_size": 4}, checkpoint={"every": 2},
         eval={"every": 0},
     )  # fmt: skip
     result = run_cli("train", "-c", str(config), "--init", str(imported))

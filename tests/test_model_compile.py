@@ -26,8 +26,8 @@ NEEDS_A_COMPILER = pytest.mark.skipif(
 @pytest.mark.slow
 @NEEDS_A_COMPILER
 def test_a_compiled_backbone_trains_as_the_eager_one(tmp_path):
-    eager = tiny_config(tmp_path, "eager", train={"steps": 3, "checkpoint_every": 3})
-    compiled = tiny_config(tmp_path, "compiled", train={"steps": 3, "checkpoint_every": 3})
+    eager = tiny_config(tmp_path, "eager", train={"steps": 3}, checkpoint={"every": 3})
+    compiled = tiny_config(tmp_path, "compiled", train={"steps": 3}, checkpoint={"every": 3})
     assert run_cli("train", "-c", str(eager)).returncode == 0
     result = run_cli("train", "-c", str(compiled), "--set", "model.compile=true")
     assert result.returncode == 0, result.stderr

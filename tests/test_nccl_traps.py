@@ -176,7 +176,8 @@ def test_the_trainer_waits_for_rank_0_on_the_control_group(tmp_path):
     config = tiny_config(
         tmp_path,
         "run",
-        train={"steps": 2, "checkpoint_every": 2},
+        train={"steps": 2},
+        checkpoint={"every": 2},
         eval={"pairs": str(tmp_path / "synth" / "heldout" / "pairs.txt"), "every": 1, "batch_size": 16},
     )
     for result in run_distributed(trainer_control_group_worker, 2, str(config), timeout=120):

@@ -67,7 +67,8 @@ def test_ranks_of_a_launcher_killed_with_sigkill_checkpoint_and_exit_within_seco
     config = tiny_config(
         tmp_path,
         "run",
-        train={"steps": 100000, "checkpoint_every": 100000},
+        train={"steps": 100000},
+        checkpoint={"every": 100000},
         parallel={"timeout_s": timeout_s},
     )
     # files, not pipes: a pipe that nobody reads would stall the ranks for a reason of the test's own

@@ -52,7 +52,8 @@ def noisy_run(request, tmp_path_factory) -> tuple[Path, list[Path], int]:
         "run",
         data={"source": "folder", "path": str(tmp / "faces")},
         head={"sub_centers": request.param},
-        train={"steps": 60, "checkpoint_every": 60},
+        train={"steps": 60},
+        checkpoint={"every": 60},
     )
     result = run_cli("train", "-c", str(config), "-q")
     assert result.returncode == 0, result.stderr

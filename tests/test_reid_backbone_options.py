@@ -127,7 +127,7 @@ def test_a_run_with_gem_and_ibn_trains_resumes_and_exports(tmp_path: Path):
     folder = write_cuhk03_style(tmp_path / "train", range(8), size=(32, 16))
     model = {"pooling": "gem", "ibn": True}
     config = reid_config(tmp_path, folder, steps=4, data={"images_per_identity": 2}, model=model,
-                         train={"batch_size": 8, "checkpoint_every": 2})  # fmt: skip
+                         train={"batch_size": 8}, checkpoint={"every": 2})  # fmt: skip
     trained = run_cli("train", "-c", str(config), "--set", "train.steps=2")
     assert trained.returncode == 0, trained.stderr
     resumed = run_cli("train", "-c", str(config), "--resume", "auto")

@@ -36,7 +36,7 @@ MEAN = "app.model.head.margin_state.batch_mean"
 @pytest.fixture(scope="module")
 def adaface_run(tmp_path_factory) -> Path:
     tmp = tmp_path_factory.mktemp("adaface")
-    config = tiny_config(tmp, "run", head=ADAFACE, train={"steps": 2, "checkpoint_every": 2})
+    config = tiny_config(tmp, "run", head=ADAFACE, train={"steps": 2}, checkpoint={"every": 2})
     assert run_cli("train", "-c", str(config)).returncode == 0
     return tmp
 
@@ -174,7 +174,7 @@ def test_the_last_good_checkpoint_holds_finite_weights_whose_loss_was_finite(tmp
     """optim.lr=1e30: the weights were 2.5e31 after step 1 and the loss NaN at step 2, and the checkpoint
     of step 1 was named the last good one."""
     config = tiny_config(tmp_path, "run", optim={"lr": 1e30, "grad_clip": None, "momentum": 0.0},
-                         train={"steps": 8, "checkpoint_every": 1, "keep_checkpoints": 10})  # fmt: skip
+                         train={"steps": 8}, checkpoint={"every": 1, "keep": 10})  # fmt: skip
     result = run_cli("train", "-c", str(config))
     assert result.returncode == 2, result.stderr
     [line] = error_lines(result.stderr)

@@ -52,9 +52,11 @@ def test_persistent_workers_resume_exactly_across_epochs(tmp_path):
     the same workers, the resumed one after starting new workers mid-epoch (at step 2); both end bit for
     bit alike, losses, weights, momentum and RNG states."""
     data = {**AUGMENTED_WITH_WORKERS, "persistent_workers": True}
-    train = {"batch_size": 32, "checkpoint_every": 100}
-    straight = tiny_config(tmp_path, "straight", data=data, train={**train, "steps": 5})
-    halves = tiny_config(tmp_path, "halves", data=data, train={**train, "steps": 2})
+    train, checkpoint = {"batch_size": 32}, {"every": 100}
+    straight = tiny_config(
+        tmp_path, "straight", data=data, train={**train, "steps": 5}, checkpoint=checkpoint
+    )
+    halves = tiny_config(tmp_path, "halves", data=data, train={**train, "steps": 2}, checkpoint=checkpoint)
     results = [run_cli("train", "-c", str(halves))]  # which writes the synthetic set, then at once:
     resumed = ("train", "-c", str(halves), "--set", "train.steps=5", "--resume", "auto")
     results += run_cli_at_once(("train", "-c", str(straight)), resumed)
@@ -67,7 +69,7 @@ def test_persistent_workers_resume_exactly_across_epochs(tmp_path):
 
 @pytest.mark.slow
 def test_two_ranks_with_workers_resume_to_the_same_losses_and_weights(tmp_path):
-    straight = tiny_config(tmp_path, "straight", **RUN, train={"steps": 2 * HALF, "checkpoint_every": HALF})
+    straight = tiny_config(tmp_path, "straight", **RUN, train={"steps": 2 * HALF}, checkpoint={"every": HALF})
     halves = tiny_config(tmp_path, "halves", **RUN, train={"steps": HALF})
     for args in (
         ("-c", str(straight)),
@@ -121,7 +123,7 @@ def test_frozen_stages_train_under_ddp_and_stay_frozen_when_two_ranks_resume_on_
     """DDP reads which parameters require gradients when it wraps the backbone, so the freeze comes
     first; the optimizer state is saved by parameter name, so two ranks' groups reshard onto one."""
     optim = {"freeze_stages": 2, "layer_decay": 0.7}
-    config = tiny_config(tmp_path, "run", optim=optim, train={"steps": 2, "checkpoint_every": 2})
+    config = tiny_config(tmp_path, "run", optim=optim, train={"steps": 2}, checkpoint={"every": 2})
     result = run_cli("train", "-c", str(config), "--nproc", "2")
     assert result.returncode == 0, result.stderr
     resumed = run_cli("train", "-c", str(config), "--set", "train.steps=4", "--resume", "auto")

@@ -50,8 +50,8 @@ finally:
 def test_a_run_holds_one_config_object_resolved_in_place(tmp_path):
     # a global batch of 2 micro-batches, the device's pin_memory, persistent_workers and precision: all
     # resolved by the run itself
-    train = {"steps": 2, "global_batch": 16, "checkpoint_every": 2, "precision": "auto"}
-    config = tiny_config(tmp_path, "run", train=train)
+    train = {"steps": 2, "global_batch": 16, "precision": "auto"}
+    config = tiny_config(tmp_path, "run", train=train, checkpoint={"every": 2})
     result = subprocess.run(
         [sys.executable, "-c", TRACE, str(config)], capture_output=True, text=True, timeout=600, cwd=REPO
     )

@@ -33,7 +33,7 @@ def tree(folder: Path) -> dict[str, str]:
 
 
 def test_a_second_run_into_a_busy_run_directory_is_refused_naming_the_holder(tmp_path):
-    slow = tiny_config(tmp_path, "run", train={"steps": 100000, "checkpoint_every": 100000})
+    slow = tiny_config(tmp_path, "run", train={"steps": 100000}, checkpoint={"every": 100000})
     other = tiny_config(tmp_path, "other", train={"output_dir": str(tmp_path / "run"), "seed": 7})
     run = tmp_path / "run"
     first = start("train", "-c", str(slow))

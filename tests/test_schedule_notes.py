@@ -18,7 +18,7 @@ def _train(*args: str) -> list[str]:
 
 def test_a_warmup_as_long_as_the_run_is_warned_and_a_reshaping_resume_noted(tmp_path, one_thread):
     optim = {"lr": 0.05, "schedule": "polynomial", "warmup_steps": 4}
-    config = str(tiny_config(tmp_path, optim=optim, train={"steps": 4, "checkpoint_every": 4}))
+    config = str(tiny_config(tmp_path, optim=optim, train={"steps": 4}, checkpoint={"every": 4}))
     lines = _train("-c", config)
     warnings = [line for line in lines if line.startswith("warning:")]
     assert warnings == [
@@ -38,7 +38,7 @@ def test_a_warmup_as_long_as_the_run_is_warned_and_a_reshaping_resume_noted(tmp_
 
 
 def test_a_resume_that_keeps_the_lr_says_nothing(tmp_path, one_thread):
-    config = str(tiny_config(tmp_path, train={"steps": 2, "checkpoint_every": 2}))  # constant schedule
+    config = str(tiny_config(tmp_path, train={"steps": 2}, checkpoint={"every": 2}))  # constant schedule
     _train("-c", config)
     lines = _train("-c", config, "--resume", "auto", "--set", "train.steps=3")
     assert not [line for line in lines if "lr schedule" in line]

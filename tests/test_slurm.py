@@ -108,7 +108,9 @@ def test_a_requeued_and_time_limited_job_ends_exactly_like_an_uninterrupted_run(
     tmp_path,
 ):
     data = {"num_workers": 2, "synth": SYNTH}
-    config = tiny_config(tmp_path, "reference", data=data, train={"steps": STEPS, "checkpoint_every": STEPS})
+    config = tiny_config(
+        tmp_path, "reference", data=data, train={"steps": STEPS}, checkpoint={"every": STEPS}
+    )
     prepare_train_data(load_config(config).data)  # once, before two runs read it
     command = ["--standalone", "--nproc-per-node", "2", "-m", "facetrain", "train", "-c", str(config), "-q"]
     reference = subprocess.Popen(

@@ -78,7 +78,7 @@ def uninterrupted(tmp_path_factory) -> Path:
     """The run every stopped-and-resumed run must equal: 2 ranks, no loader workers (where the samples
     are decoded does not change them)."""
     tmp = tmp_path_factory.mktemp("uninterrupted")
-    config = tiny_config(tmp, "run", train={"steps": STEPS, "checkpoint_every": 4})
+    config = tiny_config(tmp, "run", train={"steps": STEPS}, checkpoint={"every": 4})
     result = run_cli("train", "-c", str(config), "--nproc", "2")
     assert result.returncode == 0, result.stderr
     return tmp / "run"
@@ -88,12 +88,13 @@ def configs(tmp: Path, **data) -> tuple[Path, Path]:
     """The config of the full run and one that would run on for ever in the same run directory (the
     learning rate is constant, so both take the same steps)."""
     data = {**WORKERS, **data}
-    final = tiny_config(tmp, "run", data=data, train={"steps": STEPS, "checkpoint_every": 4})
+    final = tiny_config(tmp, "run", data=data, train={"steps": STEPS}, checkpoint={"every": 4})
     endless = tiny_config(
         tmp,
         "endless",
         data=data,
-        train={"steps": 100000, "checkpoint_every": 4, "output_dir": str(tmp / "run")},
+        train={"steps": 100000, "output_dir": str(tmp / "run")},
+        checkpoint={"every": 4},
     )
     return final, endless
 
@@ -191,9 +192,9 @@ def test_signals_during_the_checkpoint_write_change_nothing(tmp_path):
     is written, SIGINT, SIGUSR1 and SIGTERM arrive again (tests/support/fault_injection.py, `signals`): the
     checkpoint is whole, the exit code 0, and the run resumes exactly."""
     final, endless = configs(tmp_path)
-    uninterrupted = tiny_config(tmp_path, "uninterrupted", train={"steps": STEPS, "checkpoint_every": 4})
+    uninterrupted = tiny_config(tmp_path, "uninterrupted", train={"steps": STEPS}, checkpoint={"every": 4})
     assert run_cli("train", "-c", str(uninterrupted)).returncode == 0
-    endless.write_text(endless.read_text().replace("checkpoint_every: 4", "checkpoint_every: 100000"))
+    endless.write_text(endless.read_text().replace("checkpoint:\n  every: 4", "checkpoint:\n  every: 100000"))
     process = start("signals", "1", "train", "-c", str(endless), module="tests.support.fault_injection")
     stdout, stderr, tree = stop(process, tmp_path / "run", lambda p: signal_tree(p.pid, signal.SIGTERM))
     assert process.returncode == 0, stderr

@@ -23,7 +23,7 @@ def train(*args: str):
 
 def test_a_timm_backbone_trains_and_resumes_from_its_checkpoint(tmp_path):
     config = tiny_config(
-        tmp_path, "run", model={"backbone": BACKBONE}, train={"steps": 2, "checkpoint_every": 2}
+        tmp_path, "run", model={"backbone": BACKBONE}, train={"steps": 2}, checkpoint={"every": 2}
     )
     first = train("-c", str(config))
     assert first.exit_code == 0, first.output

@@ -19,7 +19,7 @@ from tests.support.train_helpers import REPO, run_cli, run_cli_at_once, tiny_con
 
 @pytest.mark.slow
 def test_two_rank_run_resumes_on_one_and_three_ranks(tmp_path):
-    config = tiny_config(tmp_path, "run", train={"steps": 2, "checkpoint_every": 2})
+    config = tiny_config(tmp_path, "run", train={"steps": 2}, checkpoint={"every": 2})
     assert run_cli("train", "-c", str(config), "--nproc", "2").returncode == 0
     for nproc, steps in ((1, 3), (3, 4)):
         result = run_cli(
@@ -111,7 +111,7 @@ def test_more_ranks_than_classes_is_one_line(tmp_path):
 
 @pytest.mark.slow
 def test_a_dead_rank_stops_the_others(tmp_path):
-    config = tiny_config(tmp_path, "run", train={"steps": 100000, "checkpoint_every": 100000})
+    config = tiny_config(tmp_path, "run", train={"steps": 100000}, checkpoint={"every": 100000})
     launcher = subprocess.Popen(
         [sys.executable, "-m", "facetrain", "train", "-c", str(config), "--nproc", "2"],
         cwd=REPO,

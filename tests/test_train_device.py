@@ -126,8 +126,8 @@ def test_on_cuda_the_host_waits_for_the_gpu_no_more_often_for_more_steps_between
     checkpoint) are as many for 8 steps as for 3: none comes with a step between two logs."""
     counts = []
     for steps in (3, 8):
-        train = {"steps": steps, "log_every": 100, "checkpoint_every": 100, "deterministic": False}
-        config = tiny_config(tmp_path, f"run{steps}", train=train)
+        train = {"steps": steps, "log_every": 100, "deterministic": False}
+        config = tiny_config(tmp_path, f"run{steps}", train=train, checkpoint={"every": 100})
         result = subprocess.run(
             [sys.executable, "-c", SYNC_COUNT, str(config)],
             capture_output=True,

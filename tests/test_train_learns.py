@@ -47,13 +47,8 @@ def test_synthetic_training_beats_the_untrained_network(tmp_path):
             }
         },
         optim={"lr": 0.1, "schedule": "polynomial", "warmup_steps": 10},
-        train={
-            "steps": 150,
-            "batch_size": 16,
-            "log_every": 10,
-            "checkpoint_every": 150,
-            "deterministic": False,
-        },
+        train={"steps": 150, "batch_size": 16, "log_every": 10, "deterministic": False},
+        checkpoint={"every": 150},
         eval={"pairs": str(tmp_path / "synth" / "heldout" / "pairs.txt")},
     )
     result = run_cli("train", "-c", str(config), "--nproc", "2", timeout=600)

@@ -15,7 +15,8 @@ def test_two_stages_two_replicas_train_checkpoint_and_resume_without_pipeline(tm
     config = tiny_config(
         tmp_path,
         "run",
-        train={"steps": 3, "checkpoint_every": 3},
+        train={"steps": 3},
+        checkpoint={"every": 3},
         parallel={"pipeline_stages": 2, "microbatches": 2},
     )
     result = run_cli("train", "-c", str(config), "--nproc", "4")

@@ -124,8 +124,8 @@ class Fixtures:
             "model": {"backbone": "small", "embedding_size": 16},
             "head": {"margin": "cosface", "scale": 16.0, "margin_params": {"m": 0.2}},
             "optim": {"lr": 0.05, "schedule": "constant"},
-            "train": {"output_dir": str(output), "batch_size": 8, "steps": 2, "log_every": 1,
-                      "checkpoint_every": 2},
+            "train": {"output_dir": str(output), "batch_size": 8, "steps": 2, "log_every": 1},
+            "checkpoint": {"every": 2},
         }  # fmt: skip
         path.write_text(yaml.safe_dump(config))
         return path

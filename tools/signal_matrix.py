@@ -74,9 +74,9 @@ def write_config(folder: Path, name: str, run: Path, workers: int, steps: int) -
         "head": {"margin": "cosface", "scale": 16.0, "margin_params": {"m": 0.2}},
         "optim": {"lr": 0.05, "schedule": "constant"},  # constant: the endless run takes the same steps
         "train": {
-            "output_dir": str(run), "batch_size": 8, "steps": steps, "log_every": 1,
-            "checkpoint_every": 2, "deterministic": True,
+            "output_dir": str(run), "batch_size": 8, "steps": steps, "log_every": 1, "deterministic": True,
         },
+        "checkpoint": {"every": 2},
     }  # fmt: skip
     path = folder / f"{name}.yaml"
     path.write_text(yaml.safe_dump(config))

@@ -78,7 +78,7 @@ CASES = {"demo": demo_args, "head1m": head_1m_args}
 
 def stop_once(args: list[str], run: Path, after: int) -> dict:
     command = [sys.executable, "-m", "facetrain", "train", *args, "-o", str(run), "--nproc", "2", "-q"]
-    command += ["--set", "train.steps=100000", "--set", "train.checkpoint_every=100000"]
+    command += ["--set", "train.steps=100000", "--set", "checkpoint.every=100000"]
     process = subprocess.Popen(
         command, cwd=REPO, env=ENV, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
         start_new_session=True,

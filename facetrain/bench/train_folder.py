@@ -67,9 +67,9 @@ def train_config(settings: dict, kind: str, run_dir: Path, optim) -> dict:
             "steps": total,
             "precision": settings["precision"],
             "log_every": window,
-            "checkpoint_every": total,
             "trackers": [],
         },
+        "checkpoint": {"every": total},
     }
 
 

@@ -65,9 +65,9 @@ def train(
     resumes it; under Slurm a requeued job resumes by itself (docs/cluster.md).
 
     Settings come from the config (-c) and --set, in sections data, model, head, loss, optim, train,
-    eval and parallel; `facetrain config -c FILE` prints every key with its value, and a recipe is
-    the place to start (`facetrain config --recipes`; demo: synthetic faces; laptop: your own photos;
-    in a clone, configs/demo.yaml and configs/laptop.yaml are the same files).
+    checkpoint, eval and parallel; `facetrain config -c FILE` prints every key with its value, and a
+    recipe is the place to start (`facetrain config --recipes`; demo: synthetic faces; laptop: your
+    own photos; in a clone, configs/demo.yaml and configs/laptop.yaml are the same files).
 
     \b
     Examples:

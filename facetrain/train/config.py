@@ -1,5 +1,6 @@
-"""The `train` section of a run's config: batch, steps, precision, logging and checkpointing; the
-trackers are checked against those `facetrain.train.trackers` registers."""
+"""The `train` section of a run's config: batch, steps, precision and logging (checkpointing has its
+own section, `facetrain.checkpoint.config`); the trackers are checked against those
+`facetrain.train.trackers` registers."""
 
 from __future__ import annotations
 
@@ -25,9 +26,6 @@ class TrainConfig:
     precision: str = setting("fp32", OneOf(TRAIN_PRECISIONS))
     deterministic: bool = False
     log_every: int = setting(10, at_least(1))
-    checkpoint_every: int = setting(500, at_least(1))
-    checkpoint_every_minutes: float | None = setting(None, Within(0, 30 * 24 * 60, "(]"))  # also by time
-    keep_checkpoints: int = setting(3, at_least(1))
     max_nonfinite_steps: int = setting(
         20, at_least(0)
     )  # fp16 scaler skips tolerated in a row before stopping

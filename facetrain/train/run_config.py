@@ -4,8 +4,9 @@
 Defaults describe a sensible face-recognition run; `configs/*.yaml` override what differs. Each
 section lives beside the code that reads it and checks its names against that code's registry
 (`data`: `facetrain.data.config`, `model`: `facetrain.models.config`, `head`: `facetrain.heads.config`,
-`eval`: `facetrain.eval.config`, `parallel`: `facetrain.parallel.config`, `loss`, `optim` and `train`:
-`facetrain.train.losses`, `facetrain.train.optim`, `facetrain.train.config`); the loader is the generic
+`eval`: `facetrain.eval.config`, `parallel`: `facetrain.parallel.config`, `checkpoint`:
+`facetrain.checkpoint.config`, `loss`, `optim` and `train`: `facetrain.train.losses`,
+`facetrain.train.optim`, `facetrain.train.config`); the loader is the generic
 one of `facetrain.config`, and `facetrain.train.run_checks.validate` checks the tree.
 """
 
@@ -15,6 +16,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from facetrain.checkpoint.config import CheckpointConfig
 from facetrain.checkpoint.layout import read_config_yaml
 from facetrain.config.loader import from_dict, load_tree
 from facetrain.data.config import DataConfig
@@ -35,6 +37,7 @@ class Config:
     loss: LossConfig = field(default_factory=LossConfig)
     optim: OptimConfig = field(default_factory=OptimConfig)
     train: TrainConfig = field(default_factory=TrainConfig)
+    checkpoint: CheckpointConfig = field(default_factory=CheckpointConfig)
     eval: EvalConfig = field(default_factory=EvalConfig)
     parallel: ParallelConfig = field(default_factory=ParallelConfig)
 

@@ -93,7 +93,7 @@ def _train_in_group(cfg: Config, resume: str | None) -> dict:
     trainer = None
     device_defaults = resolve_run_config(cfg, dims)
     checkpointer = Checkpointer(
-        Path(cfg.train.output_dir), dims, cfg.train.checkpoint_every, cfg.train.keep_checkpoints
+        Path(cfg.train.output_dir), dims, cfg.checkpoint.every, cfg.checkpoint.keep
     )
     try:
         try:
@@ -207,7 +207,7 @@ class Trainer(Stateful):
         """Train until train.steps or a stop; `startup`, started with the run, times its first step."""
         cfg, dims, state = self.cfg, self.dims, self.state
         log = MetricsLog(self.run_dir, dims.is_primary, cfg.train.trackers, to_dict(cfg))
-        minutes = cfg.train.checkpoint_every_minutes
+        minutes = cfg.checkpoint.every_minutes
         seconds = None if minutes is None else 60 * minutes
         gate = StepGate(self._batches(), cfg.optim.grad_accumulation, state, dims, seconds)
         progress = tqdm(

@@ -96,8 +96,8 @@ def reid_config(tmp: Path, train_folder: Path, steps: int, output: str = "run", 
             "batch_size": 32,
             "steps": steps,
             "log_every": 5,
-            "checkpoint_every": 1000,
             "deterministic": True,
         },
+        "checkpoint": {"every": 1000},
     }
     return write_config(tmp, output, config, sections)

@@ -42,9 +42,9 @@ def tiny_config(tmp: Path, output: str = "run", **sections) -> Path:
             "batch_size": 8,
             "steps": 6,
             "log_every": 1,
-            "checkpoint_every": 3,
             "deterministic": True,
         },
+        "checkpoint": {"every": 3},
     }
     return write_config(tmp, output, config, sections)
 
@@ -58,10 +58,12 @@ def write_config(tmp: Path, output: str, config: dict, sections: dict) -> Path:
     return path
 
 
-def trained_tiny_run(tmp: Path, **train) -> Path:
-    """`tmp` once `facetrain train` of `tiny_config(tmp, "run", train=train)` has finished: the run in
-    tmp/run, beside it the synthetic set it trained on (module fixtures copy it for tests that change it)."""
-    result = run_cli("train", "-c", str(tiny_config(tmp, "run", train=train)))
+def trained_tiny_run(tmp: Path, steps: int, every: int = 3) -> Path:
+    """`tmp` once `facetrain train` of `tiny_config(tmp, "run")` for `steps`, a checkpoint `every` so
+    many, has finished: the run in tmp/run, beside it the synthetic set it trained on (module fixtures
+    copy it for tests that change it)."""
+    config = tiny_config(tmp, "run", train={"steps": steps}, checkpoint={"every": every})
+    result = run_cli("train", "-c", str(config))
     assert result.returncode == 0, result.stderr
     return tmp
 
