@@ -8,13 +8,10 @@ import sys
 import pytest
 import torch
 
-from facetrain.checkpoint import (
-    load_backbone_weights,
-    load_checkpoint,
-    load_full_head,
-    resolve_checkpoint,
-    save_checkpoint,
-)
+from facetrain.checkpoint import CheckpointStates, load_backbone_weights, load_full_head, resolve_checkpoint
+from facetrain.checkpoint.config import CheckpointConfig
+from facetrain.checkpoint.reader import load_checkpoint
+from facetrain.checkpoint.writer import save_checkpoint
 from facetrain.errors import FacetrainError
 from facetrain.heads import ShardedMarginHead
 from facetrain.parallel.dims import init_parallel
@@ -53,16 +50,9 @@ def save_worker(rank, world_size, run_dir):
     backbone, head, optimizer = build()
     take_steps(backbone, head, optimizer)
     state = TrainState(step=7, epoch=1, consumed=40)
+    names = [str(i) for i in range(NUM_CLASSES)]
     save_checkpoint(
-        run_dir,
-        state,
-        config(),
-        init_parallel(),
-        backbone,
-        head,
-        optimizer,
-        None,
-        [str(i) for i in range(NUM_CLASSES)],
+        run_dir, init_parallel(), CheckpointStates(state, config(), names, backbone, head, optimizer, None)
     )
     momentum = optimizer.state[head.weight]["momentum_buffer"]
     return head.class_start, head.weight.detach(), momentum, backbone[0].weight.detach()
@@ -121,18 +111,8 @@ def test_incomplete_checkpoint_is_never_taken_for_a_good_one(tmp_path):
 def test_keeps_the_last_k(tmp_path):
     backbone, head, optimizer = build()
     for step in range(1, 6):
-        save_checkpoint(
-            tmp_path,
-            TrainState(step=step),
-            config(),
-            init_parallel(),
-            backbone,
-            head,
-            optimizer,
-            None,
-            [],
-            keep=2,
-        )
+        states = CheckpointStates(TrainState(step=step), config(), [], backbone, head, optimizer, None)
+        save_checkpoint(tmp_path, init_parallel(), states, settings=CheckpointConfig(keep=2))
     kept = sorted(p.name for p in (tmp_path / "checkpoints").glob("step_*"))
     assert kept == ["step_00000004", "step_00000005"]
 
@@ -144,9 +124,8 @@ class _Exploit:
 
 def test_tampered_index_is_refused_without_running_it(tmp_path):
     backbone, head, optimizer = build()
-    checkpoint = save_checkpoint(
-        tmp_path, TrainState(step=1), config(), init_parallel(), backbone, head, optimizer, None, []
-    )
+    states = CheckpointStates(TrainState(step=1), config(), [], backbone, head, optimizer, None)
+    checkpoint = save_checkpoint(tmp_path, init_parallel(), states)
     (checkpoint / ".metadata").write_bytes(pickle.dumps(_Exploit()))
     with pytest.raises(FacetrainError, match="not allowed"):
         load_full_head(checkpoint)
@@ -157,9 +136,8 @@ def batchnorm_worker(rank, world_size, run_dir):
     backbone, head, optimizer = build()
     backbone.append(torch.nn.BatchNorm1d(DIM))
     backbone[1].running_mean.fill_(float(rank + 1))  # each rank's statistics come from its own batches
-    save_checkpoint(
-        run_dir, TrainState(step=1), config(), init_parallel(), backbone, head, optimizer, None, []
-    )
+    states = CheckpointStates(TrainState(step=1), config(), [], backbone, head, optimizer, None)
+    save_checkpoint(run_dir, init_parallel(), states)
     return backbone.state_dict()
 
 

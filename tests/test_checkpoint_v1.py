@@ -8,7 +8,8 @@ from pathlib import Path
 import pytest
 import torch
 
-from facetrain.checkpoint import load_backbone_weights, load_checkpoint, load_ema_weights, load_full_head
+from facetrain.checkpoint import load_backbone_weights, load_full_head
+from facetrain.checkpoint.reader import load_checkpoint, load_ema_weights
 from facetrain.heads import ShardedMarginHead
 from facetrain.parallel.dims import init_parallel
 from facetrain.train.ema import WeightEma

@@ -14,6 +14,7 @@ import pytest
 import torch
 import torch.distributed as dist
 
+from facetrain.checkpoint import SaveClock
 from facetrain.data.samplers import IdentitySampler, ResumableDistributedSampler
 from facetrain.errors import FacetrainError
 from facetrain.parallel.attempt_store import ATTEMPT_KEY, agree_on_prefix
@@ -107,11 +108,12 @@ def _checkpoint_due(rank: int, world_size: int) -> list[bool]:
     dims, signals, due = init_parallel(), StopSignals(), []
     for rank0_every_s, others_every_s in ((0.0, 3600.0), (3600.0, 0.0)):
         every = rank0_every_s if rank == 0 else others_every_s
-        gate = StepGate(iter(lambda: 0, None), 1, TrainState(), dims, checkpoint_every_s=every)
+        clock = SaveClock(every_minutes=every / 60)
+        gate = StepGate(iter(lambda: 0, None), 1, TrainState(), dims, clock)
         for _ in range(2):
             gate.next_step(signals)
             due.append(gate.checkpoint_due)
-            gate.checkpoint_written()
+            clock.restart()  # as the checkpointer's save does
     return due
 
 

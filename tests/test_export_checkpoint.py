@@ -14,7 +14,8 @@ import torch
 from click.testing import CliRunner
 from safetensors.torch import load_file
 
-from facetrain.checkpoint import save_checkpoint
+from facetrain.checkpoint import CheckpointStates
+from facetrain.checkpoint.writer import save_checkpoint
 from facetrain.cli import main
 from facetrain.eval.set_names import report_file_name
 from facetrain.heads import ShardedMarginHead
@@ -38,19 +39,8 @@ def save_two_rank_checkpoint(rank: int, world_size: int, run_dir: str) -> tuple[
     head.reset_parameters(seed=3)
     optimizer = torch.optim.SGD([*backbone.parameters(), head.weight], lr=0.1)
     class_names = [f"person{index}" for index in range(NUM_CLASSES)]
-    save_checkpoint(
-        Path(run_dir),
-        TrainState(step=STEP),
-        config,
-        init_parallel(),
-        backbone,
-        head,
-        optimizer,
-        None,
-        class_names,
-        EVALUATION,
-        True,
-    )
+    states = CheckpointStates(TrainState(step=STEP), config, class_names, backbone, head, optimizer, None)
+    save_checkpoint(Path(run_dir), init_parallel(), states, EVALUATION, is_best=True)
     return head.class_start, head.weight.detach().clone()
 
 

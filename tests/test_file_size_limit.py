@@ -13,7 +13,8 @@ import subprocess
 import sys
 from pathlib import Path
 
-from facetrain.checkpoint import find_damage, find_resume_point
+from facetrain.checkpoint import find_resume_point
+from facetrain.checkpoint.layout import find_damage
 from tests.support.fault_helpers import ENV, error_lines
 from tests.support.hostile_helpers import one_line_error
 from tests.support.train_helpers import REPO, run_cli

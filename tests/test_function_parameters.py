@@ -17,11 +17,9 @@ PACKAGE = Path(__file__).resolve().parents[1] / "facetrain"
 LIMIT = 8
 CLI = PACKAGE / "cli"
 # not yet grouped (#59): the head's autograd functions (`apply` takes positional arguments only), kernel
-# launchers and their torch twins take their tensors one by one, and save_checkpoint waits for the
-# Checkpointer to take its states as one object; the gradient filter's row limits (#56) added one to the
-# logit-gradient launchers and their torch twins
+# launchers and their torch twins take their tensors one by one; the gradient filter's row limits (#56)
+# added one to the logit-gradient launchers and their torch twins
 STILL_OVER = {
-    "checkpoint/writer.py::save_checkpoint": 13,
     "heads/tiled_softmax.py::TiledMarginSoftmax.forward": 14,
     "heads/tiled_softmax.py::_logit_grad": 13,
     "heads/triton_tile.py::online_softmax_rows": 11,

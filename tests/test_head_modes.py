@@ -6,7 +6,9 @@ import pytest
 import torch
 from click.testing import CliRunner
 
-from facetrain.checkpoint import load_checkpoint, save_checkpoint
+from facetrain.checkpoint import CheckpointStates
+from facetrain.checkpoint.reader import load_checkpoint
+from facetrain.checkpoint.writer import save_checkpoint
 from facetrain.cli import main
 from facetrain.heads import HeadPlan, ShardedMarginHead
 from facetrain.parallel.dims import init_parallel
@@ -53,9 +55,8 @@ def save_worker(rank, world_size, run_dir, mode, state_dtype):
     cfg = Config()
     cfg.model.embedding_size = DIM
     classes = [str(i) for i in range(NUM_CLASSES)]
-    save_checkpoint(
-        run_dir, TrainState(step=2), cfg, init_parallel(), backbone, head, optimizer, None, classes
-    )
+    states = CheckpointStates(TrainState(step=2), cfg, classes, backbone, head, optimizer, None)
+    save_checkpoint(run_dir, init_parallel(), states)
     return head.weight.detach(), momentum_of(head, optimizer)
 
 

@@ -6,7 +6,9 @@ from __future__ import annotations
 import pytest
 import torch
 
-from facetrain.checkpoint import load_checkpoint, load_full_head, save_checkpoint
+from facetrain.checkpoint import CheckpointStates, load_full_head
+from facetrain.checkpoint.reader import load_checkpoint
+from facetrain.checkpoint.writer import save_checkpoint
 from facetrain.errors import FacetrainError
 from facetrain.heads import DenseMarginHead, HeadPlan, ShardedMarginHead
 from facetrain.parallel.dims import init_parallel
@@ -113,8 +115,9 @@ def save_worker(rank, world_size, run_dir):
     cfg = Config()
     cfg.model.embedding_size, cfg.head.sub_centers = DIM, CENTRES
     state = TrainState(step=2, epoch=0, consumed=8)
+    names = list(map(str, range(CLASSES)))
     save_checkpoint(
-        run_dir, state, cfg, init_parallel(), backbone, head, optimizer, None, list(map(str, range(CLASSES)))
+        run_dir, init_parallel(), CheckpointStates(state, cfg, names, backbone, head, optimizer, None)
     )
     return head.weight.detach(), optimizer.state[head.weight]["momentum_buffer"]
 

@@ -12,8 +12,9 @@ import pytest
 import torch
 from torch import nn
 
-from facetrain.checkpoint import load_full_head, read_entries, read_rows, resolve_checkpoint
+from facetrain.checkpoint import load_full_head, read_entries, resolve_checkpoint
 from facetrain.checkpoint.names import HEAD_STATE, HEAD_WEIGHT, OPTIM_STATE
+from facetrain.checkpoint.reader import read_rows
 from facetrain.errors import FacetrainError
 from facetrain.heads.partition import all_class_ranges
 from facetrain.interop import load_model
@@ -130,7 +131,7 @@ def test_training_resumes_from_the_import(imported, tmp_path):
         model={"backbone": ARCH, "embedding_size": EMBEDDING_SIZE},
         head={"margin": "arcface", "scale": 64.0, "margin_params": {"m": 0.5}},
         optim={"lr": 1e-4},
-        train={"steps": GLOBAL_STEP + 1, "batch_size": 4, "checkpoint_every": 1},
+        train={"steps": GLOBAL_STEP + 1, "batch_size": 4}, checkpoint={"every": 1},
     )  # fmt: skip
     result = run_cli("train", "-c", str(config), "--resume", str(imported))
     assert result.returncode == 0, result.stderr

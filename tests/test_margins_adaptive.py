@@ -192,7 +192,8 @@ def checkpoint_parts(name, seed):
 
 
 def reshard_save_worker(rank, world_size, run_dir, name):
-    from facetrain.checkpoint import save_checkpoint
+    from facetrain.checkpoint import CheckpointStates
+    from facetrain.checkpoint.writer import save_checkpoint
     from facetrain.parallel.dims import init_parallel
     from facetrain.train.run_config import Config
     from facetrain.train.state import TrainState
@@ -207,15 +208,15 @@ def reshard_save_worker(rank, world_size, run_dir, name):
         optimizer.step()
     cfg = Config()
     cfg.model.embedding_size, cfg.head.margin = DIM, name
+    state, names = TrainState(step=2, epoch=0, consumed=2 * BATCH), list(map(str, range(CLASSES)))
     save_checkpoint(
-        run_dir, TrainState(step=2, epoch=0, consumed=2 * BATCH), cfg, init_parallel(), backbone, head, optimizer,
-        None, list(map(str, range(CLASSES))),
-    )  # fmt: skip
+        run_dir, init_parallel(), CheckpointStates(state, cfg, names, backbone, head, optimizer, None)
+    )
     return {k: v.clone() for k, v in head.margin_state.named_buffers()}
 
 
 def reshard_load_worker(rank, world_size, run_dir, name):
-    from facetrain.checkpoint import load_checkpoint
+    from facetrain.checkpoint.reader import load_checkpoint
     from facetrain.parallel.dims import init_parallel
 
     backbone, head, optimizer = checkpoint_parts(name, seed=1)

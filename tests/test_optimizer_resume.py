@@ -5,8 +5,10 @@ from __future__ import annotations
 import pytest
 import torch
 
-from facetrain.checkpoint import load_checkpoint, save_checkpoint
+from facetrain.checkpoint import CheckpointStates
 from facetrain.checkpoint.app_state import set_optimizer_state
+from facetrain.checkpoint.reader import load_checkpoint
+from facetrain.checkpoint.writer import save_checkpoint
 from facetrain.heads import ShardedMarginHead
 from facetrain.parallel.dims import init_parallel
 from facetrain.train.optim import build_optimizer
@@ -52,7 +54,8 @@ def trained_and_resumed(tmp_path, optimizer: str, device: str = "cpu"):
         take_step(*trained, seed=step)
     backbone, head, opt = trained
     names = [str(i) for i in range(NUM_CLASSES)]
-    save_checkpoint(tmp_path, TrainState(step=3), cfg, init_parallel(), backbone, head, opt, None, names)
+    states = CheckpointStates(TrainState(step=3), cfg, names, backbone, head, opt, None)
+    save_checkpoint(tmp_path, init_parallel(), states)
     resumed = build(cfg, seed=1, device=device)
     load_checkpoint(tmp_path, init_parallel(), resumed[0], resumed[1], resumed[2], None)
     return trained, resumed

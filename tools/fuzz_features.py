@@ -231,7 +231,9 @@ def read_margin_case(path: Path, out: Path) -> None:
 
     import torch
 
-    from facetrain.checkpoint import load_checkpoint, save_checkpoint
+    from facetrain.checkpoint import CheckpointStates
+    from facetrain.checkpoint.reader import load_checkpoint
+    from facetrain.checkpoint.writer import save_checkpoint
     from facetrain.heads import ShardedMarginHead
     from facetrain.parallel.dims import init_parallel
     from facetrain.train.optim import build_optimizer
@@ -263,8 +265,10 @@ def read_margin_case(path: Path, out: Path) -> None:
         finite = finite and bool(torch.isfinite(value.double()).all()) and abs(mutation["value"]) < 1e30
         setattr(head.margin_state, name, value)
     dims = init_parallel()
-    save_checkpoint(out / "run", TrainState(step=1, epoch=0, consumed=4), cfg, dims, backbone, head, optimizer,
-                    None, [str(k) for k in range(5)])  # fmt: skip
+    train_state, classes = TrainState(step=1, epoch=0, consumed=4), [str(k) for k in range(5)]
+    save_checkpoint(
+        out / "run", dims, CheckpointStates(train_state, cfg, classes, backbone, head, optimizer, None)
+    )
     backbone, head, optimizer = parts(1)
     load_checkpoint(out / "run", dims, backbone, head, optimizer, None)
     embeddings = torch.randn(4, 8) * 10

@@ -4,21 +4,21 @@
       step_00005000/    a torch.distributed.checkpoint (DCP) directory + meta.json, config.yaml, classes.json
       last, best        small files naming a checkpoint directory
 
-A run talks to one object, `checkpointer.Checkpointer` (torchtitan's `CheckpointManager` idea): it
-claims the run directory (`run_dir`: what may be there, the lock), finds what to resume from
-(`resume_point`), and, given the states, says when a checkpoint is due and writes it. Read `app_state`
-(what a checkpoint holds) first, then `writer` (atomic writing, pruning), `reader`, `layout` (finding
-one and its small files), `storage` (DCP with a safe index reader), `names` (the keys) and `legacy`. The ranks
+A run talks to one object, `checkpointer.Checkpointer` (torchtitan's `CheckpointManager` idea), made
+from the run's `checkpoint` config section (`config`): it claims the run directory (`run_dir`: what
+may be there, the lock), finds what to resume from (`resume_point`), and, given the states, restores
+the whole run from it, says when a checkpoint is due and writes it. Read `app_state` (what a checkpoint
+holds) first, then `writer` (atomic writing, pruning), `reader`, `layout` (finding one and its small
+files), `storage` (DCP with a safe index reader), `names` (the keys) and `legacy`. The ranks
 are known through `ranks.RankRoles` (what `parallel.ParallelDims` answers), so checkpoint/ does not
 import parallel/. checkpoint/ knows the model and data sections of a saved config.yaml
 (`saved_model_config`), not the run's whole tree (train/'s); `facetrain.interop.load_model`, the one way
 to load a model, builds a checkpoint's backbone from them and fills it with `load_backbone_weights`.
 """
 
-from facetrain.checkpoint.checkpointer import Checkpointer, CheckpointStates
+from facetrain.checkpoint.app_state import CheckpointStates
+from facetrain.checkpoint.checkpointer import Checkpointer, SaveClock
 from facetrain.checkpoint.layout import (
-    complete_checkpoints,
-    find_damage,
     find_resume_point,
     holds_checkpoints,
     read_classes,
@@ -28,35 +28,27 @@ from facetrain.checkpoint.layout import (
 from facetrain.checkpoint.reader import (
     check_config_describes_weights,
     load_backbone_weights,
-    load_checkpoint,
-    load_ema_weights,
     load_full_head,
     read_entries,
-    read_rows,
     saved_model_config,
 )
 from facetrain.checkpoint.storage import check_row_shards_supported, stored
-from facetrain.checkpoint.writer import save_checkpoint
 
+# what callers outside the package use (facetrain/ and tools/); tests may import the modules
 __all__ = [
     "CheckpointStates",
     "Checkpointer",
+    "SaveClock",
     "check_config_describes_weights",
     "check_row_shards_supported",
-    "complete_checkpoints",
-    "find_damage",
     "find_resume_point",
     "holds_checkpoints",
     "load_backbone_weights",
-    "load_checkpoint",
-    "load_ema_weights",
     "load_full_head",
     "read_classes",
     "read_entries",
     "read_meta",
-    "read_rows",
     "resolve_checkpoint",
     "saved_model_config",
-    "save_checkpoint",
     "stored",
 ]

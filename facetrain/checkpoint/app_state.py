@@ -15,6 +15,9 @@ lives (AdamW's `step` stays on the CPU) and checks the names. Two things are fac
 
 from __future__ import annotations
 
+from dataclasses import dataclass
+from typing import Any, Protocol
+
 import torch
 from torch import nn
 from torch.distributed.checkpoint.metadata import TensorStorageMetadata
@@ -33,6 +36,30 @@ from facetrain.checkpoint.storage import rows_of
 from facetrain.heads import ShardedMarginHead
 
 HEAD = "head.weight"
+
+
+class WeightAverage(Protocol):
+    """A run's weight average (`facetrain.train.ema.WeightEma`): the averaged copy of the backbone and
+    how many steps it has averaged, which a resumed average carries on from."""
+
+    module: nn.Module
+    updates: int
+
+
+@dataclass
+class CheckpointStates:
+    """Everything a checkpoint holds of a run: `train_state` (where the run is: step, sample position,
+    best verification) goes to meta.json, `config` to config.yaml, `class_names` to classes.json, the
+    model parts, optimizer, scaler and weight average to DCP (`AppState`)."""
+
+    train_state: Stateful
+    config: Any  # the run's config tree: checkpoint/ reads its model section only
+    class_names: list[str]
+    backbone: nn.Module  # unwrapped, or this rank's pipeline stage
+    head: ShardedMarginHead | None  # None on a stage without one
+    optimizer: torch.optim.Optimizer
+    scaler: torch.amp.GradScaler | None
+    ema: WeightAverage | None = None
 
 
 class AppState(Stateful):

@@ -1,51 +1,60 @@
 """The one object a run talks to about its checkpoints (torchtitan's `CheckpointManager` idea).
 
-Made for the run directory before anything is written there, it claims the directory (the rules and
-the lock of `run_dir`) and finds what the run resumes from (`resume_point`); once the run is built it
-is given what a checkpoint holds (`CheckpointStates`: the trainer, which is where the run is, and the
-model parts, optimizers, scaler and weight average). From then on it owns the rules the loop would
-otherwise spell out: when a checkpoint is due (`should_save`), writing one atomically and pruning the
-stale ones (`save`, `writer.save_checkpoint`), which one was written last, and the lock until `close`.
+Made for the run directory from the `checkpoint` config section before anything is written there, it
+claims the directory (the rules and the lock of `run_dir`) and finds what the run resumes from
+(`resume_point`). Once the run is built it is given what a checkpoint holds (`CheckpointStates`), and
+from then on it owns both directions: `load` restores the whole run from the checkpoint found (model,
+head rows, optimizer, scaler, weight average, sample position, RNG streams), and it makes every save
+decision the loop would otherwise spell out (`due`: every `checkpoint.every` steps, when the
+`checkpoint.every_minutes` clock says so, for a new best, at the end; `due_on_stop`: a stop or a
+preemption), writes each checkpoint atomically and prunes the stale ones (`save`), remembers which one
+was written last, and holds the lock until `close`.
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+import time
 from pathlib import Path
 from typing import Any
 
 import torch
-from torch import nn
-from torch.distributed.checkpoint.stateful import Stateful
 
 from facetrain import run_lock
+from facetrain.checkpoint.app_state import CheckpointStates
+from facetrain.checkpoint.config import CheckpointConfig
 from facetrain.checkpoint.ranks import RankRoles
+from facetrain.checkpoint.reader import load_checkpoint, load_ema_weights
 from facetrain.checkpoint.resume_point import find_checkpoint_to_resume, restarted_job
 from facetrain.checkpoint.run_dir import claim_run_dir, write_run_config
 from facetrain.checkpoint.writer import save_checkpoint
-from facetrain.heads import ShardedMarginHead, collectives
+from facetrain.heads import collectives
 
 
-@dataclass
-class CheckpointStates:
-    """What a checkpoint holds: `train_state` (the trainer) goes to meta.json, the rest to DCP."""
+class SaveClock:
+    """`checkpoint.every_minutes` on this host's clock, from the last checkpoint written (or the run's
+    start).
+    Clocks differ between hosts, so only rank 0's is asked (`facetrain.train.step_gate` carries its
+    answer to every rank in the all-reduce it makes before each step anyway)."""
 
-    train_state: Stateful
-    backbone: nn.Module  # unwrapped, or this rank's pipeline stage
-    head: ShardedMarginHead | None  # None on a stage without one
-    optimizer: torch.optim.Optimizer
-    scaler: torch.amp.GradScaler | None
-    ema: nn.Module | None = None
+    def __init__(self, every_minutes: float | None):
+        self.every_s = None if every_minutes is None else 60 * every_minutes
+        self.restart()
+
+    def restart(self) -> None:
+        self.started = time.monotonic()
+
+    def due(self) -> bool:
+        return self.every_s is not None and time.monotonic() - self.started >= self.every_s
 
 
 class Checkpointer:
-    """A run's checkpoints: every `every_steps` steps (and when asked), the newest `keep` kept."""
+    """A run's checkpoints under `run_dir`, as its `checkpoint` config section says."""
 
-    def __init__(self, run_dir: Path, dims: RankRoles, every_steps: int, keep: int):
-        self.run_dir, self.dims, self.every_steps, self.keep = run_dir, dims, every_steps, keep
+    def __init__(self, run_dir: Path, dims: RankRoles, settings: CheckpointConfig):
+        self.run_dir, self.dims, self.settings = run_dir, dims, settings
+        self.clock = SaveClock(settings.every_minutes)
         self.states: CheckpointStates | None = None
-        self.config: Any = None
-        self.class_names: list[str] = []
+        self.resume_from: Path | None = None  # what `find_resume` chose, for `load`
         self.last: Path | None = None  # the newest checkpoint written or resumed from
         self.saved_step: int | None = None
 
@@ -63,42 +72,54 @@ class Checkpointer:
 
     def find_resume(self, resume: str | None) -> tuple[Path | None, list[str]]:
         """Collective: what to resume from (`resume` None, "auto" or a path) and notes on what was passed
-        over. A restart of the job by torchrun or Slurm on any rank resumes every rank."""
-        return find_checkpoint_to_resume(self.run_dir, resume, self._job_restarted())
+        over; `load` restores it. A restart of the job by torchrun or Slurm on any rank resumes every
+        rank."""
+        self.resume_from, notes = find_checkpoint_to_resume(self.run_dir, resume, self._job_restarted())
+        return self.resume_from, notes
 
-    def hold(self, states: CheckpointStates, config: Any, class_names: list[str], resumed_from: Path | None):
-        """What every checkpoint from now on saves; `resumed_from` counts as the last one written."""
-        self.states, self.config, self.class_names = states, config, class_names
-        self.last = resumed_from
-        self.saved_step = states.train_state.state_dict()["step"] if resumed_from else None
+    def hold(self, states: CheckpointStates) -> None:
+        """What `load` restores into and every checkpoint from now on saves. The clock starts now, with
+        the run built: its set-up (scanning or writing the data) is no training to lose."""
+        self.states = states
+        self.clock.restart()
 
-    def should_save(self, step: int, final_step: bool, is_best: bool, interval_due: bool) -> bool:
-        """After `step`: at the end, for a new best, when the time interval says so
-        (train.checkpoint_every_minutes, agreed by the ranks), or every train.checkpoint_every steps."""
-        return is_best or final_step or interval_due or step % self.every_steps == 0
+    def load(self, keep_optimizer: bool = True, class_rows: list[int | None] | None = None) -> bool:
+        """Collective: restore the whole run from the checkpoint `find_resume` chose into the held
+        states; False when there is none (a new run). The weight average carries on from the
+        checkpoint's, or starts from the restored weights when it kept none (its run had
+        model.ema_decay 0). `keep_optimizer` and `class_rows`: see `reader.load_checkpoint`."""
+        checkpoint, states = self.resume_from, self.states
+        if checkpoint is None:
+            return False
+        progress = load_checkpoint(
+            checkpoint, self.dims, states.backbone, states.head, states.optimizer, states.scaler,
+            keep_optimizer, class_rows,
+        )  # fmt: skip
+        states.train_state.load_state_dict(progress)
+        ema = states.ema
+        if ema is not None:
+            if load_ema_weights(checkpoint, ema.module):
+                ema.updates = progress["step"]
+            else:
+                ema.module.load_state_dict(states.backbone.state_dict())
+        self.last, self.saved_step = checkpoint, progress["step"]
+        return True
 
-    def holds_step(self, step: int) -> bool:
-        return self.saved_step == step
+    def due(self, step: int, final_step: bool, is_best: bool, clock_due: bool) -> bool:
+        """Whether to save after `step`: at the end, for a new best, when the clock says so
+        (`clock_due`, rank 0's `clock` agreed by every rank), or every checkpoint.every steps."""
+        return is_best or final_step or clock_due or step % self.settings.every == 0
+
+    def due_on_stop(self, step: int) -> bool:
+        """Whether a run stopping after `step` (a signal, a preemption, a data error) saves: unless that
+        step is the one saved or resumed from, or no step was taken."""
+        return step > 0 and self.saved_step != step
 
     def save(self, is_best: bool, evaluation: dict | None = None) -> Path:
         """Collective: write a checkpoint of the states, atomically, then prune the stale ones."""
-        states = self.states
-        self.last = save_checkpoint(
-            self.run_dir,
-            states.train_state,
-            self.config,
-            self.dims,
-            states.backbone,
-            states.head,
-            states.optimizer,
-            states.scaler,
-            self.class_names,
-            evaluation=evaluation,
-            is_best=is_best,
-            keep=self.keep,
-            ema=states.ema,
-        )
-        self.saved_step = states.train_state.state_dict()["step"]
+        self.last = save_checkpoint(self.run_dir, self.dims, self.states, evaluation, is_best, self.settings)
+        self.saved_step = self.states.train_state.state_dict()["step"]
+        self.clock.restart()
         return self.last
 
     def close(self) -> None:

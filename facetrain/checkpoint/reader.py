@@ -1,5 +1,6 @@
-"""Reading a checkpoint back: a run resuming (collective), and everything after training without a group
-(eval, export, embed, `--init`), from a checkpoint written by any number of ranks.
+"""Reading a checkpoint back: a run resuming (collective, through the `Checkpointer`'s `load`), and
+everything after training without a group (eval, export, embed, `--init`), from a checkpoint written
+by any number of ranks.
 
 Loading a checkpoint's model for inference is `facetrain.interop.load_model`, the one way to load any
 model; it builds the backbone from `saved_model_config`, checks it with `check_config_describes_weights`

@@ -9,13 +9,9 @@ import os
 import shutil
 import time
 from pathlib import Path
-from typing import Any
 
-import torch
-from torch import nn
-from torch.distributed.checkpoint.stateful import Stateful
-
-from facetrain.checkpoint.app_state import AppState
+from facetrain.checkpoint.app_state import AppState, CheckpointStates
+from facetrain.checkpoint.config import CheckpointConfig
 from facetrain.checkpoint.layout import complete_checkpoints
 from facetrain.checkpoint.names import TRAIN_STATE_KEYS
 from facetrain.checkpoint.ranks import RankRoles
@@ -23,38 +19,32 @@ from facetrain.checkpoint.storage import save_entries
 from facetrain.config.loader import save_config
 from facetrain.errors import EveryRankError, FacetrainError
 from facetrain.files import atomic_write_text, fsync_directory, write_failure_advice
-from facetrain.heads import ShardedMarginHead, collectives
+from facetrain.heads import collectives
 from facetrain.job_env import job_id
 
 
 def save_checkpoint(
     run_dir: Path,
-    train_state: Stateful,
-    config: Any,
     dims: RankRoles,
-    backbone: nn.Module,
-    head: ShardedMarginHead | None,
-    optimizer: torch.optim.Optimizer,
-    scaler: torch.amp.GradScaler | None,
-    class_names: list[str],
+    states: CheckpointStates,
     evaluation: dict | None = None,
     is_best: bool = False,
-    keep: int = 3,
-    ema: nn.Module | None = None,
+    settings: CheckpointConfig | None = None,
 ) -> Path:
-    """Collective: every rank calls it, `backbone` unwrapped (or this rank's pipeline stage), `head` None
-    on a stage without one. `train_state` is where the run is (the trainer): its `state_dict()`, the
-    counters `names.TRAIN_STATE_KEYS`, goes to meta.json. `config` is the run's config tree, saved as config.yaml (its
-    `model.embedding_size` goes to meta.json too). Returns the checkpoint directory; what each rank
-    writes: `app_state`."""
-    saved = train_state.state_dict()
+    """Collective: every rank calls it with its `states` (`app_state.CheckpointStates`). Their
+    `train_state`'s `state_dict()`, the counters `names.TRAIN_STATE_KEYS`, goes to meta.json with the
+    config's `model.embedding_size`; `evaluation` too, when given. `settings` (the run's `checkpoint`
+    section; its defaults when None) say which older checkpoints to prune. Returns the checkpoint
+    directory; what each rank writes: `app_state`."""
+    saved = states.train_state.state_dict()
     progress = {key: saved[key] for key in TRAIN_STATE_KEYS}
     root = run_dir / "checkpoints"
     final = root / f"step_{progress['step']:08d}"
     tmp = root / f"step_{progress['step']:08d}.tmp"
     _on_primary(lambda: _clear_leftovers(root), dims, root, final)
 
-    app = AppState(dims, backbone, head, optimizer, scaler, ema)
+    ema = None if states.ema is None else states.ema.module
+    app = AppState(dims, states.backbone, states.head, states.optimizer, states.scaler, ema)
     try:
         save_entries({"app": app}, tmp, dims.control_group)
     except OSError as error:  # every rank raises it, whichever rank failed
@@ -66,22 +56,22 @@ def save_checkpoint(
         meta = {
             **progress,
             "world_size": dims.world_size,
-            "num_classes": len(class_names),
-            "embedding_size": config.model.embedding_size,
+            "num_classes": len(states.class_names),
+            "embedding_size": states.config.model.embedding_size,
             "evaluation": evaluation or {},
             "saved_at": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
             "elastic_run_id": job_id("TORCHELASTIC_RUN_ID"),
             "slurm_job_id": job_id("SLURM_JOB_ID"),
         }
-        atomic_write_text(tmp / "classes.json", json.dumps(class_names))
-        save_config(config, tmp / "config.yaml")
+        atomic_write_text(tmp / "classes.json", json.dumps(states.class_names))
+        save_config(states.config, tmp / "config.yaml")
         atomic_write_text(tmp / "meta.json", json.dumps(meta, indent=2))
         fsync_directory(tmp)
         _commit(tmp, final)
         atomic_write_text(root / "last", final.name)
         if is_best:
             atomic_write_text(root / "best", final.name)
-        _prune(root, keep, final)
+        _prune(root, settings or CheckpointConfig(), final)
 
     _on_primary(finish, dims, root, final, cleanup=tmp)
     return final
@@ -134,14 +124,14 @@ def _commit(tmp: Path, final: Path) -> None:
         shutil.rmtree(replaced)
 
 
-def _prune(root: Path, keep: int, written: Path) -> None:
-    """Keep the newest `keep` checkpoints, never the one just written nor whatever `best` names; runs
-    after `last` names the new one. Each old one is renamed to `.deleting` before its files go, so a
-    crash half-way never leaves a partial directory that looks like a checkpoint."""
+def _prune(root: Path, settings: CheckpointConfig, written: Path) -> None:
+    """Keep the newest `checkpoint.keep` checkpoints, never the one just written nor whatever `best`
+    names; runs after `last` names the new one. Each old one is renamed to `.deleting` before its
+    files go, so a crash half-way never leaves a partial directory that looks like a checkpoint."""
     best = (root / "best").read_text().strip() if (root / "best").is_file() else None
     complete = complete_checkpoints(root.parent)
     removable = [p for p in complete if p.name not in (written.name, best)]
-    for old in removable[: max(0, len(complete) - keep)]:
+    for old in removable[: max(0, len(complete) - settings.keep)]:
         doomed = old.with_name(old.name + ".deleting")
         os.replace(old, doomed)
         fsync_directory(root)

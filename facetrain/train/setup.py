@@ -2,7 +2,8 @@
 
 Data first (the primary rank first, so a generated dataset is written once), then the model with the
 same initial weights on every rank, parallelized from outside, the sharded head over the last stage's
-data-parallel group, the optimizer and schedule, and finally the state of a resumed run.
+data-parallel group, the optimizer and weight average, then the state of a resumed run (restored by the
+checkpointer, which is handed everything a checkpoint holds) and finally the schedule from its step.
 """
 
 from __future__ import annotations
@@ -14,7 +15,7 @@ from typing import NamedTuple
 import torch
 from torch import nn
 
-from facetrain.checkpoint import Checkpointer, check_row_shards_supported, load_checkpoint, read_meta
+from facetrain.checkpoint import Checkpointer, CheckpointStates, check_row_shards_supported, read_meta
 from facetrain.data import build_train_dataset, build_train_loader, prepare_train_data
 from facetrain.files import atomic_write_text
 from facetrain.heads import collectives
@@ -26,6 +27,7 @@ from facetrain.train.class_remap import match_classes
 from facetrain.train.data_checks import check_training_set
 from facetrain.train.device_defaults import DeviceDefaults
 from facetrain.train.distillation import build_distillation, pin_teacher
+from facetrain.train.ema import WeightEma
 from facetrain.train.head_plan import build_head
 from facetrain.train.imprint import imprint_head
 from facetrain.train.losses import build_loss
@@ -58,6 +60,7 @@ class TrainingRun(NamedTuple):
     data: TrainingData
     backbone: nn.Module  # this rank's backbone (or pipeline stage), unwrapped
     parts: StepParts  # what train_step trains: the parallelized model, the head, the optimizer
+    ema: WeightEma | None  # model.ema_decay's weight average
     scheduler: LrSchedulers
     state: TrainState
     resumed_from: Path | None
@@ -71,8 +74,9 @@ def build_training_run(
     checkpointer: Checkpointer,
 ) -> TrainingRun:
     """`cfg` is the run's one config, already resolved (`facetrain.train.trainer.resolve_run_config`);
-    the `checkpointer` claims the run directory (and checks it, `checkpoint.run_dir`) and finds the
-    checkpoint to resume from, once each, here."""
+    the `checkpointer` claims the run directory (and checks it, `checkpoint.run_dir`), finds the
+    checkpoint to resume from and restores the run from it, once each, here; it holds the run's states
+    from then on."""
     if dims.dp > 1:  # a head sharded over the data-parallel ranks: refused now, not at the first save
         check_row_shards_supported()
     run_dir = checkpointer.run_dir
@@ -81,8 +85,9 @@ def build_training_run(
     accumulation = cfg.optim.grad_accumulation
     if cfg.train.deterministic:
         torch.use_deterministic_algorithms(True, warn_only=True)
-    recorded = None if checkpoint is None else checkpoint_config(checkpoint).loss.teacher
-    pinned = pin_teacher(cfg.loss, recorded)  # before the config is saved: it records the pinned one
+    trained = None if checkpoint is None else checkpoint_config(checkpoint)  # read once: it may say so
+    # before the config is saved: it records the pinned one
+    pinned = pin_teacher(cfg.loss, None if trained is None else trained.loss.teacher)
     checkpointer.write_run_config(cfg)
     if dims.is_primary:
         logger.info(device_defaults.describe())
@@ -143,16 +148,16 @@ def build_training_run(
     torch.manual_seed(cfg.train.seed + 7919 * (dims.rank + 1))  # per-rank streams: dropout, Partial FC
 
     state = TrainState()
-    if checkpoint is not None:
+    ema = None if cfg.model.ema_decay == 0 else WeightEma(local, cfg.model.ema_decay)
+    names = dataset.class_names
+    checkpointer.hold(CheckpointStates(state, cfg, names, local, head, optimizer, scaler, ema))
+    if trained is not None:
         class_rows = None if remap is None else remap.rows
-        trained = checkpoint_config(checkpoint)
         settings_notes = check_resumed_settings(trained, cfg, checkpoint, read_meta(checkpoint)["step"])
         keep_optimizer = trained.optim.name == cfg.optim.name
         if not keep_optimizer and dims.is_primary:
             logger.warning(optimizer_change_warning(checkpoint, trained.optim.name, cfg.optim.name))
-        state.load_state_dict(
-            load_checkpoint(checkpoint, dims, local, head, optimizer, scaler, keep_optimizer, class_rows)
-        )
+        checkpointer.load(keep_optimizer, class_rows)
         if remap is not None:  # the sample position belongs to the data the checkpoint was trained on
             state.consumed = 0
         if dims.is_primary:
@@ -176,7 +181,7 @@ def build_training_run(
     )
     parts = StepParts(model, head, optimizer, scaler, settings, pipeline, loss, distillation)
     data = TrainingData(dataset, loader, sampler)
-    return TrainingRun(run_dir, data, local, parts, scheduler, state, checkpoint)
+    return TrainingRun(run_dir, data, local, parts, ema, scheduler, state, checkpoint)
 
 
 def optimizer_change_warning(checkpoint: Path, trained_with: str, name: str) -> str:

@@ -1,8 +1,9 @@
 """Where a run is: the step, the sample position in the epoch, and the best verification so far.
 
-The trainer owns it and checkpoints it as its own `Stateful` state (`Trainer.state_dict`); a checkpoint
-keeps it in meta.json (`facetrain.checkpoint.names.TRAIN_STATE_KEYS`), so the checkpoint layer needs no
-class of the trainer's to write or read it.
+The trainer owns it; the checkpointer saves and restores it as the run's train state (a `Stateful`,
+torchtitan's `train_state`); a checkpoint keeps it in meta.json
+(`facetrain.checkpoint.names.TRAIN_STATE_KEYS`), so the checkpoint layer needs no class of the
+trainer's to write or read it.
 """
 
 from __future__ import annotations

@@ -9,8 +9,9 @@ stops alone leaves the others waiting in a collective, so before each step the r
 flags and all stop together, at the same step, able to write one last checkpoint together.
 
 The same all-reduce carries a third flag: rank 0's clock says a checkpoint is due
-(`train.checkpoint_every_minutes`). Clocks differ between hosts, so rank 0 alone decides and every rank
-learns it before the step, at no extra collective; all then write that checkpoint after the step.
+(`checkpoint.every_minutes`, the checkpointer's `SaveClock`). Clocks differ between hosts, so rank 0
+alone asks and every rank learns it before the step, at no extra collective; the checkpointer then
+saves on every rank after the step.
 
 The agreement is a three-integer all-reduce on a gloo group over the CPU (`ParallelDims.control_group`):
 a few tens of microseconds per step, and on GPUs it synchronizes the hosts but never the device
@@ -25,6 +26,7 @@ from collections.abc import Iterator
 
 import torch
 
+from facetrain.checkpoint import SaveClock
 from facetrain.data.decode import DataError
 from facetrain.data.loader_workers import STOP_SIGNALS
 from facetrain.heads import collectives
@@ -100,11 +102,10 @@ class StepGate:
         accumulation: int,
         state: TrainState,
         dims: ParallelDims,
-        checkpoint_every_s: float | None = None,
+        clock: SaveClock | None = None,
     ):
         self.batches, self.accumulation, self.state, self.dims = batches, accumulation, state, dims
-        self.checkpoint_every_s = checkpoint_every_s
-        self.last_checkpoint_at = time.monotonic()
+        self.clock = clock
         self.checkpoint_due = False  # after the step the gate let through, by rank 0's clock
         self.stop_signal: signal.Signals | None = None
         self.data_error: DataError | None = None  # this rank's, when its data failed
@@ -113,9 +114,6 @@ class StepGate:
     @property
     def stopped(self) -> bool:
         return self.stop_signal is not None or self.data_failed
-
-    def checkpoint_written(self) -> None:
-        self.last_checkpoint_at = time.monotonic()
 
     def next_step(self, signals: StopSignals) -> list | None:
         """The next step's micro-batches, or None when the ranks agreed to stop before it.
@@ -130,8 +128,7 @@ class StepGate:
                 micro_batches.append(next(self.batches))
         except DataError as error:
             self.data_error = error
-        every, elapsed = self.checkpoint_every_s, time.monotonic() - self.last_checkpoint_at
-        clock_due = self.dims.is_primary and every is not None and elapsed >= every
+        clock_due = self.dims.is_primary and self.clock is not None and self.clock.due()
         local = [int(signals.received or 0), int(self.data_error is not None), int(clock_due)]
         flags = torch.tensor(
             local, dtype=torch.int64, device=collectives.collective_device(self.dims.control_group)

@@ -23,10 +23,9 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import torch
-from torch.distributed.checkpoint.stateful import Stateful
 
 from facetrain import run_log
-from facetrain.checkpoint import Checkpointer, CheckpointStates, load_ema_weights
+from facetrain.checkpoint import Checkpointer
 from facetrain.config import to_dict
 from facetrain.errors import EveryRankError, FacetrainError, PeerFailed
 from facetrain.files import atomic_write_text, write_failure_advice
@@ -39,7 +38,6 @@ from facetrain.parallel.failures import collective_failure_error, is_collective_
 from facetrain.progress import ProgressBar as tqdm  # plain lines when not on a terminal
 from facetrain.train.curves import CURVES_FILE, plot_curves, read_run_curves
 from facetrain.train.device_defaults import DeviceDefaults, apply_device_defaults, resolve_device_defaults
-from facetrain.train.ema import WeightEma
 from facetrain.train.evaluation import (
     TrainingVerifier,
     evaluation_line,
@@ -92,9 +90,7 @@ def _train_in_group(cfg: Config, resume: str | None) -> dict:
     dims = init_parallel(cfg.parallel.pipeline_stages, cfg.parallel.backend, cfg.parallel.timeout_s)
     trainer = None
     device_defaults = resolve_run_config(cfg, dims)
-    checkpointer = Checkpointer(
-        Path(cfg.train.output_dir), dims, cfg.checkpoint.every, cfg.checkpoint.keep
-    )
+    checkpointer = Checkpointer(Path(cfg.train.output_dir), dims, cfg.checkpoint)
     try:
         try:
             validate(cfg, dims.world_size, device_type=dims.device.type)
@@ -151,12 +147,12 @@ def _logged(error: Exception) -> Exception:
     return error
 
 
-class Trainer(Stateful):
+class Trainer:
     """One rank's run: the model parts with their optimizer (`parts`, what `train_step` takes), the data,
-    the schedule, the weight average, the verifier, and the `checkpointer` it saves through.
+    the schedule, the weight average, the verifier, and the `checkpointer` that restored it and saves it.
 
-    It owns where the run is (`state`, a `TrainState`) and is itself what a checkpoint saves of it
-    (torchtitan's trainer idea): `state_dict` / `load_state_dict`, kept in the checkpoint's meta.json."""
+    It owns where the run is (`state`, a `TrainState`: the `Stateful` the checkpointer keeps in each
+    checkpoint's meta.json, torchtitan's train state) and moves it on step by step."""
 
     def __init__(
         self,
@@ -171,14 +167,7 @@ class Trainer(Stateful):
         self.backbone, self.parts, self.scheduler = run.backbone, run.parts, run.scheduler
         self.state, self.resumed_from = run.state, run.resumed_from
         self.verifier = TrainingVerifier(cfg, dims) if cfg.eval.pairs and not dims.pp_enabled else None
-        self.ema = None if cfg.model.ema_decay == 0 else WeightEma(self.backbone, cfg.model.ema_decay)
-        if self.ema and self.resumed_from and load_ema_weights(self.resumed_from, self.ema.module):
-            self.ema.updates = self.state.step  # the average continues from the checkpoint
-        self.checkpointer = checkpointer
-        ema = None if self.ema is None else self.ema.module
-        parts = self.parts
-        states = CheckpointStates(self, self.backbone, parts.head, parts.optimizer, parts.scaler, ema)
-        checkpointer.hold(states, cfg, self.data.dataset.class_names, self.resumed_from)
+        self.ema, self.checkpointer = run.ema, checkpointer
         self.evaluation: dict = {}
         self.stop_seconds: float | None = None  # from the stop signal to the last checkpoint, on this rank
         self.evaluation_failure: str | None = None
@@ -186,12 +175,6 @@ class Trainer(Stateful):
         self.full_margin = None if self.parts.head is None else self.parts.head.margin  # margin warmup's goal
         # (step, checkpoint) of each checkpoint with finite weights: the resumed one and those written
         self.finite_checkpoints = [(self.state.step, str(self.resumed_from))] if self.resumed_from else []
-
-    def state_dict(self) -> dict:
-        return self.state.state_dict()
-
-    def load_state_dict(self, state_dict: dict) -> None:
-        self.state.load_state_dict(state_dict)
 
     @property
     def last_checkpoint(self) -> str | None:
@@ -207,9 +190,8 @@ class Trainer(Stateful):
         """Train until train.steps or a stop; `startup`, started with the run, times its first step."""
         cfg, dims, state = self.cfg, self.dims, self.state
         log = MetricsLog(self.run_dir, dims.is_primary, cfg.train.trackers, to_dict(cfg))
-        minutes = cfg.checkpoint.every_minutes
-        seconds = None if minutes is None else 60 * minutes
-        gate = StepGate(self._batches(), cfg.optim.grad_accumulation, state, dims, seconds)
+        checkpointer = self.checkpointer
+        gate = StepGate(self._batches(), cfg.optim.grad_accumulation, state, dims, checkpointer.clock)
         progress = tqdm(
             total=cfg.train.steps, initial=state.step, desc="train", unit="step", disable=not dims.is_primary
         )
@@ -245,11 +227,10 @@ class Trainer(Stateful):
                     )  # fmt: skip
                     window.reset()
                 is_best = self.verify_if_due(final_step, log)
-                if self.checkpointer.should_save(state.step, final_step, is_best, gate.checkpoint_due):
+                if checkpointer.due(state.step, final_step, is_best, gate.checkpoint_due):
                     window.check_finite(tolerated, self.good_before)  # never save a diverged model
                     self.save(is_best, final_step)
-                    gate.checkpoint_written()
-            if gate.stopped and not self.checkpointer.holds_step(state.step) and state.step > 0:
+            if gate.stopped and checkpointer.due_on_stop(state.step):
                 window.check_finite(tolerated, self.good_before)
                 self.save(is_best=False, final_step=False)
             if gate.stop_signal is not None:
