@@ -13,6 +13,7 @@ import time
 
 import pytest
 
+from facetrain import run_lock
 from tests.support.fault_helpers import rank_processes
 from tests.support.train_helpers import REPO, run_cli, run_cli_at_once, tiny_config
 
@@ -39,9 +40,17 @@ def test_two_rank_run_resumes_on_one_and_three_ranks(tmp_path):
 
 
 def test_existing_run_is_not_trained_over(tmp_path):
+    """Also while another process holds the run (here this one; in the race it was the other of two
+    starts at once): the folder's checkpoints are named before its lock is tried, by a single process
+    and by the launcher alike."""
     config = tiny_config(tmp_path, "run", train={"steps": 1})
     assert run_cli("train", "-c", str(config)).returncode == 0
-    for result in run_cli_at_once(*(("train", "-c", str(config), "--nproc", nproc) for nproc in ("1", "2"))):
+    run_lock.acquire(tmp_path / "run", "test", "")
+    try:
+        results = run_cli_at_once(*(("train", "-c", str(config), "--nproc", nproc) for nproc in ("1", "2")))
+    finally:
+        run_lock.release(tmp_path / "run")
+    for result in results:
         assert result.returncode == 2
         assert result.stderr.strip().splitlines() == [
             f"error: {tmp_path / 'run'} already holds checkpoints; pass --resume auto to continue that run, "

@@ -24,7 +24,11 @@ from facetrain.checkpoint.app_state import CheckpointStates
 from facetrain.checkpoint.config import CheckpointConfig
 from facetrain.checkpoint.ranks import RankRoles
 from facetrain.checkpoint.reader import load_checkpoint, load_ema_weights
-from facetrain.checkpoint.resume_point import find_checkpoint_to_resume, restarted_job
+from facetrain.checkpoint.resume_point import (
+    find_checkpoint_to_resume,
+    refuse_training_over,
+    restarted_job,
+)
 from facetrain.checkpoint.run_dir import claim_run_dir, write_run_config
 from facetrain.checkpoint.writer import save_checkpoint
 from facetrain.heads import collectives
@@ -58,8 +62,11 @@ class Checkpointer:
         self.last: Path | None = None  # the newest checkpoint written or resumed from
         self.saved_step: int | None = None
 
-    def claim(self) -> None:
-        """Collective: rank 0 checks, creates, marks and locks the run directory while the others wait."""
+    def claim(self, resume: str | None = None) -> None:
+        """Collective: rank 0 checks, creates, marks and locks the run directory while the others wait.
+        A new run (`resume` None) into a folder holding checkpoints is refused before the lock is taken
+        (`resume_point.refuse_training_over`)."""
+        refuse_training_over(self.run_dir, resume, self._job_restarted())
         group = self.dims.control_group
         collectives.primary_first(lambda: claim_run_dir(self.run_dir), also_others=False, group=group)
 

@@ -43,6 +43,17 @@ def restarted_job(run_dir: Path) -> bool:
     return any(meta.get(key) == job for key, job in restarted.items())
 
 
+def refuse_training_over(run_dir: Path, resume: str | None, restarted: bool) -> None:
+    """A new run (no --resume, no restart of its job) into a folder that holds checkpoints is refused.
+    Asked before the run's lock is taken, too: two such starts at once then both hear that the folder
+    holds a run, rather than the later one that the earlier holds its lock."""
+    if resume is None and not restarted and holds_checkpoints(run_dir):
+        raise EveryRankError(
+            f"{run_dir} already holds checkpoints; pass --resume auto to continue that run, "
+            "or choose another train.output_dir"
+        )
+
+
 def find_checkpoint_to_resume(
     run_dir: Path, resume: str | None, restarted: bool | None = None
 ) -> tuple[Path | None, list[str]]:
@@ -55,11 +66,7 @@ def find_checkpoint_to_resume(
         resume = "auto"
     try:
         if resume is None:
-            if holds_checkpoints(run_dir):
-                raise EveryRankError(
-                    f"{run_dir} already holds checkpoints; pass --resume auto to continue that run, "
-                    "or choose another train.output_dir"
-                )
+            refuse_training_over(run_dir, resume, restarted)
             return None, []
         if resume == "auto":
             return find_resume_point(run_dir)

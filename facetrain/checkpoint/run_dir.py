@@ -24,6 +24,7 @@ from typing import Any
 import yaml
 
 from facetrain.checkpoint.layout import holds_checkpoints
+from facetrain.checkpoint.resume_point import refuse_training_over, restarted_job
 from facetrain.config import to_dict
 from facetrain.errors import EveryRankError, FacetrainError
 from facetrain.files import atomic_write_text, links_leaving, open_appending, output_path_problem
@@ -129,8 +130,10 @@ def claim_run_dir(run_dir: Path) -> None:
         raise _unwritable(run_dir, error) from None
 
 
-def check_run_dir_free(run_dir: Path) -> None:
-    """Before a launcher starts its ranks: refuse at once when another process holds the run."""
+def check_run_dir_free(run_dir: Path, resume: str | None) -> None:
+    """Before a launcher starts its ranks: refuse at once a new run over checkpoints, or a run another
+    process holds."""
+    refuse_training_over(run_dir, resume, restarted_job(run_dir))
     if is_run_dir(run_dir):
         try:
             acquire(run_dir, "facetrain train", BUSY_ADVICE)

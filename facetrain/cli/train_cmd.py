@@ -118,7 +118,7 @@ def train(
 
         # a run another process holds is refused before any rank starts; the ranks check the folder and
         # find the checkpoint to resume from themselves, once (`facetrain.train.setup`)
-        check_run_dir_free(Path(config.train.output_dir))
+        check_run_dir_free(Path(config.train.output_dir), resume)
         backend = config.parallel.backend  # more nccl ranks than GPUs are refused before any starts
         timeout_s = config.parallel.timeout_s
         code = launch_local(

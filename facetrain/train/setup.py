@@ -80,7 +80,7 @@ def build_training_run(
     if dims.dp > 1:  # a head sharded over the data-parallel ranks: refused now, not at the first save
         check_row_shards_supported()
     run_dir = checkpointer.run_dir
-    checkpointer.claim()
+    checkpointer.claim(resume)
     checkpoint, notes = checkpointer.find_resume(resume)
     accumulation = cfg.optim.grad_accumulation
     if cfg.train.deterministic:
