@@ -16,10 +16,12 @@ from torch import nn
 from facetrain.checkpoint import resolve_checkpoint
 from facetrain.errors import EveryRankError
 from facetrain.interop import load_model
+from facetrain.train import distillation
 from facetrain.train.distillation import Distillation, TeacherCache, build_distillation, pin_teacher
 from facetrain.train.losses import LossConfig
 from facetrain.train.run_config import checkpoint_config
 from facetrain.train.step import StepParts, StepSettings, train_step
+from tests.support.distributed import run_distributed
 from tests.support.train_helpers import logged_losses, run_cli, tiny_config, trained_tiny_run
 
 
@@ -294,3 +296,26 @@ def test_a_teacher_is_read_from_a_finished_checkpoint_only(teacher_run, tmp_path
         build_distillation(LossConfig(teacher=str(unfinished)), 32, torch.device("cpu"))
     message = str(refused.value)
     assert "\n" not in message and str(unfinished) in message and "still writing or removing" in message
+
+
+def _pinned_on_a_rank(rank: int, world_size: int, teacher: str, committed_later: str) -> str:
+    """Rank `rank`'s pinned teacher, where rank 1's look-up would come after the teacher run committed
+    `committed_later` (its resolver is made to see it; rank 0 sees the run as it is)."""
+    with pytest.MonkeyPatch.context() as patch:
+        if rank == 1:
+            patch.setattr(distillation, "checkpoint_behind", lambda path: Path(committed_later))
+        loss = LossConfig(teacher=teacher)
+        pin_teacher(loss, None)
+    return loss.teacher
+
+
+def test_every_rank_learns_from_the_checkpoint_rank_0_pinned(tmp_path):
+    """Each rank looked the run-folder teacher up for itself: a teacher run committing a checkpoint
+    between two ranks' look-ups gave them different teachers. Rank 0 pins it for all."""
+    teacher = tmp_path / "teacher"
+    pinned = teacher / "checkpoints" / "step_00000002"
+    pinned.mkdir(parents=True)
+    (pinned / ".metadata").touch()
+    (pinned / "meta.json").touch()
+    later = teacher / "checkpoints" / "step_00000009"
+    assert run_distributed(_pinned_on_a_rank, 2, str(teacher), str(later)) == [str(pinned), str(pinned)]

@@ -230,6 +230,33 @@ def primary_first(fn, *, group: ProcessGroup | None, also_others: bool = True):
     return fn() if also_others else None
 
 
+def primary_decides(fn, *, group: ProcessGroup | None):
+    """Run `fn` on rank 0 alone and return its result (any picklable object) on every rank.
+
+    For a decision every rank must share that ranks deciding each for itself could make differently:
+    one read from files another process changes between their looks. The others wait on `group`, a CPU
+    group as for `primary_first`; a user error on rank 0 is raised there and as PeerFailed elsewhere.
+    """
+    _check_host_group(group)
+    if not is_active(group):
+        return fn()
+    outcome, failure = [None, False], None  # (rank 0's result, whether it failed)
+    if rank(group) == 0:
+        try:
+            outcome[0] = fn()
+        except FacetrainError as error:
+            outcome[1], failure = True, error
+    with naming("broadcast_object_list"):
+        dist.broadcast_object_list(
+            outcome, src=dist.get_global_rank(group, 0) if group is not None else 0, group=group
+        )
+    if failure is not None:
+        raise failure
+    if outcome[1]:
+        raise PeerFailed("rank 0 failed")
+    return outcome[0]
+
+
 def on_every_rank(fn, *, group: ProcessGroup | None):
     """Run `fn` on every rank at once and agree over `group` (a CPU group, as for `primary_first`) on
     whether it worked; return its result.

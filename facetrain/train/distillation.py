@@ -34,6 +34,7 @@ from torch.nn import functional
 
 from facetrain.checkpoint.layout import POINTERS, complete_checkpoints
 from facetrain.errors import EveryRankError, FacetrainError
+from facetrain.heads import collectives
 from facetrain.interop.loading import checkpoint_behind, load_model
 from facetrain.models.state_match import first_nonfinite
 from facetrain.train.losses import LossConfig
@@ -135,31 +136,43 @@ class Distillation:
         return self.weight * distillation_loss(student, teacher, self.kind)
 
 
-def pin_teacher(cfg: LossConfig, recorded: str | None) -> str | None:
+def pin_teacher(
+    cfg: LossConfig, recorded: str | None, group: collectives.ProcessGroup | None = None
+) -> str | None:
     """Set `cfg.teacher`, in place, to the checkpoint a run-folder teacher names, and return the line
     that says so (None when nothing changed). `recorded`: on a resume, the teacher the checkpoint was
     saved with; when it is a checkpoint of the run folder `cfg.teacher` names, it stays the teacher,
-    and one since removed is refused rather than replaced by that run's newer one."""
-    if cfg.teacher is None:
+    and one since removed is refused rather than replaced by that run's newer one.
+
+    Collective over `group` (the run's control group): rank 0 looks the checkpoint up and every rank
+    takes its answer. Each looking for itself, a teacher run that commits a checkpoint between two
+    ranks' looks would give them different teachers."""
+    if cfg.teacher is None:  # the same config on every rank: nothing to agree on
         return None
-    given = Path(cfg.teacher)
-    if recorded is not None and recorded != cfg.teacher and Path(recorded).parent == _checkpoints_of(given):
+    cfg.teacher, line = collectives.primary_decides(
+        lambda: _pinned_teacher(cfg.teacher, recorded), group=group
+    )
+    return line
+
+
+def _pinned_teacher(teacher: str, recorded: str | None) -> tuple[str, str | None]:
+    """`pin_teacher`'s teacher and line, looked up by this process."""
+    given = Path(teacher)
+    if recorded is not None and recorded != teacher and Path(recorded).parent == _checkpoints_of(given):
         if Path(recorded) not in complete_checkpoints(Path(recorded).parent.parent):
             raise EveryRankError(
                 f"loss.teacher: {given} was pinned at this run's start to {recorded}, which is gone (pruned "
                 f"by that run?); restore it, or resume with --set loss.teacher=CHECKPOINT to learn from "
                 "another teacher from here on"
             )
-        cfg.teacher = recorded
-        return None
+        return recorded, None
     try:
         checkpoint = checkpoint_behind(given)
     except FacetrainError as error:
         raise EveryRankError(f"loss.teacher: {error}") from None
     if checkpoint is None:
-        return None
-    cfg.teacher = str(checkpoint)
-    return f"loss.teacher: {given} resolved to {checkpoint}"
+        return teacher, None
+    return str(checkpoint), f"loss.teacher: {given} resolved to {checkpoint}"
 
 
 def _checkpoints_of(path: Path) -> Path:

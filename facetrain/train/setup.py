@@ -87,7 +87,7 @@ def build_training_run(
         torch.use_deterministic_algorithms(True, warn_only=True)
     trained = None if checkpoint is None else checkpoint_config(checkpoint)  # read once: it may say so
     # before the config is saved: it records the pinned one
-    pinned = pin_teacher(cfg.loss, None if trained is None else trained.loss.teacher)
+    pinned = pin_teacher(cfg.loss, None if trained is None else trained.loss.teacher, dims.control_group)
     checkpointer.write_run_config(cfg)
     if dims.is_primary:
         logger.info(device_defaults.describe())
