@@ -30,6 +30,7 @@ from torch.distributed.checkpoint.stateful import Stateful
 from facetrain.checkpoint.legacy import upgrade_first_format
 from facetrain.errors import EveryRankError, FacetrainError
 from facetrain.files import file_size_limit
+from facetrain.input_files import files_in, unchanged_while_read
 from facetrain.pickle_scan import far_memo_index
 
 _ALLOWED_GLOBALS = {
@@ -186,7 +187,7 @@ def load_entries(entries: dict, directory: Path, group=None, collective: bool = 
     every rank of the group calls it (resuming); otherwise this process reads alone."""
     stored_entries(directory, [k for k, v in entries.items() if torch.is_tensor(v)])
     distributed = collective and dist.is_initialized()
-    with warnings.catch_warnings():
+    with unchanged_while_read(files_in(directory), "checkpoint file"), warnings.catch_warnings():
         warnings.filterwarnings("ignore", message=".*assuming the intent is to load in a single process")
         warnings.filterwarnings("ignore", message=".*pickle protocol")
         try:

@@ -26,6 +26,7 @@ from facetrain.checkpoint import (
 from facetrain.checkpoint.layout import read_config_yaml
 from facetrain.config import to_dict
 from facetrain.errors import FacetrainError
+from facetrain.input_files import files_in, unchanged_while_read
 from facetrain.interop.card import (
     CARD_NAME,
     build_card,
@@ -86,11 +87,20 @@ def load_model(
         raise FacetrainError(
             f"model {path} does not exist; pass an export directory, a model file or a training checkpoint"
         )
-    if path.is_dir() and (path / CARD_NAME).is_file():
-        return _load_export_dir(path, device, trust_torchscript)
+    with unchanged_while_read(_model_files(path), "model file"):
+        if path.is_dir() and (path / CARD_NAME).is_file():
+            return _load_export_dir(path, device, trust_torchscript)
+        if path.is_file() and path.suffix in FILE_LOADERS:
+            return FILE_LOADERS[path.suffix](path, device, trust_torchscript)
+        return _load_checkpoint(path, device)
+
+
+def _model_files(path: Path) -> list[Path]:
+    """The files loading `path` reads: a model file and the cards that may sit beside it, or every file
+    of the model's folder (an export folder, or the checkpoint a run, pointer or checkpoint names)."""
     if path.is_file() and path.suffix in FILE_LOADERS:
-        return FILE_LOADERS[path.suffix](path, device, trust_torchscript)
-    return _load_checkpoint(path, device)
+        return [path, path.with_suffix(".json"), path.parent / CARD_NAME]
+    return files_in(path if (path / CARD_NAME).is_file() else resolve_checkpoint(path))
 
 
 def checkpoint_behind(path: str | Path) -> Path | None:
