@@ -102,17 +102,32 @@ def file_size_limit() -> int | None:
     return None if soft == resource.RLIM_INFINITY else soft
 
 
+# What the machine, not facetrain, refused on a write, and what to do about it before running the command
+# (or resuming the run) again: any command can meet these on any file. The command line's one line
+# (`facetrain.cli.user_errors`) and the trainer's and checkpoint writer's read this one table. EFBIG's
+# advice depends on its cause (`write_failure_advice`).
+WRITE_FAILURE_ADVICE = {
+    errno.ENOSPC: "free space",
+    errno.EDQUOT: "free space within your quota",
+    errno.EFBIG: "choose a file system that holds larger files",
+    errno.EROFS: "make its file system writable",
+    errno.EACCES: "check the permissions of the file and its folder",
+    errno.EPERM: "check the permissions of the file and its folder",
+    errno.ENAMETOOLONG: "choose a shorter name",
+    errno.ELOOP: "fix or remove the symlink",
+    errno.EIO: "check the disk, which reported an error",
+    errno.EISDIR: "move the folder that stands where a file is written, or choose another place",
+    errno.ENOTDIR: "choose another place (a file stands where a folder of the path belongs)",
+}
+
+
 def write_failure_advice(error: OSError) -> str:
-    """What to do about a write that failed, from its cause: "free space" only for a full disk or quota."""
-    if error.errno in (errno.ENOSPC, errno.EDQUOT):
-        return "free space"
-    if error.errno == errno.EFBIG:
-        limit = file_size_limit()
-        within = f"the process's file size limit (ulimit -f, {limit} bytes)" if limit is not None else None
-        return f"raise {within}" if within else "write to a file system that holds larger files"
-    if error.errno in (errno.EACCES, errno.EPERM, errno.EROFS):
-        return "make the folder writable"
-    return "check the disk and the folder"
+    """What to do about a write that failed, from its cause (WRITE_FAILURE_ADVICE): "free space" only for
+    a full disk or quota; a file too big for this process's file size limit (`ulimit -f`) is EFBIG too,
+    and says so."""
+    if error.errno == errno.EFBIG and (limit := file_size_limit()) is not None:
+        return f"raise the process's file size limit (ulimit -f, {limit} bytes)"
+    return WRITE_FAILURE_ADVICE.get(error.errno, "check the disk and the folder")
 
 
 def refuse_to_overwrite(paths: Iterable[Path], flag: str = "--overwrite") -> None:

@@ -70,7 +70,7 @@ def test_a_file_size_limit_during_a_checkpoint_and_an_export_is_one_line_keeping
     finally:
         resource.setrlimit(resource.RLIMIT_FSIZE, (soft, hard))
     assert line == (
-        f"error: {export / 'model.safetensors'}: File too large; it passed this process's file-size limit of "
-        f"{LIMIT} bytes (ulimit -f); raise it, then run it again"
+        f"error: {export / 'model.safetensors'}: File too large; raise the process's file size limit "
+        f"(ulimit -f, {LIMIT} bytes), then run it again"
     )
     assert digest(export) == before

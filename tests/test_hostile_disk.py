@@ -17,7 +17,9 @@ import pytest
 import torch
 
 from facetrain.checkpoint.names import BACKBONE
+from facetrain.cli.user_errors import environment_error_line
 from facetrain.eval.set_names import report_file_name
+from facetrain.files import write_failure_advice
 from facetrain.interop.insightface_import import write_imported_checkpoint
 from facetrain.models import build_backbone
 from facetrain.models.config import ModelConfig
@@ -124,3 +126,16 @@ def test_the_eval_report_on_enospc_is_one_line(checkpoint, tmp_path, monkeypatch
     )
     assert line == f"error: {out / report_file_name(tmp_path / 'faces')}.json: {FULL}"
     assert temporary_files(tmp_path) == []
+
+
+def test_the_command_line_and_the_trainer_give_one_advice_for_each_failed_write() -> None:
+    """One table (`files.WRITE_FAILURE_ADVICE`) for the command line's line and the trainer's and the
+    checkpoint writer's advice: they had one each, and a quota, a file too big for the file system or a
+    read-only file system got different advice from each."""
+    for code in (errno.ENOSPC, errno.EDQUOT, errno.EFBIG, errno.EROFS, errno.EACCES, errno.EISDIR):
+        error = OSError(code, os.strerror(code), "out/model.safetensors")
+        advice = write_failure_advice(error)
+        line = environment_error_line(error)
+        assert line == f"out/model.safetensors: {os.strerror(code)}; {advice}, then run it again"
+    assert write_failure_advice(OSError(errno.EDQUOT, "")) == "free space within your quota"
+    assert environment_error_line(OSError(errno.ECONNRESET, "")) is None  # not the machine's refusal: a bug

@@ -81,8 +81,8 @@ def test_a_file_size_limit_is_named_as_such_and_leaves_nothing(folder, tmp_path)
     result = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=120)
     lines = [line for line in result.stderr.splitlines() if line.strip()]
     assert result.returncode == 2 and lines == [
-        f"error: {out / 'train.rec'}: File too large; it passed this process's file-size limit of 600 bytes "
-        "(ulimit -f); raise it, then run it again"
+        f"error: {out / 'train.rec'}: File too large; raise the process's file size limit (ulimit -f, 600 "
+        "bytes), then run it again"
     ], result.stderr[-2000:]
     assert left_as_it_was(out)
 

@@ -2,42 +2,20 @@
 
 from __future__ import annotations
 
-import errno
 import os
 
 from facetrain.errors import EveryRankError, FacetrainError, PeerFailed
-from facetrain.files import file_size_limit
+from facetrain.files import WRITE_FAILURE_ADVICE, write_failure_advice
 from facetrain.logger import logger
-
-# What the machine, not facetrain, refused: a full disk, a read-only or unwritable folder, a name the
-# file system cannot hold. Any command can meet them on any file; each is a line naming the file.
-ENVIRONMENT_ADVICE = {
-    errno.ENOSPC: "free space, then run it again",
-    errno.EDQUOT: "free space within your quota, then run it again",
-    errno.EFBIG: "the file is larger than this process may write (ulimit -f) or the file system holds; raise the "
-    "limit or choose another place",
-    errno.EROFS: "choose a writable place",
-    errno.EACCES: "check its permissions, or choose another place",
-    errno.EPERM: "check its permissions, or choose another place",
-    errno.ENAMETOOLONG: "choose a shorter name",
-    errno.ELOOP: "fix or remove the symlink",
-    errno.EIO: "the disk reported an error; check it",
-    errno.EISDIR: "a folder stands where a file is written; move it or choose another place",
-    errno.ENOTDIR: "a file stands where a folder of the path belongs; choose another place",
-}
 
 
 def environment_error_line(error: OSError) -> str | None:
-    """One line for an OSError of ENVIRONMENT_ADVICE's kinds, or None for any other (a bug to show).
-    "Free space" is advised only for a full disk: a file too big for this process's file-size limit
-    (`ulimit -f`) is EFBIG too, and says so."""
-    advice = ENVIRONMENT_ADVICE.get(error.errno)
-    if advice is None:
+    """One line for an OSError the machine caused (`files.WRITE_FAILURE_ADVICE`'s kinds), or None for any
+    other (a bug to show)."""
+    if error.errno not in WRITE_FAILURE_ADVICE:
         return None
-    if error.errno == errno.EFBIG and (limit := file_size_limit()) is not None:
-        advice = f"it passed this process's file-size limit of {limit} bytes (ulimit -f); raise it, then run it again"
     where = f"{error.filename}: " if error.filename else ""
-    return f"{where}{error.strerror or os.strerror(error.errno)}; {advice}"
+    return f"{where}{error.strerror or os.strerror(error.errno)}; {write_failure_advice(error)}, then run it again"
 
 
 def report_user_error(error: FacetrainError) -> int:
