@@ -10,7 +10,8 @@ resume, the scheduler's job id and restart count, the world size.
 The log is a handler of facetrain's logger (`facetrain.logger`), so it gets exactly the lines the
 console does, under the same rank rule, and the `LOG_ONLY` lines besides. Lines logged before the run
 directory is known (device defaults, say) are held and written after the header. Writing the log never
-stops training: a log that cannot be written is skipped.
+stops training: a log that cannot be written (made read-only, a full disk) is said once on the console,
+and its lines are kept again once it takes them.
 """
 
 from __future__ import annotations
@@ -24,7 +25,7 @@ import time
 import warnings
 from pathlib import Path
 
-from facetrain.files import open_appending
+from facetrain.files import open_appending, write_failure_advice
 from facetrain.job_env import job_id, restart_count
 from facetrain.logger import RankFilter, logger, rank, rank_line
 
@@ -36,12 +37,22 @@ def _stamp(line: str) -> str:
     return f"{time.strftime('%Y-%m-%d %H:%M:%S')} {line.rstrip()}\n"
 
 
+_refused: set[Path] = set()  # logs whose last write failed, said once each
+
+
 def _append(path: Path, lines: list[str]) -> None:
     try:
         with open_appending(path) as handle:
             handle.writelines(lines)
-    except OSError:
-        pass
+    except OSError as error:
+        if path not in _refused:
+            _refused.add(path)  # before the warning, which comes back here and fails again
+            logger.warning(
+                f"warning: cannot write {path}: {error.strerror or error}; training goes on, its lines on the "
+                f"console only until you {write_failure_advice(error)}"
+            )
+        return
+    _refused.discard(path)
 
 
 class RunLogHandler(logging.Handler):

@@ -27,7 +27,13 @@ from facetrain.checkpoint.layout import holds_checkpoints
 from facetrain.checkpoint.resume_point import refuse_training_over, restarted_job
 from facetrain.config import to_dict
 from facetrain.errors import EveryRankError, FacetrainError
-from facetrain.files import atomic_write_text, links_leaving, open_appending, output_path_problem
+from facetrain.files import (
+    atomic_write_text,
+    links_leaving,
+    open_appending,
+    output_path_problem,
+    write_failure_advice,
+)
 from facetrain.run_lock import LOCK_NAME, acquire, holds, release
 
 RUN_CONFIG = "config.yaml"
@@ -127,6 +133,11 @@ def claim_run_dir(run_dir: Path) -> None:
             atomic_write_text(marker, json.dumps(created) + "\n")
     except OSError as error:
         release(run_dir)
+        if error.filename is not None and Path(error.filename) in [run_dir / n for n in APPENDED_FILES]:
+            raise FacetrainError(
+                f"cannot append to {error.filename}: {error.strerror or error}; the run adds its record "
+                f"there from now on: {write_failure_advice(error)}, then run it again"
+            ) from None
         raise _unwritable(run_dir, error) from None
 
 

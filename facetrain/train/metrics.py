@@ -18,8 +18,9 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from facetrain.checkpoint.run_dir import METRICS_COLUMNS as COLUMNS
-from facetrain.files import open_appending
-from facetrain.train.trackers import open_trackers
+from facetrain.files import open_appending, write_failure_advice
+from facetrain.logger import logger
+from facetrain.train.trackers import open_trackers, tracker_failed
 
 # Checked once, when this share of the schedule is done: late enough for any sane warmup to be over,
 # early enough that stopping saves most of the run.
@@ -32,38 +33,60 @@ UNDERFIT_MARGIN = 0.05
 
 class MetricsLog:
     """Appends rows to `<run>/metrics.csv` and sends them to the trackers; a resumed run continues the
-    same file."""
+    same file.
+
+    A record that cannot be written (made read-only, a full disk) never stops training, whose weights
+    matter more: it is one warning naming the file, and the run goes on checkpointing. metrics.csv is
+    opened for each row, so its rows are kept again once it takes them; a tracker that failed is
+    dropped (TensorBoard's writer is gone with its error)."""
 
     def __init__(self, run_dir: Path, enabled: bool, trackers: list[str] = (), config: dict | None = None):
         self.enabled = enabled
         self.path = run_dir / "metrics.csv"
         self.trackers = []
+        self.refused = False  # metrics.csv's last write failed, and that was said
         if not enabled:
             return
         if not self.path.exists():
-            with open_appending(self.path) as handle:
-                csv.writer(handle).writerow(COLUMNS)
+            self._append(COLUMNS)
         self.trackers = open_trackers(list(trackers), run_dir)
-        for tracker in self.trackers:
-            tracker.log_config(config or {})
+        self._to_trackers(lambda tracker: tracker.log_config(config or {}))
 
     def log(self, row: dict[str, float]) -> None:
         if not self.enabled:
             return
-        with open_appending(self.path) as handle:
-            csv.writer(handle).writerow([row.get(c, "") for c in COLUMNS])
+        self._append([row.get(c, "") for c in COLUMNS])
         figures = {f"train/{key}": value for key, value in row.items() if key not in ("step", "epoch")}
-        for tracker in self.trackers:
-            tracker.log_metrics(row["step"], figures)
+        self._to_trackers(lambda tracker: tracker.log_metrics(row["step"], figures))
 
     def log_eval(self, step: int, results: dict[str, float]) -> None:
         figures = {f"eval/{key}": value for key, value in results.items() if isinstance(value, int | float)}
-        for tracker in self.trackers:
-            tracker.log_metrics(step, figures)
+        self._to_trackers(lambda tracker: tracker.log_metrics(step, figures))
 
     def close(self) -> None:
-        for tracker in self.trackers:
-            tracker.close()
+        self._to_trackers(lambda tracker: tracker.close())
+
+    def _append(self, values: list) -> None:
+        try:
+            with open_appending(self.path) as handle:
+                csv.writer(handle).writerow(values)
+        except OSError as error:
+            if not self.refused:
+                self.refused = True
+                logger.warning(
+                    f"warning: cannot write {self.path}: {error.strerror or error}; training goes on, its rows "
+                    f"unrecorded until you {write_failure_advice(error)}"
+                )
+            return
+        self.refused = False
+
+    def _to_trackers(self, call) -> None:
+        for tracker in list(self.trackers):
+            try:
+                call(tracker)
+            except OSError as error:
+                self.trackers.remove(tracker)
+                logger.warning(tracker_failed(error, tracker.module, self.path.parent))
 
 
 @dataclass

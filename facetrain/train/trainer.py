@@ -316,7 +316,11 @@ class Trainer:
         }
         if dims.is_primary:
             atomic_write_text(self.run_dir / "summary.json", json.dumps(summary, indent=2))
-            curves = plot_curves([read_run_curves(self.run_dir)], self.run_dir / CURVES_FILE)
+            # none when metrics.csv could not be written at all (MetricsLog said so then)
+            recorded = (self.run_dir / "metrics.csv").is_file()
+            curves = (
+                plot_curves([read_run_curves(self.run_dir)], self.run_dir / CURVES_FILE) if recorded else None
+            )
             if gate.stop_signal is not None:
                 took = "" if self.stop_seconds is None else f", {self.stop_seconds:.1f} s after the signal"
                 logger.info(
@@ -335,9 +339,9 @@ class Trainer:
                             "try a lower lr for the backbone, optim.backbone_lr_scale, more head_only_steps, "
                             "or frozen early stages, optim.freeze_stages and optim.layer_decay)"
                         )
+                drawn = "" if curves is None else f", curves in {curves}"
                 logger.info(
-                    f"done: {state.step} steps{verified}; checkpoints in {self.run_dir / 'checkpoints'}, "
-                    f"curves in {curves}"
+                    f"done: {state.step} steps{verified}; checkpoints in {self.run_dir / 'checkpoints'}{drawn}"
                 )
                 if self.verifier is not None and (table := self.verifier.final_table()) is not None:
                     logger.info(table)

@@ -8,14 +8,16 @@ directory and returns a `Tracker`, or raises `TrackerMissing` when its package i
 
 from __future__ import annotations
 
+import os
 from importlib.util import find_spec
 from pathlib import Path
 
+from facetrain.files import write_failure_advice
 from facetrain.logger import logger
 from facetrain.train.trackers import mlflow_tracker, tensorboard_tracker, wandb_tracker  # noqa: F401  (they register)
 from facetrain.train.trackers.base import TRACKERS, Tracker, TrackerMissing, missing
 
-__all__ = ["TRACKERS", "Tracker", "TrackerMissing", "check_installed", "open_trackers"]
+__all__ = ["TRACKERS", "Tracker", "TrackerMissing", "check_installed", "open_trackers", "tracker_failed"]
 
 
 def check_installed(names: list[str]) -> None:
@@ -29,7 +31,7 @@ def check_installed(names: list[str]) -> None:
 
 def open_trackers(names: list[str], run_dir: Path) -> list[Tracker]:
     """The chosen trackers, opened on `run_dir`; a missing TensorBoard is said in one line and the run
-    goes on without it."""
+    goes on without it, as it does without a tracker that cannot write (`tracker_failed`)."""
     trackers = []
     for name in names:
         try:
@@ -38,6 +40,18 @@ def open_trackers(names: list[str], run_dir: Path) -> list[Tracker]:
             if name != "tensorboard":
                 raise
             logger.info(f"note: TensorBoard logging is off: {error}")
+        except OSError as error:
+            logger.warning(tracker_failed(error, name, run_dir))
     if "tensorboard" not in names:
         logger.info(f"note: TensorBoard logging is off: train.trackers is {names} (add tensorboard)")
     return trackers
+
+
+def tracker_failed(error: OSError, name: str, run_dir: Path) -> str:
+    """The warning for tracker `name` that could not write (its folder read-only, a full disk): the run
+    goes on without it rather than stop, its weights mattering more than one of its records."""
+    return (
+        f"warning: cannot write {os.fsdecode(error.filename or run_dir)}: {error.strerror or error}; training goes on "
+        f"without {name} (metrics.csv keeps every figure): {write_failure_advice(error)}, then resume to "
+        "use it again"
+    )

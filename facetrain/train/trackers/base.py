@@ -15,6 +15,8 @@ from facetrain.registry import Registry
 class Tracker(Protocol):
     """Where rank 0 sends the run's config once and its figures as it trains."""
 
+    module: str  # the module it imports, also its name in train.trackers
+
     def log_config(self, config: dict) -> None: ...
 
     def log_metrics(self, step: int, metrics: dict[str, float]) -> None: ...

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import threading
 from pathlib import Path
 
 from facetrain.train.trackers.base import TRACKERS, missing
@@ -15,6 +16,7 @@ class TensorBoardTracker:
             from torch.utils.tensorboard import SummaryWriter
         except ImportError:
             raise missing("tensorboard") from None
+        _quiet_writer_threads()
         self.writer = SummaryWriter(str(run_dir / "tensorboard"))
 
     def log_config(self, config: dict) -> None:
@@ -26,6 +28,24 @@ class TensorBoardTracker:
 
     def close(self) -> None:
         self.writer.close()
+
+
+def _quiet_writer_threads() -> None:
+    """TensorBoard writes its event file from a thread, which keeps a failed write's OSError for the
+    writer's next call (where `MetricsLog` says it in one line and goes on without TensorBoard) and
+    then ends with it, which Python would print as a traceback: that traceback is left out."""
+    from tensorboard.summary.writer.event_file_writer import _AsyncWriterThread
+
+    previous = threading.excepthook
+    if getattr(previous, "quiets_tensorboard", False):
+        return
+
+    def excepthook(args: threading.ExceptHookArgs) -> None:
+        if not (isinstance(args.thread, _AsyncWriterThread) and issubclass(args.exc_type, OSError)):
+            previous(args)
+
+    excepthook.quiets_tensorboard = True
+    threading.excepthook = excepthook
 
 
 TRACKERS.register("tensorboard")(TensorBoardTracker)
