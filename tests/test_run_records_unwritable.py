@@ -60,9 +60,10 @@ def test_a_record_that_cannot_be_appended_to_is_refused_at_the_start_naming_it(t
 # the writer thread's traceback, which pytest takes over from Python and reports as this warning
 @pytest.mark.filterwarnings("error::pytest.PytestUnhandledThreadExceptionWarning")
 def test_records_unwritable_during_the_run_are_a_warning_each_and_it_trains_on_and_checkpoints(
-    tmp_path, monkeypatch
+    finished_run, tmp_path, monkeypatch
 ):
-    config = tiny_config(tmp_path, train={"steps": 4, "checkpoint_every": 2, "log_every": 1})
+    data = {"path": str(finished_run / "synth")}  # the session's set: no set generated here
+    config = tiny_config(tmp_path, data=data, train={"steps": 2, "checkpoint_every": 1, "log_every": 1})
     monkeypatch.setattr(run_log, "open_appending", lambda path: (_ for _ in ()).throw(denied(str(path))))
     monkeypatch.setattr(metrics, "open_appending", lambda path: (_ for _ in ()).throw(denied(str(path))))
     opening = io.open
@@ -77,7 +78,7 @@ def test_records_unwritable_during_the_run_are_a_warning_each_and_it_trains_on_a
     assert result.exit_code == 0, result.output[-3000:]
     assert "Traceback" not in result.output and "Exception in thread" not in result.output, result.output
     run = tmp_path / "run"
-    assert (run / "checkpoints" / "last").read_text().strip() == "step_00000004"
+    assert (run / "checkpoints" / "last").read_text().strip() == "step_00000002"
     warnings = [line for line in result.output.splitlines() if line.startswith("warning: cannot write")]
     assert len(warnings) == 3, result.output[-3000:]
     log, rows, tensorboard = sorted(warnings, key=lambda line: ("train.log" not in line, "tfevents" in line))
