@@ -42,7 +42,8 @@ def assert_refused_naming(error: pytest.ExceptionInfo, path: Path) -> None:
     assert "when its writer is done" in message
 
 
-def test_an_exported_model_rewritten_while_it_loads_is_one_line(tmp_path, monkeypatch):
+@pytest.mark.parametrize("target", ["", "model.json", "model.safetensors"])  # the folder, its card, the file
+def test_an_exported_model_rewritten_while_it_loads_is_one_line(tmp_path, monkeypatch, target):
     export_loaded(fresh_model(), tmp_path, formats=["safetensors"], progress=False)
     written_earlier(tmp_path)
     weights = tmp_path / "model.safetensors"
@@ -54,7 +55,7 @@ def test_an_exported_model_rewritten_while_it_loads_is_one_line(tmp_path, monkey
 
     monkeypatch.setattr(loading, "read_safetensors_into", rewritten_first)
     with pytest.raises(FacetrainError) as refused:
-        load_model(tmp_path)
+        load_model(tmp_path / target if target else tmp_path)
     assert_refused_naming(refused, weights)
 
 

@@ -98,6 +98,8 @@ def load_model(
 def _model_files(path: Path) -> list[Path]:
     """The files loading `path` reads: a model file and the cards that may sit beside it, or every file
     of the model's folder (an export folder, or the checkpoint a run, pointer or checkpoint names)."""
+    if path.is_file() and path.suffix == ".json":  # a card: its export folder is what loads
+        return files_in(path.parent)
     if path.is_file() and path.suffix in FILE_LOADERS:
         return [path, path.with_suffix(".json"), path.parent / CARD_NAME]
     return files_in(path if (path / CARD_NAME).is_file() else resolve_checkpoint(path))
