@@ -50,8 +50,8 @@ def open_trackers(names: list[str], run_dir: Path) -> list[Tracker]:
 def tracker_failed(error: OSError, name: str, run_dir: Path) -> str:
     """The warning for tracker `name` that could not write (its folder read-only, a full disk): the run
     goes on without it rather than stop, its weights mattering more than one of its records."""
+    where = os.fsdecode(error.filename or run_dir)  # TensorBoard names its event file in bytes
     return (
-        f"warning: cannot write {os.fsdecode(error.filename or run_dir)}: {error.strerror or error}; training goes on "
-        f"without {name} (metrics.csv keeps every figure): {write_failure_advice(error)}, then resume to "
-        "use it again"
+        f"warning: cannot write {where}: {error.strerror or error}; training goes on without {name} "
+        f"(metrics.csv keeps every figure): {write_failure_advice(error)}, then resume to use it again"
     )
