@@ -63,7 +63,8 @@ def test_records_unwritable_during_the_run_are_a_warning_each_and_it_trains_on_a
     finished_run, tmp_path, monkeypatch
 ):
     data = {"path": str(finished_run / "synth")}  # the session's set: no set generated here
-    config = tiny_config(tmp_path, data=data, train={"steps": 2, "checkpoint_every": 1, "log_every": 1})
+    train = {"steps": 2, "log_every": 1}
+    config = tiny_config(tmp_path, data=data, train=train, checkpoint={"every": 1})
     monkeypatch.setattr(run_log, "open_appending", lambda path: (_ for _ in ()).throw(denied(str(path))))
     monkeypatch.setattr(metrics, "open_appending", lambda path: (_ for _ in ()).throw(denied(str(path))))
     opening = io.open
