@@ -16,21 +16,9 @@ from pathlib import Path
 PACKAGE = Path(__file__).resolve().parents[1] / "facetrain"
 LIMIT = 8
 CLI = PACKAGE / "cli"
-# not yet grouped (#59): the head's autograd functions (`apply` takes positional arguments only), kernel
-# launchers and their torch twins take their tensors one by one; the gradient filter's row limits (#56)
-# added one to the logit-gradient launchers and their torch twins
-STILL_OVER = {
-    "heads/tiled_softmax.py::TiledMarginSoftmax.forward": 14,
-    "heads/tiled_softmax.py::_logit_grad": 13,
-    "heads/triton_tile.py::online_softmax_rows": 11,
-    "heads/triton_tile.py::logit_grad_rows": 11,
-    "heads/tile_kernel.py::logit_grad_tile": 9,
-    "heads/tile_kernel.py::online_softmax_tile": 10,
-    "heads/sharded.py::ShardedMarginHead.__init__": 11,
-    "heads/sharded_softmax.py::ShardedMarginSoftmax.forward": 10,
-    "heads/sharded_softmax.py::_multiply_by_negative_slopes": 10,
-    "heads/margin_softmax.py::softmax_loss": 10,
-}
+# none left (#59): the head's functions take one object per tile call and per step, save_checkpoint
+# its CheckpointStates
+STILL_OVER: dict[str, int] = {}
 
 
 def _command_bodies() -> set[str]:

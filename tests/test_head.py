@@ -8,8 +8,9 @@ import pytest
 import torch
 
 from facetrain.errors import FacetrainError
-from facetrain.heads import DenseMarginHead, ShardedMarginHead
+from facetrain.heads import DenseMarginHead, HeadOptions, ShardedMarginHead
 from facetrain.heads.naive_model_parallel import NaiveModelParallelHead
+from facetrain.heads.plan import UNTILED
 from facetrain.parallel.traffic import count_traffic
 from tests.support.distributed import run_distributed
 from tests.support.head_problems import (
@@ -214,6 +215,24 @@ def test_bad_settings_are_one_line_errors(kwargs, message):
         FacetrainError, match=message.replace("(", r"\(").replace(")", r"\)").replace("]", r"\]")
     ):
         ShardedMarginHead(10, 8, **kwargs)
+
+
+def test_rarer_settings_as_one_options_object_or_as_keywords():
+    """#59: the rarer settings are one HeadOptions; their old keywords still build the same head, beside the
+    margin's parameters, and anything but a HeadOptions as `options` is one line."""
+    options = HeadOptions(sub_centers=2, check_every_step=True, gradient_reduction="sum", label_smoothing=0.1)
+    by_keywords = ShardedMarginHead(
+        10, 8, margin="cosface", sub_centers=2, check_every_step=True, gradient_reduction="sum",
+        label_smoothing=0.1, m=0.3,
+    )  # fmt: skip
+    by_options = ShardedMarginHead(10, 8, margin="cosface", options=options, m=0.3)
+    for head in (by_keywords, by_options):
+        assert head.options == options and head.margin.m == 0.3
+        assert (head.sub_centers, head.check_every_step, head.gradient_reduction) == (2, True, "sum")
+        assert head.label_smoothing == 0.1 and head.weight.shape == (20, 8)
+    assert ShardedMarginHead(10, 8, options=options, sub_centers=3).sub_centers == 3  # a keyword over options
+    with pytest.raises(TypeError, match="^a head's options are a HeadOptions, not int: options=HeadOptions"):
+        ShardedMarginHead(10, 8, "arcface", 64.0, 1.0, None, UNTILED, 2)
 
 
 def test_bad_inputs_are_one_line_errors():

@@ -8,6 +8,7 @@ and the rest of facetrain imports them from here.
 from facetrain.heads.base import HeadOutput, MarginHead
 from facetrain.heads.dense import DenseMarginHead
 from facetrain.heads.margins import MARGINS, Margin, build_margin
+from facetrain.heads.options import HeadOptions
 from facetrain.heads.partition import ClassRange, all_class_ranges, class_range
 from facetrain.heads.plan import HeadPlan
 from facetrain.heads.sharded import ShardedMarginHead
@@ -17,6 +18,7 @@ __all__ = [
     "ClassRange",
     "DenseMarginHead",
     "HeadOutput",
+    "HeadOptions",
     "HeadPlan",
     "Margin",
     "MarginHead",

@@ -78,17 +78,31 @@ class MarginInput(NamedTuple):
     update: bool
 
 
-def step_margin(
-    margin: MarginInput, x_norm: torch.Tensor, valid: torch.Tensor, target_cos_here, group
-) -> StepMargin:
+class StepInputs(NamedTuple):
+    """What both kernels take of a step besides the two tensors autograd differentiates (the embeddings
+    and the weight, which must be arguments of `apply`): each row's `target_column` among this rank's
+    columns (-1 where another rank owns it), which rows are real (`valid`: padding rows are not), the
+    margin, the logit scale, the ranks' group and label smoothing."""
+
+    target_column: torch.Tensor
+    valid: torch.Tensor
+    margin: MarginInput
+    scale: float
+    group: object
+    smoothing: Smoothing = NO_SMOOTHING
+
+
+def step_margin(step: StepInputs, x_norm: torch.Tensor, target_cos_here) -> StepMargin:
     """The margin for this step (`margins.prepare_step`). `target_cos_here` is a callable giving this
     rank's target cosines and where it owns them; it is called only for a margin that needs every
     row's, which then cost one all-reduce of B values."""
-    target_cos = None
+    margin, target_cos = step.margin, None
     if margin.margin.needs_target_cos:
         cos, owned = target_cos_here()
-        target_cos = collectives.all_reduce_(torch.where(owned, cos, 0.0), "sum", group)
-    return prepare_step(margin.margin, margin.buffers, x_norm.squeeze(1), valid, target_cos, margin.update)
+        target_cos = collectives.all_reduce_(torch.where(owned, cos, 0.0), "sum", step.group)
+    return prepare_step(
+        margin.margin, margin.buffers, x_norm.squeeze(1), step.valid, target_cos, margin.update
+    )
 
 
 def penalise_targets(
@@ -113,20 +127,18 @@ def softmax_loss(
     target_raw: torch.Tensor,
     has_target: torch.Tensor,
     global_max: torch.Tensor,
-    valid: torch.Tensor,
-    group,
+    step: StepInputs,
     plain_max: torch.Tensor | None = None,
-    smoothing: Smoothing = NO_SMOOTHING,
     logit_sum: torch.Tensor | None = None,
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """The loss from this rank's share, in one all-reduce: `sum_exp` of exp(logit - global max) over its
     classes (penalised targets included), the penalised `target_logit` and plain `target_raw` where it
-    owns the target, and with label smoothing `logit_sum`, the sum of its classes' logits (penalised
+    owns the target, and with `step`'s label smoothing `logit_sum`, the sum of its classes' logits (penalised
     and modulated as in the softmax). Returns the loss (the mean over valid rows), the statistics the
     backward needs (`target_gradient`) and the global top-1 hit count (no gradient). Where the margin
     modulated the negatives, `plain_max` is the global row max of the plain logits, which decides the
     hits."""
-    zero = sum_exp.new_zeros(())
+    smoothing, zero = step.smoothing, sum_exp.new_zeros(())
     hit_max = global_max if plain_max is None else plain_max
     shares = [
         sum_exp,
@@ -137,15 +149,15 @@ def softmax_loss(
     ]
     if smoothing.epsilon:
         shares.append(logit_sum)
-    stats = collectives.all_reduce_(torch.stack(shares), "sum", group)
+    stats = collectives.all_reduce_(torch.stack(shares), "sum", step.group)
     sum_exp, target_logit, hits = stats[:3]
     row_loss = sum_exp.log() + global_max - target_logit
     if smoothing.epsilon:
         row_loss = row_loss + smoothing.epsilon * (target_logit - stats[3] / smoothing.classes)
     # padding rows of a short batch are not in the mean: their denominator is inf, their factor 0
-    n_valid = valid.sum().to(row_loss.dtype)
-    loss = torch.where(valid, row_loss, 0.0).sum() / n_valid
-    denominator = torch.where(valid, n_valid * sum_exp, float("inf"))
+    n_valid = step.valid.sum().to(row_loss.dtype)
+    loss = torch.where(step.valid, row_loss, 0.0).sum() / n_valid
+    denominator = torch.where(step.valid, n_valid * sum_exp, float("inf"))
     return loss, torch.stack([sum_exp, denominator]), hits.sum()
 
 

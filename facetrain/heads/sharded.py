@@ -14,15 +14,13 @@ import facetrain.heads.collectives as collectives
 from facetrain.errors import EveryRankError, FacetrainError
 from facetrain.heads.base import HeadOutput, MarginHead, regulariser_mean
 from facetrain.heads.fused_optim import FusedOptimizer
-from facetrain.heads.margin_softmax import NO_SMOOTHING, MarginInput, Smoothing
+from facetrain.heads.margin_softmax import NO_SMOOTHING, MarginInput, Smoothing, StepInputs
+from facetrain.heads.options import DEFAULT_OPTIONS, HeadOptions, split_options
 from facetrain.heads.partition import all_class_ranges, class_range
 from facetrain.heads.plan import UNTILED, HeadPlan
 from facetrain.heads.sharded_softmax import ShardedMarginSoftmax
 from facetrain.heads.tile_kernel import tile_ops
-from facetrain.heads.tiled_softmax import TiledMarginSoftmax
-
-# How the caller combines the backbone's gradients over the head's ranks (see the class docstring).
-GRADIENT_REDUCTIONS = ("mean", "sum")
+from facetrain.heads.tiled_softmax import TiledMarginSoftmax, TiledSettings
 
 
 class ShardedMarginHead(MarginHead):
@@ -31,6 +29,9 @@ class ShardedMarginHead(MarginHead):
     `loss, accuracy = head(local_embeddings, local_labels)`. With `sample_rate < 1` each rank keeps only
     that fraction of its classes per step (Partial FC), always including every class that is a target in
     the global batch.
+
+    The rarer settings travel as one `HeadOptions` (`options`), or as keywords of their names, which
+    the head applies over `options`; the other keywords are the margin's parameters (`m=0.5`).
 
     The loss is the mean over the global batch, the same on every rank. `gradient_reduction` says how
     the backbone's gradients are combined over the ranks: "mean" (the default) for
@@ -63,25 +64,17 @@ class ShardedMarginHead(MarginHead):
         sample_rate: float = 1.0,
         group=None,
         plan: HeadPlan = UNTILED,
-        sub_centers: int = 1,
-        check_every_step: bool = False,
-        gradient_reduction: str = "mean",
-        label_smoothing: float = 0.0,
-        **margin_params: float,
+        options: HeadOptions = DEFAULT_OPTIONS,
+        **keywords,
     ):
+        options, margin_params = split_options(options, keywords)
         if not 0.0 < sample_rate <= 1.0:
             raise ValueError(f"sample_rate must be in (0, 1], got {sample_rate}")
-        if not 0.0 <= label_smoothing < 1.0:
-            raise ValueError(f"label_smoothing must be in [0, 1), got {label_smoothing}")
-        if label_smoothing and plan.kernel == "triton":
+        if options.label_smoothing and plan.kernel == "triton":
             raise ValueError("label smoothing runs on the torch tiles: HeadPlan(kernel='torch')")
-        if sub_centers < 1 or (sub_centers > 1 and plan.tiled):
+        if options.sub_centers > 1 and plan.tiled:
             raise ValueError(
-                f"sub_centers must be >= 1 and needs the untiled head when > 1, got {sub_centers}"
-            )
-        if gradient_reduction not in GRADIENT_REDUCTIONS:
-            raise ValueError(
-                f"gradient_reduction must be one of {', '.join(GRADIENT_REDUCTIONS)}, got {gradient_reduction!r}"
+                f"sub_centers {options.sub_centers} needs the untiled head: HeadPlan('untiled') or sub_centers=1"
             )
         world_size, rank = collectives.world_size(group), collectives.rank(group)
         if num_classes < world_size:
@@ -90,16 +83,17 @@ class ShardedMarginHead(MarginHead):
                 f"{num_classes} ranks"
             )
         class_start, class_count = class_range(num_classes, world_size, rank)
-        rows = class_count * sub_centers
+        rows = class_count * options.sub_centers
         super().__init__(num_classes, embedding_size, rows, margin, scale, plan.weight_dtype, **margin_params)
-        self.plan, self.sub_centers, self.group = plan, sub_centers, group
+        self.plan, self.options, self.group = plan, options, group
+        self.sub_centers = options.sub_centers
         self.world_size, self.rank = world_size, rank
         self.class_start, self.class_count = class_start, class_count
         self.sample_rate = float(sample_rate)
-        self.label_smoothing = float(label_smoothing)
-        self.check_every_step = check_every_step
+        self.label_smoothing = float(options.label_smoothing)
+        self.check_every_step = options.check_every_step
         self.tile_ops = tile_ops(plan.compile_tiles, plan.kernel)
-        self.gradient_reduction = gradient_reduction
+        self.gradient_reduction = options.gradient_reduction
         self._capacity: int | None = None
 
     def fuse_optimizer(self, optimizer: FusedOptimizer) -> None:
@@ -185,18 +179,17 @@ class ShardedMarginHead(MarginHead):
         smoothing = NO_SMOOTHING
         if self.label_smoothing:
             smoothing = Smoothing(self.label_smoothing, self._softmax_classes(global_labels.shape[0]))
+        step = StepInputs(target_column, valid, margin, self.scale, self.group, smoothing)
         if not self.plan.tiled:
             weight = self.weight if kept is None else self.per_class(self.weight)[kept]
             loss, hits = ShardedMarginSoftmax.apply(
-                global_embeddings, weight.view(-1, self.embedding_size), target_column, valid, margin,
-                self.scale, self.group, self.sub_centers, smoothing,
-            )  # fmt: skip
+                global_embeddings, weight.view(-1, self.embedding_size), step, self.sub_centers
+            )
         else:
-            loss, hits = TiledMarginSoftmax.apply(
-                global_embeddings, self.weight, kept, target_column, valid, margin, self.scale,
-                self.group, self.plan.tile_classes, self.fused_optimizer, self.tile_ops, smoothing,
-                self.plan.gradient_filter,
-            )  # fmt: skip
+            settings = TiledSettings(
+                kept, self.plan.tile_classes, self.fused_optimizer, self.tile_ops, self.plan.gradient_filter
+            )
+            loss, hits = TiledMarginSoftmax.apply(global_embeddings, self.weight, step, settings)
         regulariser = self._regulariser(global_embeddings, valid)
         if regulariser is not None:
             loss = loss + regulariser.to(loss.dtype)

@@ -14,6 +14,8 @@ backward routes each class's logit gradient to the centre that won.
 
 from __future__ import annotations
 
+from typing import NamedTuple
+
 import torch
 
 import facetrain.heads.collectives as collectives
@@ -45,27 +47,29 @@ def _scaled_rows(w: torch.Tensor, inv_norm: torch.Tensor, scale: float, dtype: t
     return torch.mul(w, (inv_norm * scale)[:, None], out=out)
 
 
-def _scaled_logits(
-    gemm: LogitGemm,
-    x_unit: torch.Tensor,
-    w_op: torch.Tensor,
-    w_inv_norm: torch.Tensor,
-    scale: float,
-    folded: bool,
-) -> torch.Tensor:
+class LogitRows(NamedTuple):
+    """The shard's rows as the logit GEMM takes them: `w_op` in the GEMM's operand dtype, already scaled
+    by scale / |w| where `folded` (`_scaled_rows`), else scaled after the GEMM through `w_inv_norm`."""
+
+    gemm: LogitGemm
+    w_op: torch.Tensor
+    w_inv_norm: torch.Tensor
+    scale: float
+    folded: bool
+
+
+def _scaled_logits(x_unit: torch.Tensor, rows: LogitRows) -> torch.Tensor:
     """scale * cos of `x_unit`'s rows against every row of the shard (before sub-centers' maximum)."""
-    logits = gemm.mm(x_unit, w_op.t())
-    return logits if folded else logits.mul_(w_inv_norm * scale)
+    logits = rows.gemm.mm(x_unit, rows.w_op.t())
+    return logits if rows.folded else logits.mul_(rows.w_inv_norm * rows.scale)
 
 
-def _multiply_by_negative_slopes(
-    exps, hard, negatives, gemm, x_unit, w_op, w_inv_norm, scale: float, folded: bool, sub_centers: int
-) -> None:
+def _multiply_by_negative_slopes(exps, hard, negatives, x_unit, rows: LogitRows, sub_centers: int) -> None:
     """exps *= the slopes of the negatives' modulation. The forward modulated the logits in place and
     kept only where (`hard`); the plain logits the slopes need are recomputed a block of rows at a
     time: one more logit GEMM, in place of two B x c tensors kept from the forward."""
     for block in row_blocks(exps.shape[0]):
-        plain = _scaled_logits(gemm, x_unit[block], w_op, w_inv_norm, scale, folded)
+        plain = _scaled_logits(x_unit[block], rows)
         if sub_centers > 1:
             plain = plain.view(plain.shape[0], -1, sub_centers).amax(dim=2)
         exps[block] *= negatives.rows(block).slope(plain, hard[block])
@@ -75,24 +79,14 @@ class ShardedMarginSoftmax(torch.autograd.Function):
     """loss = mean over the global batch of CE(scale * margin(cos), target), computed shard by shard.
 
     Inputs: `embeddings` (B x D, the global batch), `weight` (cK x D: this rank's c classes, K rows a
-    class), `target_column` (B,) the column of each row's target among the c classes, or -1 where
-    another rank owns it; `smoothing` label smoothing over the step's classes (`ms.Smoothing`).
+    class), `step` (`ms.StepInputs`: its `target_column` is the column of each row's target among the c
+    classes, or -1 where another rank owns it; its smoothing is over the step's classes), `sub_centers` K.
     Returns the loss (identical on every rank) and the global top-1 hit count (no gradient).
     """
 
     @staticmethod
-    def forward(
-        ctx,
-        embeddings,
-        weight,
-        target_column,
-        valid,
-        margin: ms.MarginInput,
-        scale: float,
-        group,
-        sub_centers=1,
-        smoothing: ms.Smoothing = ms.NO_SMOOTHING,
-    ):
+    def forward(ctx, embeddings, weight, step: ms.StepInputs, sub_centers: int = 1):
+        scale, target_column, smoothing = step.scale, step.target_column, step.smoothing
         gemm_dtype = ms.compute_dtype(embeddings.device, embeddings.dtype)
         with torch.autocast(embeddings.device.type, enabled=False):
             x_unit, x_norm = ms.unit_rows(embeddings)
@@ -105,7 +99,7 @@ class ShardedMarginSoftmax(torch.autograd.Function):
             folded = gemm.operand_dtype != w.dtype
             w_op = _scaled_rows(w, w_inv_norm, scale, gemm.operand_dtype) if folded else w
             # fp32 out of the GEMM: a bf16 output would round the logits before the softmax
-            logits = _scaled_logits(gemm, x_unit, w_op, w_inv_norm, scale, folded)
+            logits = _scaled_logits(x_unit, LogitRows(gemm, w_op, w_inv_norm, scale, folded))
             del w_op
             nearest_centre = None
             if sub_centers > 1:
@@ -116,14 +110,14 @@ class ShardedMarginSoftmax(torch.autograd.Function):
             has_target = target_column >= 0
             columns = target_column.clamp_min(0)[:, None]
             target_raw = logits.gather(1, columns).squeeze(1)
-            step = ms.step_margin(margin, x_norm, valid, lambda: (target_raw / scale, has_target), group)
+            margin = ms.step_margin(step, x_norm, lambda: (target_raw / scale, has_target))
             target_logit, margin_slope, norm_slope = ms.penalise_targets(
-                step, target_raw, has_target, scale, x_norm
+                margin, target_raw, has_target, scale, x_norm
             )
             negatives, hard, plain_max = None, None, None
-            if step.negatives is not None:  # modulated in place; where, kept for the backward's slopes
+            if margin.negatives is not None:  # modulated in place; where, kept for the backward's slopes
                 plain_max = logits.max(dim=1).values
-                negatives = step.negatives.scaled(scale)
+                negatives = margin.negatives.scaled(scale)
                 hard = negatives.apply_(logits)
                 # rows whose target is elsewhere point at column 0: keep its modulated logit
                 target_logit = torch.where(has_target, target_logit, logits.gather(1, columns).squeeze(1))
@@ -132,14 +126,15 @@ class ShardedMarginSoftmax(torch.autograd.Function):
 
             row_max = logits.max(dim=1).values  # every shard has >= 1 class: the head refuses C < N
             if plain_max is None:
-                collectives.all_reduce_(row_max, "max", group)
+                collectives.all_reduce_(row_max, "max", step.group)
             else:  # one all-reduce for both maxima
-                row_max, plain_max = collectives.all_reduce_(torch.stack([row_max, plain_max]), "max", group)
+                row_max, plain_max = collectives.all_reduce_(
+                    torch.stack([row_max, plain_max]), "max", step.group
+                )
             exps = logits.sub_(row_max[:, None]).exp_()
             loss, row_stats, hit_count = ms.softmax_loss(
-                exps.sum(dim=1), target_logit, target_raw, has_target, row_max, valid, group, plain_max,
-                smoothing, logit_sum,
-            )  # fmt: skip
+                exps.sum(dim=1), target_logit, target_raw, has_target, row_max, step, plain_max, logit_sum
+            )
 
         ctx.save_for_backward(
             exps, row_stats, x_unit, x_norm, w, w_inv_norm, has_target, columns, margin_slope, norm_slope,
@@ -171,18 +166,9 @@ class ShardedMarginSoftmax(torch.autograd.Function):
             w_op = _scaled_rows(w, w_inv_norm, scale, gemm_dtype) if ctx.folded else w
             if hard is not None:
                 gemm = LogitGemm(x_unit.device, gemm_dtype, x_unit.dtype)
-                _multiply_by_negative_slopes(
-                    exps,
-                    hard,
-                    ctx.negatives,
-                    gemm,
-                    x_unit,
-                    w_op,
-                    w_inv_norm,
-                    scale,
-                    ctx.folded,
-                    ctx.sub_centers,
-                )
+                rows = LogitRows(gemm, w_op, w_inv_norm, scale, ctx.folded)
+                _multiply_by_negative_slopes(exps, hard, ctx.negatives, x_unit, rows, ctx.sub_centers)
+                del rows  # holds w_op, which the GEMMs below free as soon as they are done
                 # rows whose target is elsewhere point at column 0: keep its product
                 corrected = torch.where(has_target, corrected, exps.gather(1, columns).squeeze(1))
             exps.scatter_(1, columns, corrected[:, None])
@@ -204,4 +190,4 @@ class ShardedMarginSoftmax(torch.autograd.Function):
 
             grad_x = ms.through_normalization(grad_x_unit, x_unit, x_norm, grad_norm)
         grads = (grad_x.to(ctx.embedding_dtype), grad_w.to(ctx.weight_dtype))
-        return *grads, None, None, None, None, None, None, None
+        return *grads, None, None

@@ -16,6 +16,7 @@ import functools
 import torch
 
 from facetrain.heads.gradient_filter import TORCH_BLOCK, filter_blocks_
+from facetrain.heads.tile_call import RowGradient, RunningRows, TileColumns
 
 
 def _replace_where(buffer, in_tile, column, values):
@@ -26,16 +27,16 @@ def _replace_where(buffer, in_tile, column, values):
     return kept
 
 
-def online_softmax_tile(logits, column_factor, in_tile, column, running_max, running_sum, target_raw,
-                        negatives=None, plain_max=None, logit_sum=None):  # fmt: skip
+def online_softmax_tile(logits: torch.Tensor, tile: TileColumns, rows: RunningRows) -> RunningRows:
     """One tile's share of the online softmax: `logits` (B x t raw dot products) become scale * cos,
     then exp(logit - new row max) in place with each row's target column masked out (its margin is
-    applied after the last tile). Returns the new running max and sum and the raw target logits, and
-    with `negatives` (a margin's `NegativeModulation` of the scaled logits) the running max of the
-    plain logits (`plain_max`), which decides the hits; with label smoothing, `logit_sum` adds the
-    tile's (modulated) logits, each row's own target left out."""
-    logits.mul_(column_factor)
-    target_raw = torch.where(in_tile, _replace_where(logits, in_tile, column, float("-inf")), target_raw)
+    applied after the last tile). Returns the new running state (`RunningRows`): with the tile's
+    `negatives` also the running max of the plain logits, with label smoothing (`rows.logit_sum` not
+    None) the tile's (modulated) logits added, each row's own target left out."""
+    in_tile, column, negatives = tile.in_tile, tile.column, tile.negatives
+    running_max, plain_max, logit_sum = rows.running_max, rows.plain_max, rows.logit_sum
+    logits.mul_(tile.column_factor)
+    target_raw = torch.where(in_tile, _replace_where(logits, in_tile, column, float("-inf")), rows.target_raw)
     if negatives is not None:
         plain_max = torch.maximum(plain_max, logits.amax(dim=1))
         logits.copy_(negatives.modulated(logits, negatives.hard(logits)))
@@ -47,18 +48,23 @@ def online_softmax_tile(logits, column_factor, in_tile, column, running_max, run
     # a row that has seen only its own (left out) target so far stays at -inf: shift by 0
     shift = torch.where(new_max == float("-inf"), 0.0, new_max)
     tile_sum = logits.sub_(shift[:, None]).exp_().sum(1)
-    running_sum = running_sum * (running_max - shift).exp() + tile_sum
-    return new_max, running_sum, target_raw, plain_max, logit_sum
+    running_sum = rows.running_sum * (running_max - shift).exp() + tile_sum
+    return RunningRows(new_max, running_sum, target_raw, plain_max, logit_sum)
 
 
-def logit_grad_tile(exps, column_factor, global_max, in_tile, column, corrected_target, negatives=None,
-                    shift=None, limits=None):  # fmt: skip
+def logit_grad_tile(exps: torch.Tensor, tile: TileColumns, rows: RowGradient):
     """The tile's gradient with respect to its raw dot products, in place of `exps` (B x t raw dot
     products): exp(logit - global max) (less label smoothing's `shift` a row, then times the
     modulation's slope where the margin modulates the negatives), the targets' corrected values, times
     scale / |w|. The row factor grad / (B sum_exp) is left to the B x D operands. With the gradient
     filter's row `limits`, the blocks below them are zeroed (`gradient_filter.filter_blocks_`) before the
     class factor; returns the gradient and which blocks were kept (None without the filter)."""
+    column_factor, negatives, global_max, shift = (
+        tile.column_factor,
+        tile.negatives,
+        rows.global_max,
+        rows.shift,
+    )
     if negatives is None:
         torch.addcmul(-global_max[:, None], exps, column_factor, out=exps).exp_()
         if shift is not None:
@@ -69,8 +75,8 @@ def logit_grad_tile(exps, column_factor, global_max, in_tile, column, corrected_
         if shift is not None:
             modulated.sub_(shift[:, None])
         exps.copy_(modulated.mul_(slope))
-    _replace_where(exps, in_tile, column, corrected_target)
-    kept = None if limits is None else filter_blocks_(exps, limits, TORCH_BLOCK)
+    _replace_where(exps, tile.in_tile, tile.column, rows.corrected_target)
+    kept = None if rows.limits is None else filter_blocks_(exps, rows.limits, TORCH_BLOCK)
     return exps.mul_(column_factor), kept
 
 

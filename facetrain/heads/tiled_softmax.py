@@ -16,6 +16,8 @@ with them FusedSGD updates fp32 rows in one pass with the radial part (`triton_u
 
 from __future__ import annotations
 
+from typing import NamedTuple
+
 import torch
 
 import facetrain.heads.collectives as collectives
@@ -25,6 +27,7 @@ from facetrain.heads.fused_optim import FusedOptimizer
 from facetrain.heads.gradient_filter import row_limits
 from facetrain.heads.logit_gemm import LogitGemm
 from facetrain.heads.scratch import Scratch
+from facetrain.heads.tile_call import RowGradient, RunningRows, TileCall, TileColumns
 from facetrain.heads.tile_kernel import EAGER_TILE_OPS, TileOps
 
 
@@ -58,17 +61,15 @@ def _target_in_tile(target_column, rows):
     return in_tile, (target_column - rows.start).clamp(0, len(rows) - 1)[:, None]
 
 
-def _logit_grad(ctx, scratch, gemm, x_logit_op, w, w_op, rows, column_factor, global_max, target_column,
-                corrected_target, shift, limits):  # fmt: skip
+def _logit_grad(ctx, scratch: Scratch, gemm: LogitGemm, tile: TileCall, w, w_op, rows: RowGradient):
     """The torch tiles' logit gradient: the recomputed logits, then `tile_kernel.logit_grad_tile`; and
     with the gradient filter's `limits`, which blocks it kept."""
     w_logit_op = w if gemm.operand_dtype == w.dtype else w_op
-    logits_out = scratch.get("logits", x_logit_op.shape[0], len(rows), w.dtype)
-    dots = gemm.mm(x_logit_op, w_logit_op.t(), out=logits_out)
-    in_tile, column = _target_in_tile(target_column, rows)
-    logit_grad, kept = ctx.tile_ops.logit_grad(
-        dots, column_factor, global_max, in_tile, column, corrected_target, ctx.negatives, shift, limits
-    )
+    logits_out = scratch.get("logits", tile.x_op.shape[0], len(tile.rows), w.dtype)
+    dots = gemm.mm(tile.x_op, w_logit_op.t(), out=logits_out)
+    in_tile, column = _target_in_tile(tile.target_column, tile.rows)
+    columns = TileColumns(tile.inv_norm * tile.scale, in_tile, column, tile.negatives)
+    logit_grad, kept = ctx.tile_ops.logit_grad(dots, columns, rows)
     return scratch.cast("grad_raw", logit_grad, ctx.compute_dtype), kept
 
 
@@ -81,46 +82,45 @@ def _kept_columns(kept: torch.Tensor, block: tuple[int, int], width: int) -> tor
     return blocks.repeat_interleave(block[1])[:width].nonzero().squeeze(1)
 
 
+class TiledSettings(NamedTuple):
+    """How `TiledMarginSoftmax` walks this rank's shard: `index` None (every row of the shard, in order)
+    or the sorted rows Partial FC kept; `tile_classes` columns a tile; `optimizer` the head's
+    FusedOptimizer, or None to return a c x D weight gradient instead; the `tile_ops` (torch, compiled or
+    Triton: `tile_kernel.tile_ops`); `gradient_filter` the threshold of `gradient_filter.py`'s filter of
+    the backward (0: exact)."""
+
+    index: torch.Tensor | None
+    tile_classes: int
+    optimizer: FusedOptimizer | None = None
+    tile_ops: TileOps = EAGER_TILE_OPS
+    gradient_filter: float = 0.0
+
+
 class TiledMarginSoftmax(torch.autograd.Function):
     """loss = mean over the global batch of CE(scale * margin(cos), target), tile by tile.
 
     Inputs: `embeddings` (B x D, the global batch); `weight` (c x D, this rank's whole shard, any
-    storage dtype); `index` None (every row of the shard, in order) or the sorted rows Partial FC kept;
-    `target_column` (B,) each row's target among those columns, -1 where another rank owns it;
-    `optimizer` the head's FusedOptimizer, or None to return a c x D weight gradient instead;
-    `smoothing` label smoothing over the step's classes (`ms.Smoothing`; the torch tiles only);
-    `gradient_filter` the threshold of `gradient_filter.py`'s filter of the backward (0: exact).
-    Returns the loss (identical on every rank) and the global top-1 hit count (no gradient).
+    storage dtype); `step` (`ms.StepInputs`: its `target_column` is each row's target among the columns
+    `settings.index` keeps, -1 where another rank owns it; label smoothing runs on the torch tiles only);
+    `settings` (`TiledSettings`). Returns the loss (identical on every rank) and the global top-1 hit
+    count (no gradient).
     """
 
     @staticmethod
-    def forward(
-        ctx,
-        embeddings: torch.Tensor,
-        weight: torch.Tensor,
-        index: torch.Tensor | None,
-        target_column: torch.Tensor,
-        valid: torch.Tensor,
-        margin: ms.MarginInput,
-        scale: float,
-        group,
-        tile_classes: int,
-        optimizer: FusedOptimizer | None,
-        tile_ops: TileOps = EAGER_TILE_OPS,
-        smoothing: ms.Smoothing = ms.NO_SMOOTHING,
-        gradient_filter: float = 0.0,
-    ):
+    def forward(ctx, embeddings: torch.Tensor, weight: torch.Tensor, step: ms.StepInputs,
+                settings: TiledSettings):  # fmt: skip
+        index, tile_ops = settings.index, settings.tile_ops
+        target_column, scale, smoothing = step.target_column, step.scale, step.smoothing
         gemm_dtype = ms.compute_dtype(embeddings.device, embeddings.dtype)
         width = weight.shape[0] if index is None else index.shape[0]
-        tiles = class_tiles(width, tile_classes, index)
+        tiles = class_tiles(width, settings.tile_classes, index)
         with torch.autocast(embeddings.device.type, enabled=False):
             x_unit, x_norm = ms.unit_rows(embeddings)
             has_target = target_column >= 0
-            step = ms.step_margin(
-                margin, x_norm, valid, lambda: (_target_cos(x_unit, weight, index, target_column), has_target),
-                group,
-            )  # fmt: skip
-            negatives = None if step.negatives is None else step.negatives.scaled(scale)
+            margin = ms.step_margin(
+                step, x_norm, lambda: (_target_cos(x_unit, weight, index, target_column), has_target)
+            )
+            negatives = None if margin.negatives is None else margin.negatives.scaled(scale)
             if tile_ops.fused_gemm and gemm_dtype not in tile_ops.dtypes:
                 tile_ops = EAGER_TILE_OPS  # fp64 (the exactness tests' dtype) runs the torch tiles
             if tile_ops.fused_gemm and smoothing.epsilon:
@@ -130,54 +130,53 @@ class TiledMarginSoftmax(torch.autograd.Function):
 
             # Online softmax over the tiles. A row's own target column is left out (set to -inf) and
             # merged after the loop, once its margin is known: the margin is evaluated once per step.
-            running_max = x_unit.new_full((x_unit.shape[0],), float("-inf"))
-            running_sum = torch.zeros_like(running_max)
-            target_raw = torch.zeros_like(running_max)
-            plain_max = None if negatives is None else running_max.clone()
-            logit_sum = torch.zeros_like(running_max) if smoothing.epsilon else None
+            no_max = x_unit.new_full((x_unit.shape[0],), float("-inf"))
+            running = RunningRows(
+                no_max, torch.zeros_like(no_max), torch.zeros_like(no_max),
+                None if negatives is None else no_max.clone(),
+                torch.zeros_like(no_max) if smoothing.epsilon else None,
+            )  # fmt: skip
             inv_norms = x_unit.new_empty(width)
             scratch = Scratch(x_unit.device)
             for rows in tiles:
                 tile_norms = inv_norms[rows.start : rows.stop]
                 if tile_ops.fused_gemm:
-                    running_max, running_sum, target_raw, plain_max = tile_ops.online_softmax_rows(
-                        x_op, weight, rows, tile_norms, scale, target_column, running_max, running_sum,
-                        target_raw, negatives, plain_max,
-                    )  # fmt: skip
+                    tile = TileCall(x_op, weight, rows, tile_norms, scale, target_column, negatives)
+                    running = tile_ops.online_softmax_rows(tile, running)
                     continue
                 dots = _tile_dots(scratch, gemm, x_op, weight, rows, tile_norms)
                 in_tile, column = _target_in_tile(target_column, rows)
-                running_max, running_sum, target_raw, plain_max, logit_sum = tile_ops.online_softmax(
-                    dots, tile_norms * scale, in_tile, column, running_max, running_sum, target_raw,
-                    negatives, plain_max, logit_sum,
-                )  # fmt: skip
+                columns = TileColumns(tile_norms * scale, in_tile, column, negatives)
+                running = tile_ops.online_softmax(dots, columns, running)
+            running_max, running_sum, target_raw, plain_max, logit_sum = running
 
             target_logit, margin_slope, norm_slope = ms.penalise_targets(
-                step, target_raw, has_target, scale, x_norm
+                margin, target_raw, has_target, scale, x_norm
             )
             row_max = torch.where(has_target, torch.maximum(running_max, target_logit), running_max)
             sum_exp = running_sum * (running_max - row_max).exp()
             sum_exp = sum_exp + torch.where(has_target, (target_logit - row_max).exp(), 0.0)
             if plain_max is None:
-                global_max = collectives.all_reduce_(row_max.clone(), "max", group)
+                global_max = collectives.all_reduce_(row_max.clone(), "max", step.group)
             else:  # one all-reduce for both maxima (the plain one with the targets, for the hits)
                 maxima = torch.stack(
                     [row_max, torch.where(has_target, torch.maximum(plain_max, target_raw), plain_max)]
                 )
-                global_max, plain_max = collectives.all_reduce_(maxima, "max", group)
+                global_max, plain_max = collectives.all_reduce_(maxima, "max", step.group)
             if logit_sum is not None:  # the tiles left each row's own target out
                 logit_sum = logit_sum + torch.where(has_target, target_logit, 0.0)
             loss, row_stats, hit_count = ms.softmax_loss(
-                sum_exp * (row_max - global_max).exp(), target_logit, target_raw, has_target, global_max,
-                valid, group, plain_max, smoothing, logit_sum,
+                sum_exp * (row_max - global_max).exp(), target_logit, target_raw, has_target, global_max, step,
+                plain_max, logit_sum,
             )  # fmt: skip
 
         ctx.save_for_backward(
             x_unit, x_norm, weight, index, inv_norms, target_column, target_logit,
             margin_slope, norm_slope, row_stats, global_max,
         )  # fmt: skip
-        ctx.negatives, ctx.smoothing, ctx.gradient_filter = negatives, smoothing, gradient_filter
-        ctx.scale, ctx.tile_classes, ctx.optimizer, ctx.tile_ops = scale, tile_classes, optimizer, tile_ops
+        ctx.negatives, ctx.smoothing, ctx.gradient_filter = negatives, smoothing, settings.gradient_filter
+        ctx.scale, ctx.tile_classes, ctx.tile_ops = scale, settings.tile_classes, tile_ops
+        ctx.optimizer = settings.optimizer
         ctx.compute_dtype, ctx.embedding_dtype = gemm_dtype, embeddings.dtype
         ctx.mark_non_differentiable(hit_count)
         return loss, hit_count
@@ -204,6 +203,7 @@ class TiledMarginSoftmax(torch.autograd.Function):
             )
             scaled_x = (x_unit * row_factor[:, None]).to(ctx.compute_dtype)
             limits = row_limits(ctx.gradient_filter, row_stats) if ctx.gradient_filter else None
+            gradient_rows = RowGradient(global_max, corrected_target, shift, limits)
             grad_x_unit = torch.zeros_like(x_unit) if wants_x else None
             grad_weight = torch.zeros_like(weight) if wants_weight and optimizer is None else None
             if wants_weight and optimizer is not None:
@@ -216,14 +216,13 @@ class TiledMarginSoftmax(torch.autograd.Function):
                 w = scratch.cast("current", stored, stat_dtype)
                 w_op = scratch.cast("operand", stored, ctx.compute_dtype) if gemm.reduced else w
                 inv_norm = inv_norms[rows.start : rows.stop]
+                tile = TileCall(x_logit_op, weight, rows, inv_norm, scale, target_column, ctx.negatives)
                 if fused_gemm:
                     grad_raw, kept = ctx.tile_ops.logit_grad_rows(
-                        x_logit_op, weight, rows, inv_norm, scale, global_max, target_column, corrected_target,
-                        scratch.get("grad_raw", batch, len(rows), ctx.compute_dtype), ctx.negatives, limits,
-                    )  # fmt: skip
+                        tile, gradient_rows, scratch.get("grad_raw", batch, len(rows), ctx.compute_dtype)
+                    )
                 else:
-                    grad_raw, kept = _logit_grad(ctx, scratch, gemm, x_logit_op, w, w_op, rows, inv_norm * scale,
-                                                 global_max, target_column, corrected_target, shift, limits)  # fmt: skip
+                    grad_raw, kept = _logit_grad(ctx, scratch, gemm, tile, w, w_op, gradient_rows)
                 columns = None if kept is None else _kept_columns(kept, ctx.tile_ops.filter_block, len(rows))
                 if columns is not None:  # the gradient filter left these classes out of both products
                     grad_raw, w_op = grad_raw.index_select(1, columns), w_op.index_select(0, columns)
@@ -252,4 +251,4 @@ class TiledMarginSoftmax(torch.autograd.Function):
                 grad_x = ms.through_normalization(grad_x_unit, x_unit, x_norm, grad_norm).to(
                     ctx.embedding_dtype
                 )
-        return grad_x, grad_weight, None, None, None, None, None, None, None, None, None, None, None
+        return grad_x, grad_weight, None, None

@@ -38,8 +38,8 @@ import triton
 import triton.language as tl
 
 from facetrain.errors import FacetrainError
-from facetrain.heads.class_rows import ClassRows
 from facetrain.heads.kernel_choice import interpreting
+from facetrain.heads.tile_call import RowGradient, RunningRows, TileCall
 
 INTERPRETED = interpreting()  # as Triton decided when it decorated the kernels below
 # Hopper-sized blocks (128 x 128 logits, 64 of D per step, 3 stages in flight); the interpreter takes
@@ -175,7 +175,8 @@ def _logit_grad_kernel(x_ptr, w_ptr, index_ptr, target_ptr, inv_norm_ptr, global
     )
 
 
-def _launch_args(x_op: torch.Tensor, weight: torch.Tensor, rows: ClassRows) -> tuple:
+def _launch_args(tile: TileCall) -> tuple:
+    x_op, weight, rows = tile.x_op, tile.weight, tile.rows
     if x_op.device.type != "cuda" and not INTERPRETED:
         raise FacetrainError(
             f"head.kernel triton needs CUDA inputs (got {x_op.device.type}); use head.kernel auto or torch, "
@@ -184,8 +185,8 @@ def _launch_args(x_op: torch.Tensor, weight: torch.Tensor, rows: ClassRows) -> t
     has_index = rows.index is not None
     batch, width = x_op.shape[0], len(rows)
     grid = (triton.cdiv(batch, BLOCKS["BLOCK_B"]) * triton.cdiv(width, BLOCKS["BLOCK_C"]),)
-    pointers = (x_op, weight, rows.index if has_index else weight)
-    sizes = (batch, width, x_op.shape[1], rows.start)
+    pointers = (x_op, weight, rows.index if has_index else weight, tile.target_column, tile.inv_norm)
+    sizes = (batch, width, x_op.shape[1], rows.start, tile.scale, x_op.stride(0), weight.stride(0))
     return grid, pointers, sizes, has_index
 
 
@@ -201,48 +202,49 @@ def _modulation_args(negatives, like: torch.Tensor) -> tuple:
     return tuple(v.contiguous() for v in negatives) if negatives is not None else (like, like, like)
 
 
-def online_softmax_rows(x_op, weight, rows, inv_norm, scale, target_column, running_max, running_sum,
-                        target_raw, negatives=None, plain_max=None):  # fmt: skip
+def online_softmax_rows(tile: TileCall, rows: RunningRows) -> RunningRows:
     """One tile's share of the online softmax from the stored rows (`tile_kernel.online_softmax_tile`'s
-    result without its B x T logits): writes the tile's inverse norms into `inv_norm` and its targets'
-    raw logits into `target_raw`; returns the new running max and sum, the raw target logits and, with
-    `negatives`, the running max of the plain logits."""
-    grid, pointers, sizes, has_index = _launch_args(x_op, weight, rows)
-    c_blocks = triton.cdiv(len(rows), BLOCKS["BLOCK_C"])
-    part_max = running_max.new_empty(x_op.shape[0], c_blocks)
+    result without its B x T logits): writes the tile's inverse norms into `tile.inv_norm` and its
+    targets' raw logits into `rows.target_raw`; returns the new running state (no `logit_sum`: label
+    smoothing runs on the torch tiles)."""
+    grid, pointers, sizes, has_index = _launch_args(tile)
+    running_max, negatives = rows.running_max, tile.negatives
+    c_blocks = triton.cdiv(len(tile.rows), BLOCKS["BLOCK_C"])
+    part_max = running_max.new_empty(tile.x_op.shape[0], c_blocks)
     part_sum = torch.empty_like(part_max)
     part_plain = torch.empty_like(part_max) if negatives is not None else part_max
     _softmax_stats_kernel[grid](
-        *pointers, target_column, inv_norm, part_max, part_sum, target_raw,
-        *_modulation_args(negatives, running_max), part_plain, *sizes, scale, x_op.stride(0), weight.stride(0),
-        c_blocks, HAS_INDEX=has_index, PRECISION=fp32_dot_precision(), MODULATE=negatives is not None, **BLOCKS,
+        *pointers, part_max, part_sum, rows.target_raw, *_modulation_args(negatives, running_max), part_plain,
+        *sizes, c_blocks, HAS_INDEX=has_index, PRECISION=fp32_dot_precision(), MODULATE=negatives is not None,
+        **BLOCKS,
     )  # fmt: skip
     tile_max = part_max.amax(dim=1)
     new_max = torch.maximum(running_max, tile_max)
     # a row that has seen only its own (left out) target so far stays at -inf: shift by 0
     shift = torch.where(new_max == float("-inf"), 0.0, new_max)
     tile_sum = (part_sum * (part_max - shift[:, None]).exp()).sum(dim=1)
+    plain_max = rows.plain_max
     if negatives is not None:
         plain_max = torch.maximum(plain_max, part_plain.amax(dim=1))
-    return new_max, running_sum * (running_max - shift).exp() + tile_sum, target_raw, plain_max
+    running_sum = rows.running_sum * (running_max - shift).exp() + tile_sum
+    return RunningRows(new_max, running_sum, rows.target_raw, plain_max)
 
 
-def logit_grad_rows(x_op, weight, rows, inv_norm, scale, global_max, target_column, corrected_target, out,
-                    negatives=None, limits=None):  # fmt: skip
+def logit_grad_rows(tile: TileCall, rows: RowGradient, out: torch.Tensor):
     """The tile's gradient with respect to its raw dot products (`tile_kernel.logit_grad_tile`'s), from
     the logits recomputed on-chip, into `out` (B x t in the GEMM dtype), and with the gradient filter's
-    row `limits` which blocks it kept (row blocks x class blocks, int8; None without the filter)."""
-    grid, pointers, sizes, has_index = _launch_args(x_op, weight, rows)
-    c_blocks = triton.cdiv(len(rows), BLOCKS["BLOCK_C"])
-    kept = None
+    row `limits` which blocks it kept (row blocks x class blocks, int8; None without the filter).
+    Label smoothing's `shift` is the torch tiles' alone."""
+    grid, pointers, sizes, has_index = _launch_args(tile)
+    c_blocks = triton.cdiv(len(tile.rows), BLOCKS["BLOCK_C"])
+    global_max, limits, kept = rows.global_max, rows.limits, None
     if limits is not None:
-        row_blocks = triton.cdiv(x_op.shape[0], BLOCKS["BLOCK_B"])
+        row_blocks = triton.cdiv(tile.x_op.shape[0], BLOCKS["BLOCK_B"])
         kept = torch.empty(row_blocks, c_blocks, dtype=torch.int8, device=out.device)
     _logit_grad_kernel[grid](
-        *pointers, target_column, inv_norm, global_max, corrected_target, out,
-        *_modulation_args(negatives, global_max), global_max if limits is None else limits,
-        out if kept is None else kept, *sizes, scale, x_op.stride(0), weight.stride(0), out.stride(0), c_blocks,
-        HAS_INDEX=has_index, PRECISION=fp32_dot_precision(), MODULATE=negatives is not None,
+        *pointers, global_max, rows.corrected_target, out, *_modulation_args(tile.negatives, global_max),
+        global_max if limits is None else limits, out if kept is None else kept, *sizes, out.stride(0),
+        c_blocks, HAS_INDEX=has_index, PRECISION=fp32_dot_precision(), MODULATE=tile.negatives is not None,
         FILTER=limits is not None, **BLOCKS,
     )  # fmt: skip
     return out, kept

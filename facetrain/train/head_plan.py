@@ -15,7 +15,7 @@ import torch
 from torch import nn
 
 from facetrain.config.validate import show
-from facetrain.heads import ShardedMarginHead, class_range, collectives
+from facetrain.heads import HeadOptions, ShardedMarginHead, class_range, collectives
 from facetrain.heads.kernel_choice import resolve_kernel
 from facetrain.heads.memory import (
     STORAGE_DTYPES,
@@ -47,8 +47,7 @@ def build_head(
         sample_rate=settings.sample_rate,
         group=dims.dp_group,
         plan=plan,
-        sub_centers=settings.sub_centers,
-        label_smoothing=settings.label_smoothing,
+        options=HeadOptions(sub_centers=settings.sub_centers, label_smoothing=settings.label_smoothing),
         **settings.margin_params,
     )
     head.reset_parameters(seed=cfg.train.seed)
