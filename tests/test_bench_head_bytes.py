@@ -18,13 +18,13 @@ def total(*args) -> int:
 
 
 def test_triton_fp32_step_under_bf16_moves_what_its_passes_say():
-    """Weight read by each kernel, then read and written once with the momentum by the single-pass
-    update (triton_update.py: 20 D bytes a class with the gradient); the bf16 operand copy written and
-    read by the dX GEMM; the fp32 weight gradient written and read; the bf16 logit gradient written once
-    and read by the two GEMMs."""
+    """The weight read and written once with the momentum by the single-pass update (triton_update.py:
+    20 D bytes a class with the gradient), which also writes the bf16 copy of the rows that each logit
+    kernel and the dX GEMM read (heads/row_stream.py); the fp32 weight gradient written and read; the
+    bf16 logit gradient written once and read by the two GEMMs."""
     parts = summarize_passes(tiled_passes(C, D, B, 4, 2, "triton"))
-    assert parts["weight"] == C * D * (4 + 4 + 4 * 4)
-    assert parts["copies"] == C * D * (2 + 2)
+    assert parts["weight"] == C * D * 4 * 4
+    assert parts["copies"] == C * D * (2 + 2 + 2 + 2)
     assert parts["grad"] == C * D * (4 + 4)
     assert parts["logits"] == B * C * 2 * 3
     assert parts["total"] == sum(parts[kind] for kind in KINDS)

@@ -136,7 +136,9 @@ def compile_for_hopper() -> None:
     signature |= {"index_ptr": "*i64"} | dict.fromkeys(["t", "D", "start"], "i32")
     signature |= dict.fromkeys(["lr", "momentum", "weight_decay"], "fp32")
     signature |= dict.fromkeys(["stride_w", "stride_g"], "i32")
-    constants = {"HAS_INDEX": True, "HAS_MOMENTUM": True, "BLOCK_R": kernels.ROW_ELEMENTS // block_d}
+    signature |= {"stream_ptr": "*bf16", "stream_norm_ptr": "*fp32"}  # the head's bf16 copy (row_stream.py)
+    constants = {"HAS_INDEX": True, "HAS_MOMENTUM": True, "STREAM": True}
+    constants["BLOCK_R"] = kernels.ROW_ELEMENTS // block_d
     constants["BLOCK_D"] = block_d
     kernel = kernels._sgd_rows_kernel
     names = kernel.arg_names

@@ -120,7 +120,7 @@ BESIDE_INSIGHTFACE_AND_CCE = (
 def issue56_plan(out: Path, gib: float) -> list[Step]:
     folder, identities, per_identity = JPEG_FOLDER
     return [
-        _head(out, "issue56_head", "bf16", "sharded,tiled_triton,tiled_triton_filter", gib, 150,
+        _head(out, "issue56_head", "bf16", "sharded,tiled_triton,tiled_triton_fp32_rows,tiled_triton_filter", gib, 150,
               BESIDE_INSIGHTFACE_AND_CCE, part=3),
         _train(out, "r50", 2_000_000, "sharded,tiled,linear", part=3, name="issue56_train_r50_2000k"),
         Step("pytest -m cuda: no host wait between logs", ["pytest", "-m", "cuda", "-q", "-rs", "-p",

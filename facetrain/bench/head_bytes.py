@@ -67,8 +67,15 @@ def tiled_passes(
             add(f"{phase}: operand copy written", "copies", rows, gemm_bytes)
         add(f"{phase}: GEMM reads the operand rows", "copies", rows, gemm_bytes)
 
+    # Triton over fp32 rows under bf16 autocast: the logit kernels and the dX GEMM read the bf16 copy the
+    # update kernel writes (heads/row_stream.py)
+    stream = kernel == "triton" and storage_bytes == wide and reduced
     # forward
-    if kernel == "triton":  # one read of the stored rows: norms and dots from the same load
+    if stream:
+        add(
+            "forward: bf16 copy of the rows read by the softmax-statistics kernel", "copies", rows, gemm_bytes
+        )
+    elif kernel == "triton":  # one read of the stored rows: norms and dots from the same load
         add("forward: weight rows read by the softmax-statistics kernel", "weight", rows, storage_bytes)
     else:
         current_rows("forward")
@@ -76,7 +83,10 @@ def tiled_passes(
         # the GEMM writes the logits; scale, max, shift, exp and sum pass over them (tile_kernel.py)
         add("forward: logits written, then 4 passes read + write and 2 reads", "logits", logits, wide, 11)
     # backward: the recomputed logits and their gradient
-    if kernel == "triton":
+    if stream:
+        add("backward: bf16 copy of the rows read by the logit-gradient kernel", "copies", rows, gemm_bytes)
+        add("backward: logit gradient written", "logits", logits, gemm_bytes)
+    elif kernel == "triton":
         add("backward: weight rows read by the logit-gradient kernel", "weight", rows, storage_bytes)
         add("backward: logit gradient written", "logits", logits, gemm_bytes)
         if storage_bytes != wide:
@@ -98,6 +108,8 @@ def tiled_passes(
     if kernel == "triton" and storage_bytes == wide:  # triton_update.py: each read and written once
         add("update: raw gradient read", "grad", rows, wide)
         add("update: weight and momentum read, written", "weight", rows, wide, 4)
+        if stream:
+            add("update: the weight's bf16 copy written", "copies", rows, gemm_bytes)
         return passes
     on_storage = "weight" if storage_bytes == wide else "copies"  # bf16: the update runs on fp32 copies
     add(

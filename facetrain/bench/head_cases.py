@@ -174,7 +174,9 @@ class TiledBench(BenchHead):
         return [
             estimate_head_memory(
                 rows, case.dim, case.batch,
-                HeadPlan("tiled", case.tile_classes, self.storage, self.storage, fused_optimizer=True),
+                HeadPlan("tiled", case.tile_classes, self.storage, self.storage, fused_optimizer=True,
+                         kernel=self.kernel),
+                reduced_precision_gemm=case.precision == "bf16",
             ).total
             for rows in self.weight_rows_per_rank(case)
         ]  # fmt: skip
@@ -234,6 +236,21 @@ class TiledTritonBench(TiledBench):
         except FacetrainError as error:
             return str(error)
         return ""
+
+
+@BENCH_HEADS.register("tiled_triton_fp32_rows")
+class TiledTritonFp32RowsBench(TiledTritonBench):
+    """The Triton tiles reading the stored fp32 rows in every kernel, without the bf16 copy of them that
+    the update keeps under bf16 autocast (`heads/row_stream.py`): that copy's baseline."""
+
+    computes = (
+        "{margin}, Triton tiles reading the fp32 rows (no bf16 row copy), its fused SGD update included"
+    )
+
+    def build(self, case: HeadCase) -> nn.Module:
+        head = super().build(case)
+        head.row_stream = None
+        return head
 
 
 @BENCH_HEADS.register("tiled_triton_bf16")

@@ -20,6 +20,7 @@ import torch
 
 from facetrain.errors import FacetrainError
 from facetrain.heads.class_rows import ClassRows
+from facetrain.heads.row_stream import RowStream
 from facetrain.registry import Registry
 
 
@@ -106,13 +107,18 @@ class FusedOptimizer(torch.optim.Optimizer):
         """
         raise NotImplementedError
 
-    def single_pass_update(
-        self, weight: torch.Tensor, rows: ClassRows, raw_grad: torch.Tensor, inv_norm: torch.Tensor
-    ) -> bool:
+    def single_pass_update(self, weight: torch.Tensor, rows: ClassRows, raw_grad: torch.Tensor,
+                           inv_norm: torch.Tensor, stream: RowStream | None = None) -> bool:  # fmt: skip
         """Update `rows` as `update` would, in one Triton pass that also forms the radial part from
         `raw_grad` and the rows' inverse norms `inv_norm`, where this optimizer has such a kernel for
         these tensors; False (nothing done) otherwise, and the caller runs `update`. The tiled head asks
-        only when its kernel is Triton's (CUDA inputs, or Triton's interpreter)."""
+        only when its kernel is Triton's (CUDA inputs, or Triton's interpreter). With a `stream` (only
+        where `keeps_stream` said so), the pass also writes its bf16 copy of the rows."""
+        return False
+
+    def keeps_stream(self, weight: torch.Tensor) -> bool:
+        """Whether `single_pass_update` takes these rows and so can keep a `RowStream` of them in step;
+        without, the copy would be made again every step (a pass over C x D), so the head streams none."""
         return False
 
     def load_state_tensors(self, values: dict[str, torch.Tensor]) -> None:
@@ -178,18 +184,23 @@ class FusedSGD(FusedOptimizer):
         current.add_(step_direction, alpha=-group["lr"])
         rows.write(weight, current)
 
-    def single_pass_update(self, weight, rows, raw_grad, inv_norm) -> bool:
+    def single_pass_update(self, weight, rows, raw_grad, inv_norm, stream=None) -> bool:
         """`triton_update.py`'s kernel over fp32 weight and momentum (Partial FC's rows included); bf16
         storage keeps the torch update, which rounds stochastically."""
         from facetrain.heads import triton_update  # triton is optional: imported by Triton heads only
 
-        group = self.group
-        buffer = self.per_class_state("momentum_buffer") if group["momentum"] else None
+        buffer = self.per_class_state("momentum_buffer") if self.group["momentum"] else None
         if not triton_update.takes(weight, buffer, raw_grad):
             return False
-        triton_update.sgd_rows(weight, buffer, rows, raw_grad, inv_norm, group["lr"], group["momentum"],
-                               group["weight_decay"])  # fmt: skip
+        triton_update.sgd_rows(weight, buffer, rows, raw_grad, inv_norm, self.group, stream)
         return True
+
+    def keeps_stream(self, weight) -> bool:
+        """fp32 weight and, with momentum, an fp32 buffer: what `triton_update.takes` (the raw gradient is
+        fp32 under bf16 autocast)."""
+        return weight.dtype == torch.float32 and (
+            not self.group["momentum"] or self.state_dtype == torch.float32
+        )
 
 
 @FUSED_OPTIMIZERS.register("adamw")

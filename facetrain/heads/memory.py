@@ -2,7 +2,8 @@
 auto` decides by, and what the capacity benchmark compares its measurements with.
 
 Per class (D = embedding size, SGD with momentum): 12 D bytes untiled (weight, gradient, momentum), 8 D
-tiled with the fused optimizer, 4 D with bf16 weight and momentum; a step adds the B x C/N logits
+tiled with the fused optimizer (10 D + 4 with Triton's tiles under bf16 autocast, which keep a bf16 copy
+of the rows), 4 D with bf16 weight and momentum; a step adds the B x C/N logits
 untiled, O(B x T + T x D) tiled. `memory_parts` counts each part (docs/scaling.md has the table).
 
 `head.mode: auto` is decided when the head is built, before the backbone has run: on a CPU from half
@@ -24,6 +25,7 @@ from torch import nn
 from torch.func import functional_call
 
 from facetrain.heads.plan import UNTILED, HeadPlan
+from facetrain.heads.row_stream import streams_rows
 from facetrain.heads.scratch import ROWWISE_BLOCK
 
 STORAGE_DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16}
@@ -48,10 +50,11 @@ class HeadMemory:
     gradient: int
     optimizer_state: int
     step: int
+    row_stream: int = 0  # the Triton tiles' bf16 copy of fp32 rows under bf16 autocast (row_stream.py)
 
     @property
     def persistent(self) -> int:
-        return self.weight + self.gradient + self.optimizer_state
+        return self.weight + self.gradient + self.optimizer_state + self.row_stream
 
     @property
     def total(self) -> int:
@@ -77,7 +80,9 @@ def memory_parts(
     the shard by default); `plan` says how the head stores and computes them. `optimizer_states` is
     the number of weight-shaped states kept (0 for none), each in the plan's state dtype; without the
     fused optimizer a torch optimizer keeps them in the weight's dtype. `reduced_precision_gemm`: bf16 or fp16 autocast, whose GEMMs read 16-bit copies of their
-    operands (the logits stay fp32).
+    operands (the logits stay fp32). Triton tiles over fp32 rows with a fused SGD (at most one state,
+    fp32) under it also keep a bf16 copy of the rows and their inverse norms, 2 D + 4 bytes a class
+    (`row_stream`; fp16 autocast cannot run the fused optimizer, so 16-bit here is bf16).
     """
     mode, fused, weight_bytes = plan.mode, plan.fused_optimizer, plan.weight_dtype.itemsize
     active = rows if active is None else active
@@ -97,6 +102,11 @@ def memory_parts(
         return parts
     tile = min(plan.tile_classes, active)
     parts["gradient"] = 0 if fused else rows * dim * weight_bytes
+    sgd_state = optimizer_states == 0 or (
+        optimizer_states == 1 and state_bytes == FP32
+    )  # FusedSGD's single pass
+    if reduced_precision_gemm and streams_rows(plan) and sgd_state:
+        parts["row_stream"] = rows * (dim * LOW + FP32)
     # two fp32 B x T buffers (measured: the tile's logits, turned into its gradient in place, and a
     # temporary of the passes over them) and the 16-bit copy of the gradient
     parts["logits"] = global_batch * tile * (2 * FP32 + low)
@@ -128,7 +138,9 @@ def estimate_head_memory(
         reduced_precision_gemm=reduced_precision_gemm,
     )  # fmt: skip
     step = parts["logits"] + parts["rows_scratch"] + parts["batch"]
-    return HeadMemory(parts["weight"], parts["gradient"], parts["optimizer_state"], step)
+    return HeadMemory(
+        parts["weight"], parts["gradient"], parts["optimizer_state"], step, parts.get("row_stream", 0)
+    )
 
 
 def choose_mode(
@@ -234,6 +246,8 @@ def describe(memory: HeadMemory) -> str:
         parts.append(f"gradient {_size(memory.gradient)}")
     if memory.optimizer_state:
         parts.append(f"optimizer state {_size(memory.optimizer_state)}")
+    if memory.row_stream:
+        parts.append(f"bf16 row copy {_size(memory.row_stream)}")
     return f"{', '.join(parts)}, about {_size(memory.step)} more during a step"
 
 

@@ -18,6 +18,7 @@ from facetrain.heads.margin_softmax import NO_SMOOTHING, MarginInput, Smoothing,
 from facetrain.heads.options import DEFAULT_OPTIONS, HeadOptions, split_options
 from facetrain.heads.partition import all_class_ranges, class_range
 from facetrain.heads.plan import UNTILED, HeadPlan
+from facetrain.heads.row_stream import RowStream, streams_rows
 from facetrain.heads.sharded_softmax import ShardedMarginSoftmax
 from facetrain.heads.tile_kernel import tile_ops
 from facetrain.heads.tiled_softmax import TiledMarginSoftmax, TiledSettings
@@ -93,6 +94,7 @@ class ShardedMarginHead(MarginHead):
         self.label_smoothing = float(options.label_smoothing)
         self.check_every_step = options.check_every_step
         self.tile_ops = tile_ops(plan.compile_tiles, plan.kernel)
+        self.row_stream = RowStream() if streams_rows(plan) else None  # filled at the first bf16 step
         self.gradient_reduction = options.gradient_reduction
         self._capacity: int | None = None
 
@@ -187,8 +189,9 @@ class ShardedMarginHead(MarginHead):
             )
         else:
             settings = TiledSettings(
-                kept, self.plan.tile_classes, self.fused_optimizer, self.tile_ops, self.plan.gradient_filter
-            )
+                kept, self.plan.tile_classes, self.fused_optimizer, self.tile_ops, self.plan.gradient_filter,
+                self.row_stream,
+            )  # fmt: skip
             loss, hits = TiledMarginSoftmax.apply(global_embeddings, self.weight, step, settings)
         regulariser = self._regulariser(global_embeddings, valid)
         if regulariser is not None:

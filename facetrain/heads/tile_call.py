@@ -10,6 +10,7 @@ from typing import NamedTuple
 import torch
 
 from facetrain.heads.class_rows import ClassRows
+from facetrain.heads.row_stream import RowStream
 
 
 class TileCall(NamedTuple):
@@ -17,8 +18,9 @@ class TileCall(NamedTuple):
     torch tiles take its tensors as `TileColumns`): the unit embeddings as the GEMM's operand (`x_op`),
     the stored `weight` and the tile's `rows` of it (`ClassRows`), the tile's slice of the inverse row
     norms (written by the forward, read by the backward), the logit scale, each row's target column
-    among the pass's columns (-1 where another rank owns it) and the margin's modulation of the
-    negatives (None for most margins)."""
+    among the pass's columns (-1 where another rank owns it), the margin's modulation of the negatives
+    (None for most margins) and the head's bf16 copy of the rows (`row_stream.RowStream`, None where the
+    kernels read the stored rows)."""
 
     x_op: torch.Tensor
     weight: torch.Tensor
@@ -27,6 +29,7 @@ class TileCall(NamedTuple):
     scale: float
     target_column: torch.Tensor
     negatives: object = None
+    stream: RowStream | None = None
 
 
 class TileColumns(NamedTuple):

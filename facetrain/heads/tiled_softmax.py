@@ -26,6 +26,7 @@ from facetrain.heads.class_rows import class_tiles
 from facetrain.heads.fused_optim import FusedOptimizer
 from facetrain.heads.gradient_filter import row_limits
 from facetrain.heads.logit_gemm import LogitGemm
+from facetrain.heads.row_stream import RowStream
 from facetrain.heads.scratch import Scratch
 from facetrain.heads.tile_call import RowGradient, RunningRows, TileCall, TileColumns
 from facetrain.heads.tile_kernel import EAGER_TILE_OPS, TileOps
@@ -87,13 +88,31 @@ class TiledSettings(NamedTuple):
     or the sorted rows Partial FC kept; `tile_classes` columns a tile; `optimizer` the head's
     FusedOptimizer, or None to return a c x D weight gradient instead; the `tile_ops` (torch, compiled or
     Triton: `tile_kernel.tile_ops`); `gradient_filter` the threshold of `gradient_filter.py`'s filter of
-    the backward (0: exact)."""
+    the backward (0: exact); `stream` the head's bf16 copy of its rows (`row_stream.py`), or None."""
 
     index: torch.Tensor | None
     tile_classes: int
     optimizer: FusedOptimizer | None = None
     tile_ops: TileOps = EAGER_TILE_OPS
     gradient_filter: float = 0.0
+    stream: RowStream | None = None
+
+
+def _row_stream(settings: TiledSettings, tile_ops, gemm_dtype: torch.dtype, weight: torch.Tensor):
+    """The head's bf16 copy of its rows, made fresh, where this step's Triton kernels read it: bf16 GEMMs
+    over fp32 rows whose fused optimizer keeps the copy in step (`row_stream.py`); else None."""
+    stream, optimizer = settings.stream, settings.optimizer
+    if (
+        stream is None
+        or not tile_ops.fused_gemm
+        or gemm_dtype != torch.bfloat16
+        or weight.dtype != torch.float32
+    ):
+        return None
+    if optimizer is None or not optimizer.keeps_stream(weight):
+        return None
+    stream.refresh(weight)
+    return stream
 
 
 class TiledMarginSoftmax(torch.autograd.Function):
@@ -127,6 +146,7 @@ class TiledMarginSoftmax(torch.autograd.Function):
                 raise ValueError("label smoothing runs on the torch tiles: HeadPlan(kernel='torch')")
             gemm = LogitGemm(x_unit.device, gemm_dtype, x_unit.dtype)
             x_op = x_unit.to(gemm_dtype if tile_ops.fused_gemm else gemm.operand_dtype)
+            stream = _row_stream(settings, tile_ops, gemm_dtype, weight)
 
             # Online softmax over the tiles. A row's own target column is left out (set to -inf) and
             # merged after the loop, once its margin is known: the margin is evaluated once per step.
@@ -141,7 +161,7 @@ class TiledMarginSoftmax(torch.autograd.Function):
             for rows in tiles:
                 tile_norms = inv_norms[rows.start : rows.stop]
                 if tile_ops.fused_gemm:
-                    tile = TileCall(x_op, weight, rows, tile_norms, scale, target_column, negatives)
+                    tile = TileCall(x_op, weight, rows, tile_norms, scale, target_column, negatives, stream)
                     running = tile_ops.online_softmax_rows(tile, running)
                     continue
                 dots = _tile_dots(scratch, gemm, x_op, weight, rows, tile_norms)
@@ -176,7 +196,7 @@ class TiledMarginSoftmax(torch.autograd.Function):
         )  # fmt: skip
         ctx.negatives, ctx.smoothing, ctx.gradient_filter = negatives, smoothing, settings.gradient_filter
         ctx.scale, ctx.tile_classes, ctx.tile_ops = scale, settings.tile_classes, tile_ops
-        ctx.optimizer = settings.optimizer
+        ctx.optimizer, ctx.stream = settings.optimizer, stream
         ctx.compute_dtype, ctx.embedding_dtype = gemm_dtype, embeddings.dtype
         ctx.mark_non_differentiable(hit_count)
         return loss, hit_count
@@ -214,9 +234,14 @@ class TiledMarginSoftmax(torch.autograd.Function):
             for rows in class_tiles(width, ctx.tile_classes, index):
                 stored = rows.read(weight, weight.dtype)
                 w = scratch.cast("current", stored, stat_dtype)
-                w_op = scratch.cast("operand", stored, ctx.compute_dtype) if gemm.reduced else w
+                if ctx.stream is not None:  # the copy holds the rows rounded as the cast below would
+                    w_op = rows.read(ctx.stream.rows, ctx.compute_dtype)
+                else:
+                    w_op = scratch.cast("operand", stored, ctx.compute_dtype) if gemm.reduced else w
                 inv_norm = inv_norms[rows.start : rows.stop]
-                tile = TileCall(x_logit_op, weight, rows, inv_norm, scale, target_column, ctx.negatives)
+                tile = TileCall(
+                    x_logit_op, weight, rows, inv_norm, scale, target_column, ctx.negatives, ctx.stream
+                )
                 if fused_gemm:
                     grad_raw, kept = ctx.tile_ops.logit_grad_rows(
                         tile, gradient_rows, scratch.get("grad_raw", batch, len(rows), ctx.compute_dtype)
@@ -236,7 +261,7 @@ class TiledMarginSoftmax(torch.autograd.Function):
                 if columns is not None:  # the classes left out have no gradient but are still updated
                     all_rows = scratch.get("weight_grad_rows", len(rows), raw_grad.shape[1], stat_dtype)
                     raw_grad = all_rows.zero_().index_copy_(0, columns, raw_grad)
-                if single_pass and optimizer.single_pass_update(weight, rows, raw_grad, inv_norm):
+                if single_pass and optimizer.single_pass_update(weight, rows, raw_grad, inv_norm, ctx.stream):
                     continue  # the radial part and the update in one Triton pass
                 # through 1/|w|: the component along w is removed, per class
                 radial = scratch.rowwise_dot(raw_grad, w, block=len(rows)).mul_(inv_norm.square())

@@ -40,23 +40,36 @@ import triton.language as tl
 from facetrain.errors import FacetrainError
 from facetrain.heads.kernel_choice import interpreting
 from facetrain.heads.tile_call import RowGradient, RunningRows, TileCall
+from facetrain.heads.triton_bf16 import bf16_nearest_even
 
 INTERPRETED = interpreting()  # as Triton decided when it decorated the kernels below
-# Hopper-sized blocks (128 x 128 logits, 64 of D per step, 3 stages in flight); the interpreter takes
-# the smallest blocks tl.dot allows, so the tests' uneven tiles cross several blocks.
-BLOCKS = (
-    {"BLOCK_B": 16, "BLOCK_C": 16, "BLOCK_D": 16}
+# Hopper-sized blocks of logits (128 x 128), fixed: the partial statistics' layout and the gradient
+# filter's block follow them. The interpreter takes the smallest blocks tl.dot allows, so the tests'
+# uneven tiles cross several blocks.
+LOGIT_BLOCKS = {"BLOCK_B": 16, "BLOCK_C": 16} if INTERPRETED else {"BLOCK_B": 128, "BLOCK_C": 128}
+# What triton.autotune picks per embedding width D and tile width T (and the operands' dtypes): the
+# slice of D a step of the dot loop takes, warps and pipeline stages. The first is the former fixed
+# choice (64 of D, 8 warps, 3 stages); at most 96 KiB of shared memory a stage with fp32 rows. Unmeasured
+# until a GPU run (docs/head.md). The interpreter runs one config, so the tests never benchmark.
+CONFIGS = (
+    [triton.Config({"BLOCK_D": 16})]
     if INTERPRETED
-    else {"BLOCK_B": 128, "BLOCK_C": 128, "BLOCK_D": 64, "num_warps": 8, "num_stages": 3}
+    else [
+        triton.Config({"BLOCK_D": block_d}, num_warps=warps, num_stages=stages)
+        for block_d, warps, stages in ((64, 8, 3), (64, 8, 4), (32, 4, 4), (128, 8, 2))
+    ]
 )
+BLOCKS = {**LOGIT_BLOCKS, **CONFIGS[0].all_kwargs()}  # the first config whole (what the tests compile)
 DTYPES = (torch.float32, torch.bfloat16, torch.float16)  # GEMM dtypes the kernels take
 
 
 @triton.jit
 def _tile_logits(x_ptr, w_ptr, index_ptr, b_offs, c_offs, B, T, D, tile_start, stride_x, stride_w,
                  HAS_INDEX: tl.constexpr, BLOCK_B: tl.constexpr, BLOCK_C: tl.constexpr,
-                 BLOCK_D: tl.constexpr, PRECISION: tl.constexpr, WIDEN: tl.constexpr = INTERPRETED):  # fmt: skip
-    """x_unit . w for a block (fp32), and the block's squared weight norms from the stored rows."""
+                 BLOCK_D: tl.constexpr, PRECISION: tl.constexpr, SQUARES: tl.constexpr,
+                 WIDEN: tl.constexpr = INTERPRETED):  # fmt: skip
+    """x_unit . w for a block (fp32), and with SQUARES the block's squared weight norms from the rows read
+    (the stored ones: a bf16 copy's would not be the fp32 rows' norms)."""
     b_mask, c_mask = b_offs < B, c_offs < T
     if HAS_INDEX:
         w_rows = tl.load(index_ptr + c_offs, mask=c_mask, other=0)
@@ -72,10 +85,13 @@ def _tile_logits(x_ptr, w_ptr, index_ptr, b_offs, c_offs, B, T, D, tile_start, s
             x_ptr + b_offs[:, None] * stride_x + d[None, :], mask=b_mask[:, None] & d_mask[None, :], other=0.0
         )
         w = tl.load(w_base + d[:, None], mask=c_mask[None, :] & d_mask[:, None], other=0.0)
-        wide = w.to(tl.float32)
-        squares += tl.sum(wide * wide, axis=0)
+        if SQUARES:
+            wide = w.to(tl.float32)
+            squares += tl.sum(wide * wide, axis=0)
         if w.dtype != x.dtype and x.dtype == tl.float32:
             w = w.to(tl.float32)
+        elif w.dtype != x.dtype and WIDEN and x.dtype == tl.bfloat16:  # the interpreter's cast truncates
+            w = bf16_nearest_even(w)
         elif w.dtype != x.dtype:  # rounding named: the interpreter's default truncates
             w = w.to(x.dtype, fp_downcast_rounding="rtne")
         if WIDEN:  # the interpreter's bf16 tl.dot is wrong (Triton 3.8); fp32 of bf16 values is exact
@@ -110,14 +126,19 @@ def _softmax_stats_kernel(x_ptr, w_ptr, index_ptr, target_ptr, inv_norm_ptr, par
                           target_raw_ptr, threshold_ptr, linear_ptr, quadratic_ptr, part_plain_ptr,
                           B, T, D, tile_start, scale, stride_x, stride_w, c_blocks,
                           HAS_INDEX: tl.constexpr, BLOCK_B: tl.constexpr, BLOCK_C: tl.constexpr,
-                          BLOCK_D: tl.constexpr, PRECISION: tl.constexpr, MODULATE: tl.constexpr):  # fmt: skip
+                          BLOCK_D: tl.constexpr, PRECISION: tl.constexpr, MODULATE: tl.constexpr,
+                          NORMS_GIVEN: tl.constexpr):  # fmt: skip
     pid_b, pid_c, b_offs, c_offs = _program_block(B, BLOCK_B, BLOCK_C)
     b_mask, c_mask = b_offs < B, c_offs < T
     dots, squares = _tile_logits(x_ptr, w_ptr, index_ptr, b_offs, c_offs, B, T, D, tile_start, stride_x,
-                                 stride_w, HAS_INDEX, BLOCK_B, BLOCK_C, BLOCK_D, PRECISION)  # fmt: skip
-    inv_norm = 1.0 / tl.maximum(tl.sqrt(squares), 1e-12)
-    if pid_b == 0:
-        tl.store(inv_norm_ptr + c_offs, inv_norm, mask=c_mask)
+                                 stride_w, HAS_INDEX, BLOCK_B, BLOCK_C, BLOCK_D, PRECISION,
+                                 not NORMS_GIVEN)  # fmt: skip
+    if NORMS_GIVEN:  # the rows are the bf16 copy; the inverse norms of the fp32 rows came with it
+        inv_norm = tl.load(inv_norm_ptr + c_offs, mask=c_mask, other=0.0)
+    else:
+        inv_norm = 1.0 / tl.maximum(tl.sqrt(squares), 1e-12)
+        if pid_b == 0:
+            tl.store(inv_norm_ptr + c_offs, inv_norm, mask=c_mask)
     logits = dots * (inv_norm * scale)[None, :]
     target = tl.load(target_ptr + b_offs, mask=b_mask, other=-1) - tile_start
     is_target = c_offs[None, :] == target[:, None]
@@ -148,7 +169,7 @@ def _logit_grad_kernel(x_ptr, w_ptr, index_ptr, target_ptr, inv_norm_ptr, global
     pid_b, pid_c, b_offs, c_offs = _program_block(B, BLOCK_B, BLOCK_C)
     b_mask, c_mask = b_offs < B, c_offs < T
     dots, _ = _tile_logits(x_ptr, w_ptr, index_ptr, b_offs, c_offs, B, T, D, tile_start, stride_x, stride_w,
-                           HAS_INDEX, BLOCK_B, BLOCK_C, BLOCK_D, PRECISION)  # fmt: skip
+                           HAS_INDEX, BLOCK_B, BLOCK_C, BLOCK_D, PRECISION, False)  # fmt: skip
     column_factor = tl.load(inv_norm_ptr + c_offs, mask=c_mask, other=0.0) * scale
     global_max = tl.load(global_max_ptr + b_offs, mask=b_mask, other=0.0)
     if MODULATE:
@@ -175,8 +196,15 @@ def _logit_grad_kernel(x_ptr, w_ptr, index_ptr, target_ptr, inv_norm_ptr, global
     )
 
 
+_softmax_stats = triton.autotune(CONFIGS, key=["D", "T"])(_softmax_stats_kernel)
+_logit_grad = triton.autotune(CONFIGS, key=["D", "T"])(_logit_grad_kernel)
+
+
 def _launch_args(tile: TileCall) -> tuple:
-    x_op, weight, rows = tile.x_op, tile.weight, tile.rows
+    """The grid, the pointers, sizes and strides both kernels start with, and whether an index gathers
+    the rows. The rows read are the head's bf16 copy where the tile has one (`row_stream.py`)."""
+    x_op, rows = tile.x_op, tile.rows
+    weight = tile.weight if tile.stream is None else tile.stream.rows
     if x_op.device.type != "cuda" and not INTERPRETED:
         raise FacetrainError(
             f"head.kernel triton needs CUDA inputs (got {x_op.device.type}); use head.kernel auto or torch, "
@@ -184,7 +212,7 @@ def _launch_args(tile: TileCall) -> tuple:
         )
     has_index = rows.index is not None
     batch, width = x_op.shape[0], len(rows)
-    grid = (triton.cdiv(batch, BLOCKS["BLOCK_B"]) * triton.cdiv(width, BLOCKS["BLOCK_C"]),)
+    grid = (triton.cdiv(batch, LOGIT_BLOCKS["BLOCK_B"]) * triton.cdiv(width, LOGIT_BLOCKS["BLOCK_C"]),)
     pointers = (x_op, weight, rows.index if has_index else weight, tile.target_column, tile.inv_norm)
     sizes = (batch, width, x_op.shape[1], rows.start, tile.scale, x_op.stride(0), weight.stride(0))
     return grid, pointers, sizes, has_index
@@ -209,14 +237,16 @@ def online_softmax_rows(tile: TileCall, rows: RunningRows) -> RunningRows:
     smoothing runs on the torch tiles)."""
     grid, pointers, sizes, has_index = _launch_args(tile)
     running_max, negatives = rows.running_max, tile.negatives
-    c_blocks = triton.cdiv(len(tile.rows), BLOCKS["BLOCK_C"])
+    if tile.stream is not None:  # the fp32 rows' inverse norms, kept with the copy
+        tile.inv_norm.copy_(tile.rows.read(tile.stream.inv_norms, torch.float32))
+    c_blocks = triton.cdiv(len(tile.rows), LOGIT_BLOCKS["BLOCK_C"])
     part_max = running_max.new_empty(tile.x_op.shape[0], c_blocks)
     part_sum = torch.empty_like(part_max)
     part_plain = torch.empty_like(part_max) if negatives is not None else part_max
-    _softmax_stats_kernel[grid](
+    _softmax_stats[grid](
         *pointers, part_max, part_sum, rows.target_raw, *_modulation_args(negatives, running_max), part_plain,
         *sizes, c_blocks, HAS_INDEX=has_index, PRECISION=fp32_dot_precision(), MODULATE=negatives is not None,
-        **BLOCKS,
+        NORMS_GIVEN=tile.stream is not None, **LOGIT_BLOCKS,
     )  # fmt: skip
     tile_max = part_max.amax(dim=1)
     new_max = torch.maximum(running_max, tile_max)
@@ -236,16 +266,16 @@ def logit_grad_rows(tile: TileCall, rows: RowGradient, out: torch.Tensor):
     row `limits` which blocks it kept (row blocks x class blocks, int8; None without the filter).
     Label smoothing's `shift` is the torch tiles' alone."""
     grid, pointers, sizes, has_index = _launch_args(tile)
-    c_blocks = triton.cdiv(len(tile.rows), BLOCKS["BLOCK_C"])
+    c_blocks = triton.cdiv(len(tile.rows), LOGIT_BLOCKS["BLOCK_C"])
     global_max, limits, kept = rows.global_max, rows.limits, None
     if limits is not None:
-        row_blocks = triton.cdiv(tile.x_op.shape[0], BLOCKS["BLOCK_B"])
+        row_blocks = triton.cdiv(tile.x_op.shape[0], LOGIT_BLOCKS["BLOCK_B"])
         kept = torch.empty(row_blocks, c_blocks, dtype=torch.int8, device=out.device)
-    _logit_grad_kernel[grid](
+    _logit_grad[grid](
         *pointers, global_max, rows.corrected_target, out, *_modulation_args(tile.negatives, global_max),
         global_max if limits is None else limits, out if kept is None else kept, *sizes, out.stride(0),
         c_blocks, HAS_INDEX=has_index, PRECISION=fp32_dot_precision(), MODULATE=tile.negatives is not None,
-        FILTER=limits is not None, **BLOCKS,
+        FILTER=limits is not None, **LOGIT_BLOCKS,
     )  # fmt: skip
     return out, kept
 
@@ -254,7 +284,10 @@ class TritonTileOps:
     """`tile_kernel.TileOps`' counterpart for `TiledMarginSoftmax`: the tile's GEMM is inside its ops."""
 
     fused_gemm = True
-    filter_block = (BLOCKS["BLOCK_B"], BLOCKS["BLOCK_C"])  # the gradient filter skips the kernels' blocks
+    filter_block = (
+        LOGIT_BLOCKS["BLOCK_B"],
+        LOGIT_BLOCKS["BLOCK_C"],
+    )  # the gradient filter skips the kernels' blocks
     compiled = False
     dtypes = DTYPES
     online_softmax_rows = staticmethod(online_softmax_rows)
