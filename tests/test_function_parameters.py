@@ -3,9 +3,6 @@ benchmark's `run`, which its command calls as `run(**options)` so that `--help` 
 the command's body) and Triton kernels (one a tensor or a constexpr): related values travel as one
 settings object (`EmbedSettings`, `AlignSettings`, `StepTiming`, `HeadPlan`), so a new setting is one
 field, not a parameter on each function that passes it along.
-
-The functions still over the limit are listed with their count: the list may only shrink (a fixed one
-must leave it, a new one or a longer one fails).
 """
 
 from __future__ import annotations
@@ -16,9 +13,6 @@ from pathlib import Path
 PACKAGE = Path(__file__).resolve().parents[1] / "facetrain"
 LIMIT = 8
 CLI = PACKAGE / "cli"
-# none left (#59): the head's functions take one object per tile call and per step, save_checkpoint
-# its CheckpointStates
-STILL_OVER: dict[str, int] = {}
 
 
 def _command_bodies() -> set[str]:
@@ -71,7 +65,4 @@ def parameter_counts() -> dict[str, int]:
 
 def test_no_function_takes_more_than_eight_parameters():
     over = parameter_counts()
-    new = {name: count for name, count in over.items() if count > STILL_OVER.get(name, LIMIT)}
-    assert not new, f"{new}: group related parameters in one settings object (at most {LIMIT})"
-    fixed = sorted(set(STILL_OVER) - set(over))
-    assert not fixed, f"{fixed} no longer take more than {LIMIT} parameters: drop them from STILL_OVER"
+    assert not over, f"{over}: group related parameters in one settings object (at most {LIMIT})"
