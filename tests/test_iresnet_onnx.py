@@ -1,4 +1,10 @@
-"""IResNet-50 and -100 through facetrain's ONNX export, checked again here with onnxruntime."""
+"""IResNet-50 through facetrain's ONNX export, checked again here with onnxruntime.
+
+IResNet-100 is the same export: the exporter traces one block type, and r100 differs from r50 only in
+how many blocks each stage repeats (tests/test_iresnet.py checks those counts and r100's keys and shapes
+against insightface's), so a second export of 65M parameters (27 s here) would check nothing r50 does
+not. docs/models.md gives r100's measured ONNX difference.
+"""
 
 from __future__ import annotations
 
@@ -41,7 +47,3 @@ def export_and_compare(architecture: str, out: Path) -> None:
 
 def test_iresnet50_onnx_matches_pytorch(tmp_path: Path):
     export_and_compare("iresnet50", tmp_path)
-
-
-def test_iresnet100_onnx_matches_pytorch(tmp_path: Path):
-    export_and_compare("iresnet100", tmp_path)
