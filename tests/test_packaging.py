@@ -23,6 +23,7 @@ from pathlib import Path
 import pytest
 import yaml
 
+from tests.support import cli_zygote
 from tests.support.readme import TINY, readme_blocks
 
 REPO = Path(__file__).resolve().parents[1]
@@ -65,7 +66,6 @@ for tiles in (None, 3):
     embeddings = torch.randn(6, 4, requires_grad=True)
     head(embeddings, torch.arange(6)).loss.backward()
     assert embeddings.grad.abs().sum() > 0
-print(json.dumps({"asked": asked, "facetrain": facetrain.__file__}))
 """
 
 
@@ -75,18 +75,6 @@ def run_without_app(code: str, pythonpath: Path) -> subprocess.CompletedProcess:
         capture_output=True, text=True, timeout=120, cwd=pythonpath,
         env={**os.environ, "PYTHONPATH": str(pythonpath)},
     )  # fmt: skip
-
-
-def assert_the_head_runs_without_app(pythonpath: Path) -> None:
-    done = run_without_app(USE_THE_HEAD, pythonpath)
-    assert done.returncode == 0, done.stderr
-    report = json.loads(done.stdout.splitlines()[-1])
-    assert Path(report["facetrain"]).is_relative_to(pythonpath)
-    assert [asked for asked in report["asked"] if asked[1].startswith("facetrain")] == []
-
-
-def test_facetrain_heads_imports_and_trains_without_the_applications_dependencies():
-    assert_the_head_runs_without_app(REPO)
 
 
 def test_the_command_line_without_its_dependencies_names_the_extra_in_one_line():
@@ -169,12 +157,6 @@ def test_the_wheel_holds_the_package_every_recipe_and_the_slurm_scripts_and_noth
     assert sum(entry.file_size for entry in entries) < 4 << 20
 
 
-def test_the_head_runs_from_the_wheel_without_the_applications_dependencies(wheel, tmp_path):
-    with zipfile.ZipFile(wheel) as archive:
-        archive.extractall(tmp_path)
-    assert_the_head_runs_without_app(tmp_path)
-
-
 @pytest.fixture(scope="module")
 def pip_installed(wheel, tmp_path_factory) -> Path:
     """The wheel installed into a fresh virtualenv outside the checkout, as `pip install` does, the
@@ -198,18 +180,47 @@ def pip_installed(wheel, tmp_path_factory) -> Path:
     return venv / "bin"
 
 
-def run_installed(bin_dir: Path, command: str, cwd: Path) -> subprocess.CompletedProcess:
-    """`command` in bash, the venv first on PATH, nothing of the checkout importable, in `cwd`."""
+def installed_env(bin_dir: Path) -> dict[str, str]:
+    """The venv first on PATH, nothing of the checkout importable, one OpenMP thread a process (as
+    tests/support/train_helpers.py's cli_env: the suite's processes share the cores, and a server
+    with OpenMP's threads running cannot fork)."""
     env = {name: value for name, value in os.environ.items() if name not in ("PYTHONPATH", "VIRTUAL_ENV")}
-    env["PATH"] = f"{bin_dir}:{env['PATH']}"
+    return {**env, "PATH": f"{bin_dir}:{env['PATH']}", "OMP_NUM_THREADS": "1"}
+
+
+def run_installed(bin_dir: Path, command: str, cwd: Path) -> subprocess.CompletedProcess:
+    """`command` in bash, in `cwd`, with installed_env."""
     return subprocess.run(
-        ["bash", "-c", command], cwd=cwd, env=env, capture_output=True, text=True, timeout=600
+        ["bash", "-c", command],
+        cwd=cwd,
+        env=installed_env(bin_dir),
+        capture_output=True,
+        text=True,
+        timeout=600,
     )
+
+
+@pytest.fixture(scope="module")
+def installed_cli(pip_installed):
+    """The venv's `python -m facetrain ARGS` forked from a server that imported the installed package
+    and torch once (tests/support/cli_zygote.py), as the suite's other commands are: each command still
+    runs in a process of its own, from the wheel's files, and the `facetrain` script itself is run by
+    the block's `config --recipes`, `--help`, `--version` and `slurm-script`. Without a server that can
+    fork, each command starts the script in bash."""
+    server = cli_zygote.Server(installed_env(pip_installed), python=str(pip_installed / "python"))
+    yield (
+        lambda words, cwd: (
+            server.run(words[1:], cwd, installed_env(pip_installed), timeout=600)
+            if server.forks
+            else run_installed(pip_installed, shlex.join(words), cwd)
+        )
+    )
+    server.stop()
 
 
 @pytest.mark.slow
 def test_the_readme_pip_quick_start_runs_from_an_empty_folder_with_the_installed_wheel(
-    pip_installed, tmp_path
+    pip_installed, installed_cli, tmp_path
 ):
     """README's pip block as printed (`pip install` being the wheel's install above), each command
     with the tiny sizes of tests/test_readme.py, and what a pip user types besides: --help, --version,
@@ -223,7 +234,12 @@ def test_the_readme_pip_quick_start_runs_from_an_empty_folder_with_the_installed
     folder = tmp_path / "empty"
     folder.mkdir()
     for words in commands:
-        done = run_installed(pip_installed, shlex.join(words + TINY.get(words[1], "").split()), folder)
+        words = words + TINY.get(words[1], "").split()
+        # the light `config --recipes` imports no torch: the installed script itself
+        light = words[1] == "config"
+        done = (
+            run_installed(pip_installed, shlex.join(words), folder) if light else installed_cli(words, folder)
+        )
         assert done.returncode == 0, f"{shlex.join(words)}\n{done.stdout[-2000:]}{done.stderr[-3000:]}"
         if words[1] == "config":
             assert [line.split()[0] for line in done.stdout.splitlines()] == sorted(
@@ -238,25 +254,31 @@ def test_the_readme_pip_quick_start_runs_from_an_empty_folder_with_the_installed
     assert shown.stdout.splitlines()[-1] == f"facetrain {__version__}"  # no commit outside a checkout
     elsewhere = tmp_path / "elsewhere"  # no faces/ here: the recipe's data path is not there
     elsewhere.mkdir()
-    made = run_installed(
-        pip_installed,
-        "facetrain config -c laptop > my.yaml && facetrain slurm-script --nodes 3 > x.sbatch",
-        elsewhere,
-    )
+    made = installed_cli(["facetrain", "config", "-c", "laptop"], elsewhere)  # > my.yaml
     assert made.returncode == 0, made.stderr
     assert made.stderr.startswith("note: data.path = 'faces' is recipe laptop's placeholder"), made.stderr
+    (elsewhere / "my.yaml").write_text(made.stdout)
+    scripted = run_installed(pip_installed, "facetrain slurm-script --nodes 3 > x.sbatch", elsewhere)
+    assert scripted.returncode == 0, scripted.stderr
     assert yaml.safe_load((elsewhere / "my.yaml").read_text())["train"]["output_dir"] == "runs/laptop"
     assert "#SBATCH --nodes=3\n" in (elsewhere / "x.sbatch").read_text()
 
 
-def test_the_heads_quick_start_runs_from_the_installed_wheel_with_torch_alone(pip_installed, tmp_path):
-    """examples/single_process.py, the runnable form of docs/head.md's quick start (README's library
-    section), with every application dependency made uninstalled: `pip install facetrain`."""
+def test_the_head_and_its_quick_start_run_from_the_installed_wheel_with_torch_alone(pip_installed, tmp_path):
+    """`pip install facetrain`: with every application dependency made uninstalled, the installed
+    facetrain.heads trains untiled and tiled with its fused SGD, and examples/single_process.py, the
+    runnable form of docs/head.md's quick start (README's library section), runs. One interpreter for
+    both: the checkout's facetrain/ and the wheel's are the same files (the wheel is built from them),
+    so the installed copy answers for the checkout's too."""
     shutil.copy(REPO / "examples" / "single_process.py", tmp_path)
-    code = WITHOUT_APP + (
-        "import runpy; sys.argv = ['single_process.py', '--steps', '3']\n"
-        "runpy.run_path('single_process.py', run_name='__main__')\n"
-        "import facetrain; print(json.dumps({'asked': asked, 'facetrain': facetrain.__file__}))\n"
+    code = (
+        WITHOUT_APP
+        + USE_THE_HEAD
+        + (
+            "import runpy; sys.argv = ['single_process.py', '--steps', '3']\n"
+            "runpy.run_path('single_process.py', run_name='__main__')\n"
+            "import facetrain; print(json.dumps({'asked': asked, 'facetrain': facetrain.__file__}))\n"
+        )
     )
     done = run_installed(
         pip_installed, shlex.join(["python", "-c", code, json.dumps(APP_DEPENDENCIES)]), tmp_path

@@ -64,13 +64,21 @@ def start_variables(env: dict[str, str]) -> dict[str, str]:
 class Server:
     """The server process of one pytest process, and the environment it started with."""
 
-    def __init__(self, env: dict[str, str]):
+    def __init__(self, env: dict[str, str], python: str | None = None):
+        """`python`: another interpreter (a venv with facetrain installed), whose server runs a copy of
+        this file from a folder of its own, so that facetrain comes from that interpreter's packages."""
         self.folder = tempfile.mkdtemp(prefix="facetrain-cli-")
         self.address = os.path.join(self.folder, "socket")
         self.env = env
+        self.python = python or sys.executable
+        if python is None:
+            command, cwd = [self.python, "-m", "tests.support.cli_zygote", self.address], REPO
+        else:
+            command = [self.python, shutil.copy(__file__, self.folder), self.address]
+            cwd = Path(self.folder)
         self.process = subprocess.Popen(
-            [sys.executable, "-m", "tests.support.cli_zygote", self.address],
-            cwd=REPO,
+            command,
+            cwd=cwd,
             env=env,
             stdin=subprocess.PIPE,  # its end tells the server that this process is gone
             stdout=subprocess.PIPE,
@@ -95,7 +103,7 @@ class Server:
     def run(
         self, args: list[str], cwd: Path, env: dict[str, str], timeout: float
     ) -> subprocess.CompletedProcess:
-        command = [sys.executable, "-m", "facetrain", *args]
+        command = [self.python, "-m", "facetrain", *args]
         with tempfile.TemporaryDirectory(dir=self.folder) as output:
             stdout, stderr = Path(output, "stdout"), Path(output, "stderr")
             request = {
