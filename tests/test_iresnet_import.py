@@ -47,7 +47,6 @@ def run(*args: object) -> tuple[int, str]:
 def trained(tmp_path_factory: pytest.TempPathFactory) -> tuple[nn.Module, Path]:
     """An iresnet18 after a few SGD steps (weights and BN statistics moved), saved the way insightface's
     arcface_torch saves backbone.pth: torch.save of the bare state dict."""
-    torch.set_num_threads(2)
     torch.manual_seed(0)
     backbone = build_backbone(ModelConfig(backbone=ARCH, embedding_size=EMBEDDING_SIZE), SIZE)
     classifier = nn.Linear(EMBEDDING_SIZE, 2)
