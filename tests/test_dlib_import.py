@@ -49,7 +49,6 @@ def dlib_model() -> tuple[object, Path]:
 
 @pytest.fixture(scope="module")
 def imported(dlib_model, tmp_path_factory: pytest.TempPathFactory) -> Path:
-    torch.set_num_threads(2)
     out = tmp_path_factory.mktemp("dlib") / "model"
     result = import_dlib(None, out, progress=False)
     assert result.embedding_size == 128 and result.architecture == "dlib_resnet"
