@@ -80,6 +80,15 @@ STARTS_RANKS = re.compile(
 )
 
 
+# Ranks tests that mostly wait, each in a group of its own beside the `ranks` group: the real-Slurm
+# tests wait for daemons, requeues and slurmctld's time-limit check (every 30 s) and train a few dozen
+# steps. Under `--dist loadgroup` the worker that runs the in-process tests takes such a group when its
+# queue reaches it (xdist queues the groups largest first, so late), instead of the ranks worker after
+# everything else: the suite's critical path loses their minutes and the 2 cores carry at most two
+# multi-rank tests at once, one of them mostly asleep.
+WAITING_GROUPS = {"tests.test_slurm": "ranks-slurm"}
+
+
 def pytest_addoption(parser):
     parser.addoption(
         "--ranks",
@@ -141,14 +150,16 @@ def pytest_collection_modifyitems(config, items):
     """Marks the tests that start ranks, keeps the half `--ranks` asks for, and groups the tests for
     `--dist loadgroup` (what `make test` runs): the ranks tests are one group, run one after another on
     one worker while the other workers take the in-process tests a module at a time (a module's shared
-    fixtures stay in one worker)."""
+    fixtures stay in one worker) and the WAITING_GROUPS."""
     choice = config.getoption("ranks")
     kept, left = [], []
     for item in items:
         ranks = starts_ranks(item)
         if ranks:
             item.add_marker("ranks")
-        item.add_marker(pytest.mark.xdist_group("ranks" if ranks else item.module.__name__))
+        module = item.module.__name__
+        group = WAITING_GROUPS.get(module, "ranks") if ranks else module
+        item.add_marker(pytest.mark.xdist_group(group))
         (kept if choice == "run" or (choice == "only") == ranks else left).append(item)
     if left:
         config.hook.pytest_deselected(items=left)
