@@ -8,6 +8,7 @@ from pathlib import Path
 import pytest
 import torch
 
+from tests.support.fault_helpers import uninterrupted_two_rank_run
 from tests.support.train_helpers import trained_tiny_run
 
 # Without a GPU, Triton's kernels (tests/test_head_triton.py) run through its interpreter. Triton reads
@@ -37,6 +38,14 @@ def finished_run(tmp_path_factory) -> Path:
     trained on (synth/, 12 identities) and its config (run.yaml). Trained once for every test that only
     needs a finished run; a test that changes anything in it copies it first."""
     return trained_tiny_run(tmp_path_factory.mktemp("finished"), steps=2, every=2)
+
+
+@pytest.fixture(scope="session")
+def uninterrupted_two_ranks(tmp_path_factory) -> Path:
+    """The uninterrupted 2-rank run that test_faults_ranks's restarted run and test_stop_signals's
+    stopped runs end on bit for bit (tests/support/fault_helpers.py): trained once for both, on the
+    ranks worker that runs them."""
+    return uninterrupted_two_rank_run(tmp_path_factory.mktemp("uninterrupted"))
 
 
 @pytest.fixture
