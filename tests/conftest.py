@@ -8,6 +8,7 @@ from pathlib import Path
 import pytest
 import torch
 
+from tests.support.fault_helpers import uninterrupted_two_rank_run
 from tests.support.train_helpers import trained_tiny_run
 
 # Without a GPU, Triton's kernels (tests/test_head_triton.py) run through its interpreter. Triton reads
@@ -37,6 +38,14 @@ def finished_run(tmp_path_factory) -> Path:
     trained on (synth/, 12 identities) and its config (run.yaml). Trained once for every test that only
     needs a finished run; a test that changes anything in it copies it first."""
     return trained_tiny_run(tmp_path_factory.mktemp("finished"), steps=2, every=2)
+
+
+@pytest.fixture(scope="session")
+def uninterrupted_two_ranks(tmp_path_factory) -> Path:
+    """The uninterrupted 2-rank run that test_faults_ranks's restarted run and test_stop_signals's
+    stopped runs end on bit for bit (tests/support/fault_helpers.py): trained once for both, on the
+    ranks worker that runs them."""
+    return uninterrupted_two_rank_run(tmp_path_factory.mktemp("uninterrupted"))
 
 
 @pytest.fixture
@@ -78,6 +87,15 @@ STARTS_RANKS = re.compile(
     r"\b(run_distributed|WorkerPool|torchrun|torch\.distributed\.run|slurm_cluster|mp\.spawn|nnodes)\b"
     r"|--nproc|\"nproc\""
 )
+
+
+# Ranks tests that mostly wait, each in a group of its own beside the `ranks` group: the real-Slurm
+# tests wait for daemons, requeues and slurmctld's time-limit check (every 30 s) and train a few dozen
+# steps. Under `--dist loadgroup` the worker that runs the in-process tests takes such a group when its
+# queue reaches it (xdist queues the groups largest first, so late), instead of the ranks worker after
+# everything else: the suite's critical path loses their minutes and the 2 cores carry at most two
+# multi-rank tests at once, one of them mostly asleep.
+WAITING_GROUPS = {"tests.test_slurm": "ranks-slurm"}
 
 
 def pytest_addoption(parser):
@@ -141,14 +159,16 @@ def pytest_collection_modifyitems(config, items):
     """Marks the tests that start ranks, keeps the half `--ranks` asks for, and groups the tests for
     `--dist loadgroup` (what `make test` runs): the ranks tests are one group, run one after another on
     one worker while the other workers take the in-process tests a module at a time (a module's shared
-    fixtures stay in one worker)."""
+    fixtures stay in one worker) and the WAITING_GROUPS."""
     choice = config.getoption("ranks")
     kept, left = [], []
     for item in items:
         ranks = starts_ranks(item)
         if ranks:
             item.add_marker("ranks")
-        item.add_marker(pytest.mark.xdist_group("ranks" if ranks else item.module.__name__))
+        module = item.module.__name__
+        group = WAITING_GROUPS.get(module, "ranks") if ranks else module
+        item.add_marker(pytest.mark.xdist_group(group))
         (kept if choice == "run" or (choice == "only") == ranks else left).append(item)
     if left:
         config.hook.pytest_deselected(items=left)

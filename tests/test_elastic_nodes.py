@@ -23,7 +23,7 @@ import pytest
 from facetrain.checkpoint import read_meta, resolve_checkpoint
 from tests.support.distributed import free_port
 from tests.support.fault_helpers import ENV, assert_same_weights, wait_for_step
-from tests.support.train_helpers import REPO, tiny_config
+from tests.support.train_helpers import REPO, run_cli, tiny_config
 
 AGENT_TIMEOUT_S = 240
 
@@ -193,10 +193,7 @@ def test_a_job_loses_a_node_goes_on_alone_and_grows_back(tmp_path):
     reference = tiny_config(
         tmp_path, "reference", train={**ELASTIC, "steps": resumed + 3}, checkpoint=EVERY_3, optim=QUIET
     )
-    result = subprocess.run(
-        [sys.executable, "-m", "facetrain", "train", "-c", str(reference), "--nproc", "2"],
-        cwd=REPO, env=ENV, capture_output=True, text=True, timeout=AGENT_TIMEOUT_S,
-    )  # fmt: skip
+    result = run_cli("train", "-c", str(reference), "--nproc", "2", timeout=AGENT_TIMEOUT_S)
     assert result.returncode == 0, result.stderr
     assert_same_weights(alone, tmp_path / "reference")
 
@@ -209,10 +206,8 @@ def test_a_run_that_goes_2_1_2_ranks_ends_with_the_weights_of_an_uninterrupted_2
     config = tiny_config(tmp_path, "run", train=train, checkpoint=checkpoint, optim=QUIET)
 
     def run(*args: str) -> str:
-        result = subprocess.run(
-            [sys.executable, "-m", "facetrain", "train", *args],
-            cwd=REPO, env=ENV, capture_output=True, text=True, timeout=AGENT_TIMEOUT_S,
-        )  # fmt: skip
+        """`facetrain train ARGS`, forked from warm imports (run_cli): four runs, four start-ups saved."""
+        result = run_cli("train", *args, timeout=AGENT_TIMEOUT_S)
         assert result.returncode == 0, result.stderr
         return result.stdout
 

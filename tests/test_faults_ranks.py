@@ -24,6 +24,8 @@ from facetrain.data.config import DataConfig, SynthConfig
 from facetrain.data.synthetic import generate_synthetic
 from tests.support.fault_helpers import (
     ENV,
+    UNINTERRUPTED_EVERY,
+    UNINTERRUPTED_STEPS,
     assert_same_checkpoint,
     error_lines,
     kill_all,
@@ -32,24 +34,14 @@ from tests.support.fault_helpers import (
     start,
     wait_for_step,
 )
-from tests.support.train_helpers import REPO, run_cli, tiny_config
+from tests.support.train_helpers import REPO, tiny_config
 
-STEPS, EVERY, BATCH = 12, 4, 8
+STEPS, EVERY, BATCH = UNINTERRUPTED_STEPS, UNINTERRUPTED_EVERY, 8
 FOREVER = {"steps": 100000}
 
 
-@pytest.fixture(scope="module")
-def uninterrupted(tmp_path_factory) -> Path:
-    """12 steps on 2 ranks with checkpoints every 4, never interrupted."""
-    tmp = tmp_path_factory.mktemp("uninterrupted")
-    config = tiny_config(tmp, "run", train={"steps": STEPS}, checkpoint={"every": EVERY})
-    result = run_cli("train", "-c", str(config), "--nproc", "2")
-    assert result.returncode == 0, result.stderr
-    return tmp / "run"
-
-
 @pytest.mark.slow
-def test_a_torchrun_job_restarted_after_a_dead_rank_resumes_by_itself(tmp_path, uninterrupted):
+def test_a_torchrun_job_restarted_after_a_dead_rank_resumes_by_itself(tmp_path, uninterrupted_two_ranks):
     config = tiny_config(tmp_path, "run", train={"steps": STEPS}, checkpoint={"every": EVERY})
     torchrun = subprocess.Popen(
         [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", "2",
@@ -66,7 +58,7 @@ def test_a_torchrun_job_restarted_after_a_dead_rank_resumes_by_itself(tmp_path, 
     checkpoint = tmp_path / "run" / "checkpoints"
     resumed = [line for line in stdout.splitlines() if line.startswith("resumed from ")]
     assert len(resumed) == 1 and resumed[0].startswith(f"resumed from {checkpoint / 'step_0000000'}")
-    assert_same_checkpoint(tmp_path / "run", uninterrupted)
+    assert_same_checkpoint(tmp_path / "run", uninterrupted_two_ranks)
 
 
 def free_port() -> int:

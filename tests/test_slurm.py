@@ -5,8 +5,13 @@ train_multinode.sbatch, on a one-node allocation.
 
 The time-limit path is the real one: the job runs with the script's own `--signal=B:USR1@120`, and
 once it trains again after the first requeue the test shortens its time limit to 2 minutes (what an
-admin's `scontrol update` does), so the controller's next time-limit check (every 30 s) sends the
-warning. While the job waits to start again the test gives it 10 minutes, so the last start finishes.
+admin's `scontrol update` does), so the controller's next time-limit check sends the warning. That
+check comes every 30 s (slurmctld's PERIODIC_TIMEOUT, compiled in: no slurm.conf setting shortens
+it), so until the warning is in the job's output the test holds the job's ranks and loader workers
+with SIGSTOP: the batch shell, srun and torchrun's agent take the warning as they would, the signals
+they pass on wait in the held ranks, which take them on SIGCONT. The job need not train through the
+wait (it took 1,000 steps beside the reference run, 275 s of the suite). While the job waits to start
+again the test gives it 10 minutes, so the last start finishes.
 """
 
 from __future__ import annotations
@@ -31,9 +36,10 @@ from tests.support.train_helpers import run_cli, tiny_config
 pytestmark = pytest.mark.slow
 
 TORCHRUN = str(Path(sys.executable).parent / "torchrun")
-# the second start must still train when the controller's time-limit check comes, up to 30 s after the
-# test shortens the limit: on 2 cores, beside the reference run, 2 ranks took 11-18 steps a second
-STEPS = 1000
+# enough that the job is still training when the test holds it in its second start (2 ranks take up
+# to ~15 steps a second here; the first start stops a few steps after step 3, the second a few steps
+# after the first stop), two epochs of SYNTH, and few enough that the last start is short
+STEPS = 48
 JOB_NAME = "slurmtest"
 # tiny_config's set with 4 times the images: 24 steps an epoch, fewer loader starts
 SYNTH = {
@@ -51,7 +57,7 @@ def wait_for(condition, what: str, timeout: float = 120) -> None:
     deadline = time.monotonic() + timeout
     while not condition():
         assert time.monotonic() < deadline, f"{what} not within {timeout} s"
-        time.sleep(0.2)
+        time.sleep(0.05)
 
 
 def written_script(folder: Path, *options: str) -> str:
@@ -86,6 +92,37 @@ def started_again(cluster: SlurmCluster, job_id: str, restarts: int, run_dir: Pa
     job = cluster.job(job_id)
     running = job.get("Restarts") == str(restarts) and job.get("JobState") == "RUNNING"
     return running and logged_step(run_dir) > after_step
+
+
+def training_processes(cluster: SlurmCluster) -> list[int]:
+    """The job's ranks and their loader workers: every process below torchrun's agent."""
+    found, parents = [], [pid for pid in job_processes(cluster.root) if _is_torchrun(pid)]
+    while parents:
+        children = []
+        for parent in parents:
+            try:
+                children += map(int, Path(f"/proc/{parent}/task/{parent}/children").read_text().split())
+            except OSError:  # gone meanwhile
+                continue
+        found += children
+        parents = children
+    return found
+
+
+def _is_torchrun(pid: int) -> bool:
+    try:
+        arguments = Path(f"/proc/{pid}/cmdline").read_bytes().split(b"\0")
+    except OSError:  # gone meanwhile
+        return False
+    return len(arguments) > 1 and arguments[1].endswith(b"/torchrun")
+
+
+def signal_all(pids: list[int], sig: int) -> None:
+    for pid in pids:
+        try:
+            os.kill(pid, sig)
+        except ProcessLookupError:
+            pass
 
 
 def assert_no_job_process_left(cluster: SlurmCluster) -> None:
@@ -137,7 +174,15 @@ def check_the_job(cluster: SlurmCluster, tmp_path: Path, config: Path, reference
     wait_for(lambda: requeued(cluster, job_id, 1), "the requeue")
     stopped = logged_step(run_dir)
     wait_for(lambda: started_again(cluster, job_id, 1, run_dir, stopped), "the first restart training")
-    cluster.run("scontrol", "update", f"JobId={job_id}", "TimeLimit=2")
+    held = training_processes(cluster)
+    assert held, "no ranks below torchrun's agent"
+    signal_all(held, signal.SIGSTOP)
+    try:
+        cluster.run("scontrol", "update", f"JobId={job_id}", "TimeLimit=2")
+        out = tmp_path / f"{JOB_NAME}-{job_id}.out"
+        wait_for(lambda: "train.sbatch: USR1" in out.read_text(), "the time-limit warning", 60)
+    finally:
+        signal_all(held, signal.SIGCONT)
     wait_for(lambda: requeued(cluster, job_id, 2), "the time-limit requeue", 90)
     cluster.run("scontrol", "update", f"JobId={job_id}", "TimeLimit=10")
     wait_for(lambda: cluster.job(job_id).get("JobState") == "COMPLETED", "the job's end", 180)

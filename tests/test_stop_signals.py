@@ -18,10 +18,10 @@ import subprocess
 import time
 from pathlib import Path
 
-import pytest
-
 from facetrain.checkpoint import find_resume_point
 from tests.support.fault_helpers import (
+    UNINTERRUPTED_EVERY,
+    UNINTERRUPTED_STEPS,
     assert_same_checkpoint,
     error_lines,
     kill_all,
@@ -30,7 +30,7 @@ from tests.support.fault_helpers import (
 )
 from tests.support.train_helpers import run_cli, tiny_config
 
-STEPS = 8
+STEPS, EVERY = UNINTERRUPTED_STEPS, UNINTERRUPTED_EVERY  # the uninterrupted_two_ranks run's
 WORKERS = {"num_workers": 2}
 
 
@@ -73,28 +73,17 @@ def _is_zombie(pid: int) -> bool:
         return False
 
 
-@pytest.fixture(scope="module")
-def uninterrupted(tmp_path_factory) -> Path:
-    """The run every stopped-and-resumed run must equal: 2 ranks, no loader workers (where the samples
-    are decoded does not change them)."""
-    tmp = tmp_path_factory.mktemp("uninterrupted")
-    config = tiny_config(tmp, "run", train={"steps": STEPS}, checkpoint={"every": 4})
-    result = run_cli("train", "-c", str(config), "--nproc", "2")
-    assert result.returncode == 0, result.stderr
-    return tmp / "run"
-
-
 def configs(tmp: Path, **data) -> tuple[Path, Path]:
     """The config of the full run and one that would run on for ever in the same run directory (the
     learning rate is constant, so both take the same steps)."""
     data = {**WORKERS, **data}
-    final = tiny_config(tmp, "run", data=data, train={"steps": STEPS}, checkpoint={"every": 4})
+    final = tiny_config(tmp, "run", data=data, train={"steps": STEPS}, checkpoint={"every": EVERY})
     endless = tiny_config(
         tmp,
         "endless",
         data=data,
         train={"steps": 100000, "output_dir": str(tmp / "run")},
-        checkpoint={"every": 4},
+        checkpoint={"every": EVERY},
     )
     return final, endless
 
@@ -140,17 +129,17 @@ def resume_and_compare(final: Path, uninterrupted: Path, step: int) -> None:
     )
 
 
-def test_sigterm_to_every_process_of_a_nproc_run_with_loader_workers(tmp_path, uninterrupted):
+def test_sigterm_to_every_process_of_a_nproc_run_with_loader_workers(tmp_path, uninterrupted_two_ranks):
     final, endless = configs(tmp_path)
     process = start("train", "-c", str(endless), "--nproc", "2")
     stdout, stderr, tree = stop(process, tmp_path / "run", lambda p: signal_tree(p.pid, signal.SIGTERM))
     assert process.returncode == 0, stderr
     assert error_lines(stderr) == []
     assert_all_gone(tree)
-    resume_and_compare(final, uninterrupted, stopped_step(stdout, signal.SIGTERM))
+    resume_and_compare(final, uninterrupted_two_ranks, stopped_step(stdout, signal.SIGTERM))
 
 
-def test_sigterm_to_every_process_under_torchrun_stops_the_ranks_cleanly(tmp_path, uninterrupted):
+def test_sigterm_to_every_process_under_torchrun_stops_the_ranks_cleanly(tmp_path, uninterrupted_two_ranks):
     """torchrun's agent, given SIGTERM, stops its ranks with SIGTERM to their process groups (loader
     workers included) and then exits 1 with its own traceback; the ranks exit 0 with a checkpoint."""
     final, endless = configs(tmp_path)
@@ -159,10 +148,10 @@ def test_sigterm_to_every_process_under_torchrun_stops_the_ranks_cleanly(tmp_pat
     assert "DataLoader worker" not in stderr
     assert "SignalException" in stderr  # torchrun's agent reports the signal it got
     assert_all_gone(tree)
-    resume_and_compare(final, uninterrupted, stopped_step(stdout, signal.SIGTERM))
+    resume_and_compare(final, uninterrupted_two_ranks, stopped_step(stdout, signal.SIGTERM))
 
 
-def test_sigusr1_to_a_torchrun_agent_that_handles_it_stops_the_ranks(tmp_path, uninterrupted):
+def test_sigusr1_to_a_torchrun_agent_that_handles_it_stops_the_ranks(tmp_path, uninterrupted_two_ranks):
     """What the Slurm scripts do: torchrun `--signals-to-handle` with SIGUSR1 passes the scheduler's
     warning on to the ranks, whose persistent loader workers ignore it."""
     final, endless = configs(tmp_path, persistent_workers=True)
@@ -170,10 +159,10 @@ def test_sigusr1_to_a_torchrun_agent_that_handles_it_stops_the_ranks(tmp_path, u
     stdout, stderr, tree = stop(process, tmp_path / "run", lambda p: p.send_signal(signal.SIGUSR1))
     assert "DataLoader worker" not in stderr
     assert_all_gone(tree)
-    resume_and_compare(final, uninterrupted, stopped_step(stdout, signal.SIGUSR1))
+    resume_and_compare(final, uninterrupted_two_ranks, stopped_step(stdout, signal.SIGUSR1))
 
 
-def test_sigusr1_to_the_nproc_launcher_with_persistent_workers(tmp_path, uninterrupted):
+def test_sigusr1_to_the_nproc_launcher_with_persistent_workers(tmp_path, uninterrupted_two_ranks):
     final, endless = configs(tmp_path, persistent_workers=True)
     process = start("train", "-c", str(endless), "--nproc", "2")
     stdout, stderr, tree = stop(process, tmp_path / "run", lambda p: p.send_signal(signal.SIGUSR1))
@@ -184,7 +173,7 @@ def test_sigusr1_to_the_nproc_launcher_with_persistent_workers(tmp_path, uninter
     assert stdout.splitlines()[-1] == (
         f"stopped at step {step} by SIGUSR1; resume with: facetrain train -c {endless} --nproc 2 --resume auto"
     )
-    resume_and_compare(final, uninterrupted, step)
+    resume_and_compare(final, uninterrupted_two_ranks, step)
 
 
 def test_signals_during_the_checkpoint_write_change_nothing(tmp_path):
@@ -192,9 +181,13 @@ def test_signals_during_the_checkpoint_write_change_nothing(tmp_path):
     is written, SIGINT, SIGUSR1 and SIGTERM arrive again (tests/support/fault_injection.py, `signals`): the
     checkpoint is whole, the exit code 0, and the run resumes exactly."""
     final, endless = configs(tmp_path)
-    uninterrupted = tiny_config(tmp_path, "uninterrupted", train={"steps": STEPS}, checkpoint={"every": 4})
+    uninterrupted = tiny_config(
+        tmp_path, "uninterrupted", train={"steps": STEPS}, checkpoint={"every": EVERY}
+    )
     assert run_cli("train", "-c", str(uninterrupted)).returncode == 0
-    endless.write_text(endless.read_text().replace("checkpoint:\n  every: 4", "checkpoint:\n  every: 100000"))
+    endless.write_text(
+        endless.read_text().replace(f"checkpoint:\n  every: {EVERY}\n", "checkpoint:\n  every: 100000\n")
+    )
     process = start("signals", "1", "train", "-c", str(endless), module="tests.support.fault_injection")
     stdout, stderr, tree = stop(process, tmp_path / "run", lambda p: signal_tree(p.pid, signal.SIGTERM))
     assert process.returncode == 0, stderr

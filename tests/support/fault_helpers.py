@@ -13,9 +13,11 @@ from pathlib import Path
 import torch
 
 from facetrain.checkpoint import read_entries, resolve_checkpoint, stored
-from tests.support.train_helpers import REPO, cli_env
+from tests.support.train_helpers import REPO, cli_env, run_cli, tiny_config
 
 ENV = cli_env()
+# The uninterrupted 2-rank run of tiny_config that stopped, killed and restarted runs end on
+UNINTERRUPTED_STEPS, UNINTERRUPTED_EVERY = 12, 4
 
 
 def checkpoint_tensors(path: Path, prefix: str = "") -> dict[str, torch.Tensor]:
@@ -128,3 +130,14 @@ def assert_same_weights(actual: Path, expected: Path, tolerance: float = 1e-5) -
     assert sorted(got) == sorted(want)
     for key, tensor in want.items():
         assert torch.allclose(got[key].double(), tensor.double(), rtol=0, atol=tolerance), f"{key} differs"
+
+
+def uninterrupted_two_rank_run(tmp: Path) -> Path:
+    """tiny_config's UNINTERRUPTED_STEPS steps on 2 ranks (`--nproc 2`, no loader workers: where the
+    samples are decoded does not change them), a checkpoint every UNINTERRUPTED_EVERY: its run folder."""
+    config = tiny_config(
+        tmp, "run", train={"steps": UNINTERRUPTED_STEPS}, checkpoint={"every": UNINTERRUPTED_EVERY}
+    )
+    result = run_cli("train", "-c", str(config), "--nproc", "2")
+    assert result.returncode == 0, result.stderr
+    return tmp / "run"
