@@ -9,6 +9,7 @@ import pytest
 import torch
 from click.testing import CliRunner
 
+from facetrain.bench import train_flops
 from facetrain.bench.data import write_jpeg_folder
 from facetrain.bench.train import head_on_meta
 from facetrain.bench.train_flops import flops_per_image, gemm_peak_flops, utilisation
@@ -46,6 +47,19 @@ def test_the_gemm_peak_and_utilisation():
     peak = gemm_peak_flops(torch.device("cpu"), "fp32", side=128, repeats=2)
     assert 1e6 < peak < 1e15  # a CPU's FLOP/s, whatever the load
     assert utilisation(2e9, 50.0, 1e12) == {"achieved_flops": 1e11, "mfu": 0.1}
+
+
+@pytest.mark.parametrize(("bf16_peak", "expected"), [(2e9, (1e10, "fp32")), (4e10, (4e10, "bf16"))])
+def test_mfu_is_taken_against_the_faster_of_the_steps_precision_and_fp32(monkeypatch, bf16_peak, expected):
+    """A CPU without bf16 units emulates a bf16 GEMM far below fp32's rate (MFUs of 500-800 % against it)."""
+    timed = []
+    peaks = {"fp32": 1e10, "bf16": bf16_peak}
+    monkeypatch.setattr(
+        train_flops, "gemm_peak_flops", lambda device, precision: timed.append(precision) or peaks[precision]
+    )
+    assert train_flops.device_peak_flops(torch.device("cpu"), "bf16") == expected
+    assert train_flops.device_peak_flops(torch.device("cpu"), "fp32") == (1e10, "fp32")
+    assert timed == ["bf16", "fp32", "fp32"]  # an fp32 step times its GEMM once
 
 
 def test_bench_train_from_a_folder_runs_the_train_command_beside_the_step(tmp_path):

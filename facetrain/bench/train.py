@@ -36,7 +36,7 @@ from facetrain.bench.common import (
     timed_repeats,
 )
 from facetrain.bench.report import ReportFiles, markdown_table, write_report
-from facetrain.bench.train_flops import flops_per_image, gemm_peak_flops, utilisation
+from facetrain.bench.train_flops import device_peak_flops, flops_per_image, utilisation
 from facetrain.bench.train_folder import FOLDER_HEADS, folder_classes, refuse_earlier_runs, run_train_path
 from facetrain.devices import resolve_device
 from facetrain.errors import FacetrainError
@@ -159,13 +159,14 @@ def _train_worker(rank: int, world_size: int, kind: str, settings: dict) -> dict
             device=device,
         )
     collectives.barrier()  # every rank measures its GEMM peak at once, as its steps ran
-    gemm_peak = gemm_peak_flops(device, settings["precision"])
+    gemm_peak, gemm_peak_precision = device_peak_flops(device, settings["precision"])
     return {
         "times": times[settings["warmup"] :],
         "first_step_s": times[0],
         "peak_bytes": peak.growth_bytes,
         "memory_method": peak.method,
         "gemm_peak_flops": gemm_peak,
+        "gemm_peak_precision": gemm_peak_precision,
     }
 
 
@@ -235,6 +236,7 @@ def run_train_benchmark(settings: dict) -> dict:
             "memory_method": per_rank[0]["memory_method"],
             "flops_per_image": flops,
             "gemm_peak_flops": gemm_peak,
+            "gemm_peak_precision": per_rank[0]["gemm_peak_precision"],
             **utilisation(flops, images_per_s, gemm_peak),
         }
         if settings["from_folder"] and kind in FOLDER_HEADS:
@@ -279,9 +281,14 @@ def table(result: dict) -> str:
     )  # fmt: skip
     numeric = ("classes", "first step (s)", "step (s)", "images/s", "GFLOP/image", "TFLOP/s", "MFU")
     lines += markdown_table(titles, cells, numeric=numeric)
-    peak = result["rows"][0]["gemm_peak_flops"]
+    first = result["rows"][0]
+    peak_precision = first["gemm_peak_precision"]
+    faster_than_own = (
+        "" if peak_precision == settings["precision"] else f", faster here than {settings['precision']}'s"
+    )
     lines.append(
-        f"\nMFU against the {settings['precision']} GEMM peak the ranks measured: {peak / 1e12:.3g} TFLOP/s"
+        f"\nMFU against the GEMM peak the ranks measured ({peak_precision}{faster_than_own}): "
+        f"{first['gemm_peak_flops'] / 1e12:.3g} TFLOP/s"
     )
     if result["train_path_rows"]:
         lines += [

@@ -7,9 +7,11 @@ counted on the dense reference head, which computes the same products as the sha
 (whose Triton kernels a counter of aten operators would not see); the linear head is counted as it
 is. Per image, so the figure does not depend on the batch or on how the classes are split over ranks.
 
-The peak is what a square GEMM in the step's precision reaches on the device (the best of a few
-timed calls), not a datasheet's figure: MFU then says how far the step is from what this device's
-matrix units can do, in the same units.
+The peak is what a square GEMM reaches on the device (the best of a few timed calls), not a
+datasheet's figure: MFU then says how far the step is from what this device's matrix units can do, in
+the same units. It is the faster of the step's precision and fp32: on a CPU without bf16 units a bf16
+GEMM is emulated, up to hundreds of times slower than fp32 (a GEMM peak below the step's own rate gave
+MFUs of 500-800 %), and the hardware's limit for the step's arithmetic is then fp32's.
 """
 
 from __future__ import annotations
@@ -52,6 +54,14 @@ def gemm_peak_flops(device: torch.device, precision: str, side: int | None = Non
     b = torch.randn(side, side, device=device, dtype=dtype, generator=generator)
     times = timed_repeats(lambda: torch.mm(a, b), repeats, warmup=2, device=device)
     return 2 * side**3 / min(times)
+
+
+def device_peak_flops(device: torch.device, precision: str) -> tuple[float, str]:
+    """The GEMM peak MFU is taken against, and the precision that reached it: the faster of
+    `precision`'s and fp32's."""
+    peaks = {name: gemm_peak_flops(device, name) for name in dict.fromkeys((precision, "fp32"))}
+    best = max(peaks, key=peaks.get)
+    return peaks[best], best
 
 
 def utilisation(flops_per_image_: float, images_per_s: float, peak_flops: float) -> dict:

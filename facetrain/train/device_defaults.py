@@ -44,10 +44,11 @@ from facetrain.train.run_config import Config
 # autocast; `facetrain.heads.memory.memory_parts`).
 TILE_CLASSES = {"cpu": 8192, "cuda": 65536}
 DETERMINISTIC_CUBLAS_WORKSPACE = ":4096:8"  # what the CUDA docs give for reproducible cuBLAS GEMMs
-# bf16 autocast against fp32 on CPUs without bf16 units, the small backbone's eager training step
-# (docs/benchmarks.md, "CPU precision": 2.1-3.2x on an AVX-512 Xeon, 9-10x on an AVX2-only EPYC); what
-# the warning of an explicit bf16 there quotes. Compiled, on AVX-512, bf16 was measured faster instead.
-BF16_EMULATED_SLOWDOWN = "2-10x"
+# bf16 autocast against fp32 on CPUs without bf16 units, the small backbone's training step
+# (docs/benchmarks.md, "CPU precision"): eager 2.1-3.2x on an AVX-512 Xeon, 8.8x with it held to AVX2,
+# 9-10x on an AVX2-only EPYC; compiled 2.0x, 9.4x and 20x (against fp32 eager) on the same three. What
+# the warning of an explicit bf16 there quotes.
+BF16_EMULATED_SLOWDOWN = "2-20x"
 
 
 def native_bf16(device_type: str) -> bool:
@@ -76,7 +77,7 @@ def precision_warning(precision: str, device_type: str, native: bool) -> str | N
     capability = torch.backends.cpu.get_cpu_capability()
     return (
         f"warning: train.precision=bf16 on a CPU without bf16 units ({capability}, no AVX512-BF16 or AMX): "
-        f"bf16 autocast is emulated there, {BF16_EMULATED_SLOWDOWN} slower an eager step than fp32 "
+        f"bf16 autocast is emulated there, {BF16_EMULATED_SLOWDOWN} slower a step than fp32, eager or compiled "
         "(docs/benchmarks.md); use --set train.precision=auto (or fp32)"
     )
 
