@@ -16,9 +16,6 @@ IRESNET_DEPTHS = {
 # what `facetrain import insightface --arch` takes: insightface's IResNets and its MobileFaceNet
 INSIGHTFACE_ARCHITECTURES = (*IRESNET_DEPTHS, "mbf")
 
-# dataset kinds `facetrain data --source` reads
-STATS_SOURCES = ("folder", "list", "recordio", "market1501", "reid")
-
 # cross-validation folds of a pair set without its own, and the seed that deals them
 DEFAULT_FOLDS = 10
 DEFAULT_FOLD_SEED = 0

@@ -9,7 +9,7 @@ import numpy as np
 import pytest
 import torch
 
-from facetrain.choices import STATS_SOURCES
+from facetrain.cli.source_names import inspectable_source_names
 from facetrain.data import SOURCES, build_train_dataset, build_train_loader
 from facetrain.data.config import DataConfig
 from facetrain.data.dataset import FaceDataset
@@ -219,9 +219,12 @@ def test_facetrain_data_guesses_each_source_from_its_example(source, example):
 
 
 def test_the_cli_source_list_is_the_registry():
-    """`facetrain data --source` offers a constant (its --help imports no reader); it must not drift."""
-    assert sorted(STATS_SOURCES) == inspectable_sources()
-    assert "synthetic" not in STATS_SOURCES  # the set a run makes: `facetrain data` reads it as a folder
+    """`facetrain data --source` reads the names from the readers' source text (its --help imports no
+    reader): the same names, in the registry's order."""
+    assert list(inspectable_source_names()) == inspectable_sources()
+    assert (
+        "synthetic" not in inspectable_source_names()
+    )  # the set a run makes: `facetrain data` reads it as a folder
 
 
 @pytest.mark.parametrize("source", inspectable_sources())

@@ -7,7 +7,7 @@ from pathlib import Path
 
 import click
 
-from facetrain.choices import STATS_SOURCES, SYNTH_DEFAULTS
+from facetrain.choices import SYNTH_DEFAULTS
 from facetrain.cli.conventions import (
     OldSpellings,
     checked_output,
@@ -16,6 +16,7 @@ from facetrain.cli.conventions import (
     out_or_old_positional,
     quiet_option,
 )
+from facetrain.cli.source_names import inspectable_source_names
 
 
 @click.command("synth", options_metavar="-o OUT [OPTIONS]")
@@ -133,7 +134,7 @@ def synth(
 @click.argument("path", type=click.Path(path_type=Path))
 @click.option(
     "--source",
-    type=click.Choice(STATS_SOURCES),
+    type=click.Choice(inspectable_source_names()),
     help="Dataset kind; guessed when omitted (.rec: recordio, .csv/.tsv/.txt: list, "
     "a folder with bounding_box_train: market1501, else folder).",
 )
