@@ -5,10 +5,8 @@ validator's checks, the two places built to call back."""
 from __future__ import annotations
 
 import json
-import subprocess
-import sys
 
-from tests.support.train_helpers import REPO, tiny_config
+from tests.support.train_helpers import run_cli, tiny_config
 from tools.import_contract import LAYERS
 
 LIBRARIES = set(LAYERS[1])
@@ -17,13 +15,8 @@ CALLBACK_SITES = {"facetrain.registry", "facetrain.config.validate"}
 
 def test_the_config_reaches_libraries_as_sections_and_climbs_only_through_callbacks(tmp_path):
     config = tiny_config(tmp_path, "run", train={"steps": 2}, checkpoint={"every": 2})
-    result = subprocess.run(
-        [sys.executable, "-m", "tools.config_walk", str(config), "--json"],
-        capture_output=True,
-        text=True,
-        timeout=600,
-        cwd=REPO,
-    )
+    # forked from warm imports: the walk profiles the run's calls, which start after every import
+    result = run_cli(str(config), "--json", timeout=600, module="tools.config_walk")
     assert result.returncode == 0, result.stderr
     walk = json.loads(result.stdout.splitlines()[-1])
     assert walk["descents"] > 0 and "facetrain.train.trainer" in walk["whole_tree"]

@@ -258,10 +258,7 @@ def test_a_full_disk_during_a_checkpoint_is_one_line_and_the_earlier_ones_resume
     finished_run, tmp_path
 ):
     config = tiny_config(tmp_path, "run", train={"steps": STEPS}, checkpoint={"every": 2})
-    result = subprocess.run(
-        [sys.executable, "-m", "tests.support.fault_injection", "disk-full", "2", "train", "-c", str(config)],
-        capture_output=True, text=True, cwd=REPO, env=ENV, timeout=300,
-    )  # fmt: skip
+    result = run_cli("disk-full", "2", "train", "-c", str(config), module="tests.support.fault_injection")
     assert result.returncode == 2
     checkpoints = tmp_path / "run" / "checkpoints"
     assert error_lines(result.stderr)[-1] == (

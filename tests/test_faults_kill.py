@@ -2,23 +2,23 @@
 one, pruning never removes the last good one first, and `--resume auto` ends exactly where a run that
 was never killed ends.
 
-One process, killed by `tests/support/fault_injection.py` at the named point of its second checkpoint write
-(step 4 of 6, checkpoints every 2 steps, `checkpoint.keep=1` so that every write also prunes).
+One process (forked from warm imports by tests/support/cli_zygote.py), killed by
+`tests/support/fault_injection.py` at the named point of its second checkpoint write (step 4 of 6,
+checkpoints every 2 steps, `checkpoint.keep=1` so that every write also prunes).
 """
 
 from __future__ import annotations
 
 import signal
 import subprocess
-import sys
 from pathlib import Path
 
 import pytest
 
 from facetrain.checkpoint import find_resume_point
 from facetrain.checkpoint.layout import complete_checkpoints
-from tests.support.fault_helpers import ENV, assert_same_checkpoint
-from tests.support.train_helpers import REPO, run_cli, tiny_config
+from tests.support.fault_helpers import assert_same_checkpoint
+from tests.support.train_helpers import run_cli, tiny_config
 
 STEPS, EVERY = 6, 2
 
@@ -36,8 +36,8 @@ def uninterrupted(tmp_path_factory) -> Path:
 
 
 def killed_at(point: str, save_number: int, *args: str) -> subprocess.CompletedProcess:
-    command = [sys.executable, "-m", "tests.support.fault_injection", point, str(save_number), "train", *args]
-    result = subprocess.run(command, capture_output=True, text=True, cwd=REPO, env=ENV, timeout=300)
+    """A process of its own (forked from warm imports, as run_cli's are) killed at `point`."""
+    result = run_cli(point, str(save_number), "train", *args, module="tests.support.fault_injection")
     assert result.returncode == -signal.SIGKILL, result.stderr
     return result
 

@@ -101,12 +101,13 @@ class Server:
         shutil.rmtree(self.folder, ignore_errors=True)
 
     def run(
-        self, args: list[str], cwd: Path, env: dict[str, str], timeout: float
+        self, args: list[str], cwd: Path, env: dict[str, str], timeout: float, module: str = "facetrain"
     ) -> subprocess.CompletedProcess:
-        command = [self.python, "-m", "facetrain", *args]
+        command = [self.python, "-m", module, *args]
         with tempfile.TemporaryDirectory(dir=self.folder) as output:
             stdout, stderr = Path(output, "stdout"), Path(output, "stderr")
             request = {
+                "module": module,
                 "argv": args,
                 "cwd": str(cwd),
                 "env": env,
@@ -136,9 +137,10 @@ _server_lock = threading.Lock()
 
 
 def run(
-    args: list[str], cwd: Path, env: dict[str, str], timeout: float
+    args: list[str], cwd: Path, env: dict[str, str], timeout: float, module: str = "facetrain"
 ) -> subprocess.CompletedProcess | None:
-    """`python -m facetrain ARGS` forked from the server, or None where it must start a fresh interpreter."""
+    """`python -m MODULE ARGS` (facetrain, or a test's wrapper of it such as tests.support.fault_injection)
+    forked from the server, or None where it must start a fresh interpreter."""
     global _server
     if os.environ.get("FACETRAIN_TEST_FORKED_CLI") == "0":
         return None
@@ -148,7 +150,7 @@ def run(
         server = _server
     if not server.forks or start_variables(env) != start_variables(server.env):
         return None
-    return server.run(args, cwd, env, timeout)
+    return server.run(args, cwd, env, timeout, module)
 
 
 # ---- the server's side ----
@@ -190,7 +192,7 @@ def serve(listener: socket.socket) -> dict:
 
 
 def become_the_command(request: dict) -> None:
-    """The child: the state a fresh `python -m facetrain` has after its imports, then facetrain's main."""
+    """The child: the state a fresh `python -m MODULE` has after its imports, then MODULE's main."""
     import runpy
 
     os.chdir(request["cwd"])
@@ -204,8 +206,8 @@ def become_the_command(request: dict) -> None:
         opened = os.open(path, flags, 0o644)
         os.dup2(opened, fd)
         os.close(opened)
-    sys.argv = ["-m", *request["argv"]]  # runpy puts facetrain/__main__.py's path first, as `-m` does
-    runpy.run_module("facetrain", run_name="__main__", alter_sys=True)
+    sys.argv = ["-m", *request["argv"]]  # runpy puts the module's path first, as `-m` does
+    runpy.run_module(request["module"], run_name="__main__", alter_sys=True)
 
 
 def main(address: str) -> None:

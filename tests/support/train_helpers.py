@@ -74,14 +74,17 @@ def cli_env(**extra: str) -> dict[str, str]:
     return {**os.environ, "PYTHONUNBUFFERED": "1", "OMP_NUM_THREADS": "1", **extra}
 
 
-def run_cli(*args: str, timeout: float = 300, cwd: Path | None = None) -> subprocess.CompletedProcess:
-    """`python -m facetrain ARGS`, forked from warm imports where that changes nothing (cli_zygote)."""
+def run_cli(
+    *args: str, timeout: float = 300, cwd: Path | None = None, module: str = "facetrain"
+) -> subprocess.CompletedProcess:
+    """`python -m facetrain ARGS` (or `python -m MODULE ARGS`, a test's wrapper of facetrain's main), forked
+    from warm imports where that changes nothing (cli_zygote)."""
     env = cli_env()
-    forked = cli_zygote.run(list(args), cwd or REPO, env, timeout)
+    forked = cli_zygote.run(list(args), cwd or REPO, env, timeout, module)
     if forked is not None:
         return forked
     return subprocess.run(
-        [sys.executable, "-m", "facetrain", *args],
+        [sys.executable, "-m", module, *args],
         capture_output=True,
         text=True,
         timeout=timeout,
