@@ -23,7 +23,7 @@ from facetrain.heads.margins import build_margin
 from facetrain.heads.memory import estimate_head_memory
 from facetrain.heads.naive_model_parallel import NaiveModelParallelHead
 from facetrain.registry import Registry
-from facetrain.train.step import AUTOCAST_DTYPES
+from facetrain.train.precision import AUTOCAST_DTYPES, precision_autocast
 
 FLOAT_BYTES = 4
 
@@ -43,8 +43,7 @@ class HeadCase:
     margin: str = "arcface"  # the margin of the kinds that take one (BenchHead.margin None), paper defaults
 
     def autocast(self, device: torch.device):
-        dtype = AUTOCAST_DTYPES[self.precision]
-        return torch.autocast(device.type, dtype=dtype, enabled=dtype is not None)
+        return precision_autocast(device.type, self.precision)
 
     @property
     def gemm_dtype(self) -> torch.dtype:

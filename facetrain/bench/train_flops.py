@@ -23,7 +23,7 @@ from torch.utils.flop_counter import FlopCounterMode
 from facetrain.bench.common import timed_repeats
 from facetrain.models import build_backbone
 from facetrain.models.config import ModelConfig
-from facetrain.train.step import AUTOCAST_DTYPES
+from facetrain.train.precision import AUTOCAST_DTYPES
 
 # Side of the square GEMM timed for the peak: large enough to reach the matrix units' rate (a GPU
 # needs thousands; on a CPU 1024 already runs at the rate of its vector units) and short to time.

@@ -23,8 +23,7 @@ from facetrain.errors import EveryRankError
 from facetrain.heads import collectives
 from facetrain.parallel.data_parallel import unwrap
 from facetrain.parallel.pipeline import PipelineRuntime
-
-AUTOCAST_DTYPES = {"fp32": None, "bf16": torch.bfloat16, "fp16": torch.float16}
+from facetrain.train.precision import precision_autocast
 
 
 @dataclass(frozen=True)
@@ -36,8 +35,7 @@ class StepSettings:
     channels_last: bool = False
 
     def autocast(self):
-        dtype = AUTOCAST_DTYPES[self.precision]
-        return torch.autocast(self.device.type, dtype=dtype, enabled=dtype is not None)
+        return precision_autocast(self.device.type, self.precision)
 
     @property
     def memory_format(self) -> torch.memory_format:
