@@ -9,15 +9,19 @@ their magnitude: the same arithmetic, summed in another order. fp64 because fp32
 differently on 2 ranks (about 1e-6 relative after a few steps, tests/test_head_ddp.py).
 
 Then each script runs as a user runs it (python, or torchrun with 2 CPU ranks), a few fp32 steps, and
-the losses the DDP and FSDP2 scripts print are those of the single-process script to 1e-5 (fp32).
+the losses the DDP and FSDP2 scripts print are those the single-process script prints to 1e-5 (fp32;
+the script runs as `__main__` in the test's process, the one script that needs no launcher).
 """
 
 from __future__ import annotations
 
+import contextlib
 import importlib
 import importlib.util
+import io
 import os
 import re
+import runpy
 import subprocess
 import sys
 from pathlib import Path
@@ -115,10 +119,23 @@ def printed_losses(stdout: str) -> list[float]:
 
 
 @pytest.fixture(scope="module")
-def single_process_losses() -> list[float]:
-    losses = printed_losses(run_script("single_process.py", ranks=0))
+def single_process_losses(monkeypatch_module) -> list[float]:
+    """What `python examples/single_process.py --steps 3 --device cpu` prints, run as `__main__` in this
+    process: the reference needs the script's output, not a process of its own (an interpreter and
+    torch started again: 5 s of a core)."""
+    monkeypatch_module.setattr(sys, "argv", ["single_process.py", "--steps", "3", "--device", "cpu"])
+    printed = io.StringIO()
+    with contextlib.redirect_stdout(printed):
+        runpy.run_path(str(EXAMPLES / "single_process.py"), run_name="__main__")
+    losses = printed_losses(printed.getvalue())
     assert len(losses) == 3
     return losses
+
+
+@pytest.fixture(scope="module")
+def monkeypatch_module():
+    with pytest.MonkeyPatch.context() as patch:
+        yield patch
 
 
 @pytest.mark.parametrize("script", ["ddp.py", "fsdp2.py"])
