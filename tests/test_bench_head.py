@@ -16,7 +16,6 @@ from facetrain.bench.head_cases import BENCH_HEADS, HeadCase
 from facetrain.bench.head_peers import PEERS
 from facetrain.bench.head_report import FILES
 from facetrain.cli import main
-from facetrain.parallel.workers import WorkerError, WorkerPool
 from facetrain.process_memory import PeakRss
 
 CLASSES, WORLD_SIZES, BATCH, DIM = (1000, 5000), (1, 2), 16, 32
@@ -252,21 +251,6 @@ def test_timing_helpers():
     )
     assert len(times) == 3 and calls == ["prep", "run"] * 5
     assert mean_of_max_over_ranks([[1.0, 4.0], [3.0, 2.0]]) == pytest.approx(3.5)
-
-
-def report_rank(rank: int, world_size: int, fail_on: int) -> tuple[int, int]:
-    if rank == fail_on:
-        raise ValueError(f"rank {rank} was told to fail")
-    return rank, world_size
-
-
-def test_worker_pool_runs_every_rank_and_reports_failures():
-    with WorkerPool(2, threads_per_rank=1, timeout_s=60) as pool:
-        assert pool.run(report_rank, -1) == [(0, 2), (1, 2)]
-        with pytest.raises(WorkerError, match="rank 1 was told to fail"):
-            pool.run(report_rank, 1)
-        with pytest.raises(WorkerError, match="closed"):
-            pool.run(report_rank, -1)
 
 
 def test_filter_rows_run_the_tiled_heads_at_cce_default():

@@ -30,6 +30,23 @@ def rank_environment(rank: int, world_size: int) -> dict:
     }
 
 
+def report_rank(rank: int, world_size: int, fail_on: int) -> tuple[int, int]:
+    if rank == fail_on:
+        raise ValueError(f"rank {rank} was told to fail")
+    return rank, world_size
+
+
+def test_worker_pool_runs_every_rank_and_reports_failures():
+    """(Here, not beside bench head, which uses the pool: a rank imports the module of the function it
+    runs, and this one imports little more than torch.)"""
+    with WorkerPool(2, threads_per_rank=1, timeout_s=60) as pool:
+        assert pool.run(report_rank, -1) == [(0, 2), (1, 2)]
+        with pytest.raises(WorkerError, match="rank 1 was told to fail"):
+            pool.run(report_rank, 1)
+        with pytest.raises(WorkerError, match="closed"):
+            pool.run(report_rank, -1)
+
+
 def rank_1_stops(rank: int, world_size: int, how: str) -> None:
     """Rank 1 exits or is killed; rank 0 is stuck, and only the pool can end it (no collective here: a
     gloo rank would fail by itself once its peer is gone, and race the real cause to the pool)."""
