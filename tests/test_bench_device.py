@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
 import shlex
 import subprocess
 import sys
@@ -33,7 +32,6 @@ from facetrain.cli.bench_train import train_command
 from facetrain.devices import resolve_device
 from facetrain.errors import FacetrainError
 from facetrain.parallel.dims import check_backend
-from facetrain.parallel.workers import WorkerPool
 from facetrain.process_memory import PeakRss
 from tests.support.train_helpers import REPO
 
@@ -127,16 +125,6 @@ def test_the_pools_ranks_use_nccl_only_when_every_rank_has_its_own_gpu():
     assert check_backend("auto", 2, gpus=2, share_gpus=True) == "nccl"
     assert check_backend("auto", 2, gpus=1, share_gpus=True) == "gloo"
     assert check_backend("auto", 2, gpus=0, share_gpus=True) == "gloo"
-
-
-def visible_devices(rank, world_size):
-    return os.environ.get("CUDA_VISIBLE_DEVICES"), torch.cuda.is_available()
-
-
-def test_a_cpu_pool_hides_the_gpus_from_its_ranks():
-    with WorkerPool(1, threads_per_rank=1, timeout_s=60, device="cpu") as pool:
-        assert pool.backend == "gloo"
-        assert pool.run(visible_devices) == [("", False)]
 
 
 def test_a_pipeline_on_cuda_needs_a_gpu_per_stage():

@@ -14,6 +14,7 @@ import time
 from pathlib import Path
 
 import pytest
+import torch
 import torch.distributed as dist
 
 from facetrain.parallel.workers import WorkerError, WorkerPool
@@ -45,6 +46,17 @@ def test_worker_pool_runs_every_rank_and_reports_failures():
             pool.run(report_rank, 1)
         with pytest.raises(WorkerError, match="closed"):
             pool.run(report_rank, -1)
+
+
+def visible_devices(rank, world_size):
+    return os.environ.get("CUDA_VISIBLE_DEVICES"), torch.cuda.is_available()
+
+
+def test_a_cpu_pool_hides_the_gpus_from_its_ranks():
+    """`--device cpu` benchmarks (tests/test_bench_device.py) run in such a pool."""
+    with WorkerPool(1, threads_per_rank=1, timeout_s=60, device="cpu") as pool:
+        assert pool.backend == "gloo"
+        assert pool.run(visible_devices) == [("", False)]
 
 
 def rank_1_stops(rank: int, world_size: int, how: str) -> None:
