@@ -70,23 +70,16 @@ def free_port() -> int:
 @pytest.mark.slow
 @pytest.mark.parametrize("fault", [signal.SIGKILL, signal.SIGSTOP], ids=["killed", "hung"])
 def test_a_lost_rank_is_named_within_the_collective_timeout(tmp_path, fault):
-    """Plain `python -m facetrain train` per rank, as torchrun starts them but with no agent to stop
-    the survivor: the collective timeout (5 s here) and the check-in at the store must."""
+    """Plain `facetrain train` per rank (forked from warm imports, tests/support/cli_zygote.py), as
+    torchrun starts them but with no agent to stop the survivor: the collective timeout (5 s here) and
+    the check-in at the store must."""
     timeout_s = 5
     config = tiny_config(
         tmp_path, "run", train=FOREVER, checkpoint={"every": 100000}, parallel={"timeout_s": timeout_s}
     )
     rendezvous = {"MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(free_port()), "WORLD_SIZE": "2"}
     ranks = [
-        subprocess.Popen(
-            [sys.executable, "-m", "facetrain", "train", "-c", str(config)],
-            cwd=REPO,
-            env={**ENV, **rendezvous, "RANK": str(rank), "LOCAL_RANK": str(rank)},
-            stdout=subprocess.PIPE,
-            stderr=subprocess.PIPE,
-            text=True,
-            start_new_session=True,
-        )  # fmt: skip
+        start("train", "-c", str(config), **rendezvous, RANK=str(rank), LOCAL_RANK=str(rank))
         for rank in range(2)
     ]
     try:

@@ -4,7 +4,8 @@ Left to interpreter shutdown, a gloo thread that releases a finished collective'
 and aborts the process (`parallel.dims.destroy_parallel`): SIGABRT after a run that went well, now and
 then, on a loaded machine. Racy, so not reproduced here; what prevents it is checked instead: under
 torchrun, each rank lists its threads just before the group is destroyed and again once `train` has
-returned, or has raised and the error is still held.
+returned, or has raised and the error is still held. One torchrun run serves both: each rank trains
+twice, first a run that raises, then one that returns (each joins and destroys a group of its own).
 """
 
 from __future__ import annotations
@@ -25,31 +26,36 @@ from facetrain.train.run_config import load_config
 
 def threads(when):
     names = [open(f"/proc/self/task/{task}/comm").read().strip() for task in os.listdir("/proc/self/task")]
-    with open(os.path.join(sys.argv[1], f"{when}.{os.environ['RANK']}"), "w") as listing:
+    with open(os.path.join(sys.argv[1], f"{ending}.{when}.{os.environ['RANK']}"), "w") as listing:
         listing.write("\n".join(names))
 
 destroy = trainer.destroy_parallel
 trainer.destroy_parallel = lambda: (threads("before"), destroy())
-try:
-    trainer.train(load_config(sys.argv[2], tuple(sys.argv[3:])))
-except FacetrainError as error:
-    print("raised", error, flush=True)
-    threads("after")  # its traceback still held, as when an error ends the process
-else:
-    threads("after")
+for ending, config in (("raised", sys.argv[3]), ("returned", sys.argv[2])):
+    try:  # data.source=folder on a folder that is not there: the run raises
+        trainer.train(load_config(config, ("data.source=folder",) if ending == "raised" else ()))
+    except FacetrainError as error:
+        print(f"{ending}: raised", error, flush=True)
+        threads("after")  # its traceback still held, as when an error ends the process
+    else:
+        print(f"{ending}: returned", flush=True)
+        threads("after")
 """
 
 
-def rank_threads(tmp_path, *overrides: str) -> tuple[dict[str, list[list[str]]], str]:
-    """The thread names of each rank of a 2-rank torchrun run of the probe, before and after, and the
-    run's output."""
-    probe, listings = tmp_path / "probe.py", tmp_path / "threads"
+@pytest.fixture(scope="module")
+def rank_threads(tmp_path_factory) -> tuple[dict[tuple[str, str], list[list[str]]], str]:
+    """The thread names of each rank of a 2-rank torchrun run of the probe, by (ending, before or
+    after), and the run's output."""
+    tmp = tmp_path_factory.mktemp("teardown")
+    probe, listings = tmp / "probe.py", tmp / "threads"
     probe.write_text(PROBE)
     listings.mkdir()
-    config = tiny_config(tmp_path, "run", train={"steps": 2}, checkpoint={"every": 2})
+    returns = tiny_config(tmp, "run", train={"steps": 2}, checkpoint={"every": 2})
+    raises = tiny_config(tmp, "raising", data={"path": str(tmp / "no_faces")})
     command = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", "2"]
     result = subprocess.run(
-        [*command, str(probe), str(listings), str(config), *overrides],
+        [*command, str(probe), str(listings), str(returns), str(raises)],
         cwd=REPO,
         env=ENV,
         capture_output=True,
@@ -59,7 +65,8 @@ def rank_threads(tmp_path, *overrides: str) -> tuple[dict[str, list[list[str]]],
     output = result.stdout + result.stderr
     assert result.returncode == 0, output
     moments = {
-        when: [(listings / f"{when}.{rank}").read_text().splitlines() for rank in range(2)]
+        (ending, when): [(listings / f"{ending}.{when}.{rank}").read_text().splitlines() for rank in range(2)]
+        for ending in ("raised", "returned")
         for when in ("before", "after")
     }
     return moments, output
@@ -67,11 +74,11 @@ def rank_threads(tmp_path, *overrides: str) -> tuple[dict[str, list[list[str]]],
 
 @pytest.mark.ranks
 @pytest.mark.parametrize("ending", ["returned", "raised"])
-def test_the_gloo_threads_end_with_the_run(tmp_path, ending):
-    overrides = ("data.source=folder",) if ending == "raised" else ()
-    moments, output = rank_threads(tmp_path, *overrides)
-    assert ("raised" in output) == (ending == "raised"), output
-    for names in moments["before"]:
+def test_the_gloo_threads_end_with_the_run(rank_threads, ending):
+    moments, output = rank_threads
+    assert "returned: raised" not in output and "raised: returned" not in output, output
+    assert f"{ending}: {ending}" in output, output
+    for names in moments[ending, "before"]:
         assert any("gloo" in name for name in names), output
-    for names in moments["after"]:
+    for names in moments[ending, "after"]:
         assert not any("gloo" in name for name in names), output

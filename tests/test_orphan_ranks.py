@@ -16,7 +16,7 @@ from pathlib import Path
 import pytest
 
 from facetrain.checkpoint import find_resume_point
-from tests.support.fault_helpers import ENV, rank_processes, wait_for_step
+from tests.support.fault_helpers import ENV, kill_all, rank_processes, start, wait_for_step
 from tests.support.train_helpers import REPO, tiny_config
 
 
@@ -71,30 +71,26 @@ def test_ranks_of_a_launcher_killed_with_sigkill_checkpoint_and_exit_within_seco
         checkpoint={"every": 100000},
         parallel={"timeout_s": timeout_s},
     )
-    # files, not pipes: a pipe that nobody reads would stall the ranks for a reason of the test's own
-    with (tmp_path / "out.txt").open("w") as out, (tmp_path / "err.txt").open("w") as err:
-        launcher = subprocess.Popen(
-            [sys.executable, "-m", "facetrain", "train", "-c", str(config), "--nproc", "2"],
-            cwd=REPO, env=ENV, stdout=out, stderr=err, start_new_session=True,
-        )  # fmt: skip
-        try:
-            wait_for_step(launcher, tmp_path / "run", 2)
-            ranks = rank_processes(launcher.pid)
-            assert len(ranks) == 2
-            launcher.kill()
-            launcher.wait()
-            lived = seconds_until_gone(ranks, limit=timeout_s)
-            session_ended = session_gone(launcher.pid, limit=30)  # the resource tracker, the last one
-        finally:
-            if launcher.poll() is None:
-                os.killpg(launcher.pid, signal.SIGKILL)
+    # its output goes to files (`start`): a pipe that nobody reads would stall the ranks
+    launcher = start("train", "-c", str(config), "--nproc", "2")
+    try:
+        wait_for_step(launcher, tmp_path / "run", 2)
+        ranks = rank_processes(launcher.pid)
+        assert len(ranks) == 2
+        launcher.kill()
+        launcher.wait()
+        lived = seconds_until_gone(ranks, limit=timeout_s)
+        session_ended = session_gone(launcher.pid, limit=30)  # the resource tracker, the last one
+        out, err = launcher.communicate()  # the ranks' output too: they wrote to the launcher's
+    finally:
+        kill_all(launcher)
     assert lived < 15, f"ranks lived {lived:.1f} s after the launcher"
     assert session_ended, "a process of the killed launcher's session outlived it by 30 s"
     # the launcher's resource tracker removed torch elastic's semaphores without a warning about them
-    assert "leaked semaphore" not in (tmp_path / "err.txt").read_text()
+    assert "leaked semaphore" not in err
     checkpoint, _ = find_resume_point(tmp_path / "run")  # they stopped at a step boundary, with a checkpoint
     assert checkpoint.name.startswith("step_") and int(checkpoint.name[5:]) >= 2
-    assert "stopped at step" in (tmp_path / "out.txt").read_text()
+    assert "stopped at step" in out
 
 
 # a child of PARENT, deaf to SIGTERM and SIGINT, that watches its parent and then does `body`

@@ -7,15 +7,13 @@ from __future__ import annotations
 import json
 import os
 import signal
-import subprocess
-import sys
 import time
 
 import pytest
 
 from facetrain import run_lock
-from tests.support.fault_helpers import rank_processes
-from tests.support.train_helpers import REPO, run_cli, run_cli_at_once, tiny_config
+from tests.support.fault_helpers import kill_all, rank_processes, start, wait_for_step
+from tests.support.train_helpers import run_cli, run_cli_at_once, tiny_config
 
 
 @pytest.mark.slow
@@ -121,22 +119,14 @@ def test_more_ranks_than_classes_is_one_line(tmp_path):
 @pytest.mark.slow
 def test_a_dead_rank_stops_the_others(tmp_path):
     config = tiny_config(tmp_path, "run", train={"steps": 100000}, checkpoint={"every": 100000})
-    launcher = subprocess.Popen(
-        [sys.executable, "-m", "facetrain", "train", "-c", str(config), "--nproc", "2"],
-        cwd=REPO,
-        stderr=subprocess.PIPE,
-        text=True,
-        env={**os.environ, "OMP_NUM_THREADS": "1"},
-    )
-    metrics = tmp_path / "run" / "metrics.csv"
-    deadline = time.monotonic() + 120
-    while not (metrics.exists() and len(metrics.read_text().splitlines()) > 2):
-        assert time.monotonic() < deadline and launcher.poll() is None, "training never started"
-        time.sleep(0.2)
-    rank_one = rank_processes(launcher.pid)[1]
-    os.kill(rank_one, signal.SIGKILL)
-    killed_at = time.monotonic()
-    _, stderr = launcher.communicate(timeout=60)
+    launcher = start("train", "-c", str(config), "--nproc", "2")
+    try:
+        wait_for_step(launcher, tmp_path / "run", 2)
+        os.kill(rank_processes(launcher.pid)[1], signal.SIGKILL)
+        killed_at = time.monotonic()
+        _, stderr = launcher.communicate(timeout=60)
+    finally:
+        kill_all(launcher)
     assert time.monotonic() - killed_at < 30
     assert launcher.returncode != 0
     assert "error: rank 1 exited with code -9" in stderr

@@ -10,6 +10,10 @@ in a process of its own, with its own exit code, signals, children and atexit ha
 Where a fork could differ from a fresh interpreter (a variable that Python, OpenMP, torch or Triton reads
 when it starts differs from the server's), `run` answers None and the caller starts a plain interpreter.
 FACETRAIN_TEST_FORKED_CLI=0 turns the server off for a whole session.
+
+`start` forks a command that runs in the background, in a session of its own as
+`subprocess.Popen(..., start_new_session=True)` starts it, and answers the part of Popen the fault tests
+use (`Started`): they signal it, its process group or the processes below it, and wait for it.
 """
 
 from __future__ import annotations
@@ -106,14 +110,7 @@ class Server:
         command = [self.python, "-m", module, *args]
         with tempfile.TemporaryDirectory(dir=self.folder) as output:
             stdout, stderr = Path(output, "stdout"), Path(output, "stderr")
-            request = {
-                "module": module,
-                "argv": args,
-                "cwd": str(cwd),
-                "env": env,
-                "stdout": str(stdout),
-                "stderr": str(stderr),
-            }
+            request = _request(module, args, cwd, env, stdout, stderr)
             with socket.socket(socket.AF_UNIX) as connection:
                 connection.connect(self.address)
                 connection.sendall(json.dumps(request).encode() + b"\n")
@@ -131,6 +128,85 @@ class Server:
                     ) from None
             return subprocess.CompletedProcess(command, returncode, stdout.read_text(), stderr.read_text())
 
+    def start(self, args: list[str], cwd: Path, env: dict[str, str], module: str) -> Started:
+        output = Path(tempfile.mkdtemp(dir=self.folder))
+        stdout, stderr = output / "stdout", output / "stderr"
+        stdout.touch(), stderr.touch()  # read through as the child writes, as from a pipe
+        request = {**_request(module, args, cwd, env, stdout, stderr), "session": True}
+        connection = socket.socket(socket.AF_UNIX)
+        connection.connect(self.address)
+        connection.sendall(json.dumps(request).encode() + b"\n")
+        replies = connection.makefile("rb", buffering=0)  # nothing read ahead that `poll` could miss
+        pid = json.loads(replies.readline())["pid"]
+        return Started([self.python, "-m", module, *args], pid, connection, replies, output)
+
+
+def _request(
+    module: str, args: list[str], cwd: Path, env: dict[str, str], stdout: Path, stderr: Path
+) -> dict:
+    return {
+        "module": module,
+        "argv": args,
+        "cwd": str(cwd),
+        "env": env,
+        "stdout": str(stdout),
+        "stderr": str(stderr),
+    }
+
+
+class Started:
+    """A command forked in the background (`start`), with what the tests use of `subprocess.Popen`: its
+    pid (the leader of its own session and process group), poll, wait, communicate, send_signal and kill,
+    and stdout and stderr to read (as text, from the start, as through a pipe). The server, its parent,
+    reaps it and sends its exit code."""
+
+    def __init__(self, args: list[str], pid: int, connection: socket.socket, replies, output: Path):
+        self.args, self.pid, self.returncode = args, pid, None
+        self._connection, self._replies, self._output = connection, replies, output
+        self.stdout = (output / "stdout").open()
+        self.stderr = (output / "stderr").open()
+
+    def poll(self) -> int | None:
+        if self.returncode is None and select.select([self._connection], [], [], 0)[0]:
+            self._exited(self._replies.readline())
+        return self.returncode
+
+    def wait(self, timeout: float | None = None) -> int:
+        if self.returncode is None:
+            self._connection.settimeout(timeout)
+            try:
+                line = self._replies.readline()
+            except TimeoutError:
+                # a timed-out reader cannot read again
+                self._replies = self._connection.makefile("rb", buffering=0)
+                raise subprocess.TimeoutExpired(self.args, timeout) from None
+            self._exited(line)
+        return self.returncode
+
+    def communicate(self, timeout: float | None = None) -> tuple[str, str]:
+        """stdout and stderr once the command has exited (what was not read yet), as Popen's."""
+        self.wait(timeout)
+        return self.stdout.read(), self.stderr.read()
+
+    def send_signal(self, sig: int) -> None:
+        if self.poll() is None:
+            os.kill(self.pid, sig)
+
+    def kill(self) -> None:
+        self.send_signal(signal.SIGKILL)
+
+    def _exited(self, line: bytes) -> None:
+        if not line:  # the server went away: its children with it
+            raise RuntimeError(f"the forked-CLI server ended while {self.pid} ran")
+        self.returncode = json.loads(line)["returncode"]
+        self._connection.close()
+
+    def __del__(self) -> None:
+        self._connection.close()
+        self.stdout.close()
+        self.stderr.close()
+        shutil.rmtree(self._output, ignore_errors=True)
+
 
 _server: Server | None = None
 _server_lock = threading.Lock()
@@ -141,6 +217,20 @@ def run(
 ) -> subprocess.CompletedProcess | None:
     """`python -m MODULE ARGS` (facetrain, or a test's wrapper of it such as tests.support.fault_injection)
     forked from the server, or None where it must start a fresh interpreter."""
+    server = _server_for(env)
+    return None if server is None else server.run(args, cwd, env, timeout, module)
+
+
+def start(args: list[str], cwd: Path, env: dict[str, str], module: str = "facetrain") -> Started | None:
+    """`python -m MODULE ARGS` forked from the server in a session of its own, running in the
+    background; None where it must be a fresh interpreter (as for `run`)."""
+    server = _server_for(env)
+    return None if server is None else server.start(args, cwd, env, module)
+
+
+def _server_for(env: dict[str, str]) -> Server | None:
+    """This process's server (started on first use), or None where a fork could differ from a fresh
+    interpreter started with `env`."""
     global _server
     if os.environ.get("FACETRAIN_TEST_FORKED_CLI") == "0":
         return None
@@ -150,7 +240,7 @@ def run(
         server = _server
     if not server.forks or start_variables(env) != start_variables(server.env):
         return None
-    return server.run(args, cwd, env, timeout, module)
+    return server
 
 
 # ---- the server's side ----
@@ -169,12 +259,20 @@ def serve(listener: socket.socket) -> dict:
         if listener in ready:
             connection, _ = listener.accept()
             request = json.loads(connection.makefile("r").readline())
+            session_made, made = os.pipe()
             pid = os.fork()
             if pid == 0:
+                if request.get("session"):
+                    os.setsid()  # before the pid is handed out: a test may signal its group at once
+                os.close(made)
+                os.close(session_made)
                 listener.close()
                 for other in (connection, *waiting.values()):
                     other.close()
                 return request
+            os.close(made)
+            os.read(session_made, 1)  # b"" once the child closed its end
+            os.close(session_made)
             connection.sendall(json.dumps({"pid": pid}).encode() + b"\n")
             waiting[pid] = connection
         while waiting:

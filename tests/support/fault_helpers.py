@@ -13,6 +13,8 @@ from pathlib import Path
 import torch
 
 from facetrain.checkpoint import read_entries, resolve_checkpoint, stored
+from tests.support import cli_zygote
+from tests.support.cli_zygote import Started
 from tests.support.train_helpers import REPO, cli_env, run_cli, tiny_config
 
 ENV = cli_env()
@@ -36,17 +38,22 @@ def assert_same_checkpoint(actual: Path, expected: Path) -> None:
         assert torch.equal(got[key], tensor), f"{key} differs after resuming"
 
 
-def start(*args: str, new_session: bool = True, module: str = "facetrain") -> subprocess.Popen:
-    """`facetrain ARGS` (or `python -m MODULE ARGS`) in the background, in its own session so its whole
-    process tree can be signalled."""
+def start(*args: str, module: str = "facetrain", **env: str) -> subprocess.Popen | Started:
+    """`facetrain ARGS` (or `python -m MODULE ARGS`) in the background, `env` added to `cli_env`'s, in its
+    own session so its whole process tree can be signalled: forked from warm imports where that changes
+    nothing (cli_zygote), which saves the seconds of a core a fresh interpreter spends importing torch."""
+    env = cli_env(**env)  # now: conftest sets variables after importing this module (TRITON_INTERPRET)
+    forked = cli_zygote.start(list(args), REPO, env, module)
+    if forked is not None:
+        return forked
     return subprocess.Popen(
         [sys.executable, "-m", module, *args],
         cwd=REPO,
-        env=ENV,
+        env=env,
         stdout=subprocess.PIPE,
         stderr=subprocess.PIPE,
         text=True,
-        start_new_session=new_session,
+        start_new_session=True,
     )
 
 
