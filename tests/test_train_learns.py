@@ -63,17 +63,19 @@ def test_synthetic_training_beats_the_untrained_network(tmp_path):
     assert trained["accuracy"] >= 0.65
 
 
-# The recipe of configs/orl_small.yaml on the balanced ORL pairs, 5 seeds on the 2-core test machine
-# (docs/accuracy.md, row "recipe"): 0.924, 0.919, 0.889, 0.909, 0.906 for seeds 0-4 (this test runs
-# seed 0); the threshold sits under the lowest seed by a margin for other machines' runs (their thread
-# counts change the float sums, hence the weights).
+# The recipe of configs/orl_small.yaml at 300 of its 600 steps on the balanced ORL pairs, on the 2-core
+# test machine (docs/accuracy.md, "The recipe at 300 steps"): seed 0 (this test's) 0.900, seed 1 0.911,
+# the two-seed screen 0.911 (the full recipe: 0.889-0.924 over seeds 0-4); the threshold sits 5 points
+# under seed 0 for other machines' runs (their thread counts change the float sums, hence the weights).
 ORL_BALANCED_ACCURACY = 0.85
 
 
 @pytest.mark.slow
 def test_orl_real_faces(shared_data, tmp_path):
-    """configs/orl_small.yaml trained on s1-s30 (2 ranks, 600 steps), verified on held-out s31-s40 the
-    way tools/ablate_orl.py measures it; the thresholds sit under measured runs, quoted in comments."""
+    """configs/orl_small.yaml trained on s1-s30 (2 ranks) at half its schedule, 300 steps, verified on
+    held-out s31-s40 the way tools/ablate_orl.py measures it; the thresholds sit under measured runs,
+    quoted in comments. Half the schedule is the recipe's documented short run (docs/accuracy.md, "The
+    recipe at 300 steps"): the test is about training learning on real faces, at half the wall."""
     train_list, balanced, all_pairs = write_orl_split(shared_data / "orl", tmp_path)
     run = tmp_path / "orl"
     overrides = {
@@ -82,6 +84,8 @@ def test_orl_real_faces(shared_data, tmp_path):
         "eval.pairs": balanced,
         "train.output_dir": run,
         "train.seed": 0,
+        "train.steps": 300,
+        "checkpoint.every": 300,
     }
     sets = [f"--set={key}={value}" for key, value in overrides.items()]
     result = run_cli(
@@ -106,7 +110,8 @@ def test_orl_real_faces(shared_data, tmp_path):
     assert trained["folds"] == 10 and trained["baseline_accuracy"] == 0.5
     assert trained["accuracy"] >= ORL_BALANCED_ACCURACY
     assert trained["accuracy"] >= untrained.accuracy + 0.05  # untrained: 0.79
-    assert trained["auc"] >= 0.94  # measured 0.953-0.979
+    assert trained["auc"] >= 0.94  # measured 0.956 at 300 steps (600: 0.953-0.979)
     assert trained["threshold_tar"] >= 0.7 and trained["threshold_far"] <= 0.3  # a balanced operating point
     assert everything.num_pairs == 4950 and everything.baseline_accuracy == pytest.approx(4500 / 4950)
-    assert everything.accuracy_mean >= everything.baseline_accuracy + 0.03  # measured +0.060 to +0.069
+    # measured +0.062 at 300 steps (600: +0.060 to +0.069)
+    assert everything.accuracy_mean >= everything.baseline_accuracy + 0.03
