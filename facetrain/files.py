@@ -83,6 +83,24 @@ def open_appending(path: Path):
     return os.fdopen(os.open(path, flags, 0o666), "a", newline="")
 
 
+def append_to_record(path: Path, write: Callable[[Any], object], failing: set[Path]) -> OSError | None:
+    """Append to a run's record (train.log, metrics.csv) with `write(handle)`, never raising: a record
+    that cannot be written must not stop training. Returns the OSError of the first failed write since
+    `path` last took one, for the caller to say once; None otherwise. `failing` holds the paths whose last
+    write failed, `path` added before the error is returned: a warning that is logged back into the
+    same file is then not said twice."""
+    try:
+        with open_appending(path) as handle:
+            write(handle)
+    except OSError as error:
+        if path in failing:
+            return None
+        failing.add(path)
+        return error
+    failing.discard(path)
+    return None
+
+
 def links_leaving(root: Path) -> Iterator[tuple[Path, str]]:
     """Each symlink under `root` (walked without following any) whose target lies outside it, with
     that target: whatever writes into `root` through one would write outside."""

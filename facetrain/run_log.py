@@ -25,7 +25,7 @@ import time
 import warnings
 from pathlib import Path
 
-from facetrain.files import open_appending, write_failure_advice
+from facetrain.files import append_to_record, write_failure_advice
 from facetrain.job_env import job_id, restart_count
 from facetrain.logger import RankFilter, logger, rank, rank_line
 
@@ -37,22 +37,16 @@ def _stamp(line: str) -> str:
     return f"{time.strftime('%Y-%m-%d %H:%M:%S')} {line.rstrip()}\n"
 
 
-_refused: set[Path] = set()  # logs whose last write failed, said once each
+_failing: set[Path] = set()  # logs whose last write failed, said once each
 
 
 def _append(path: Path, lines: list[str]) -> None:
-    try:
-        with open_appending(path) as handle:
-            handle.writelines(lines)
-    except OSError as error:
-        if path not in _refused:
-            _refused.add(path)  # before the warning, which comes back here and fails again
-            logger.warning(
-                f"warning: cannot write {path}: {error.strerror or error}; training goes on, its lines on the "
-                f"console only until you {write_failure_advice(error)}"
-            )
-        return
-    _refused.discard(path)
+    error = append_to_record(path, lambda handle: handle.writelines(lines), _failing)
+    if error is not None:  # the warning comes back here, and is not said again
+        logger.warning(
+            f"warning: cannot write {path}: {error.strerror or error}; training goes on, its lines on the "
+            f"console only until you {write_failure_advice(error)}"
+        )
 
 
 class RunLogHandler(logging.Handler):

@@ -18,13 +18,12 @@ from pathlib import Path
 import pytest
 from click.testing import CliRunner
 
-from facetrain import run_log
+from facetrain import files
 from facetrain.checkpoint import run_dir
 from facetrain.checkpoint.run_dir import APPENDED_FILES, METRICS_COLUMNS, claim_run_dir
 from facetrain.cli import main
 from facetrain.errors import FacetrainError
 from facetrain.run_lock import holds
-from facetrain.train import metrics
 from tests.support.train_helpers import tiny_config
 
 ADVICE = "check the permissions of the file and its folder"
@@ -65,8 +64,9 @@ def test_records_unwritable_during_the_run_are_a_warning_each_and_it_trains_on_a
     data = {"path": str(finished_run / "synth")}  # the session's set: no set generated here
     train = {"steps": 2, "log_every": 1}
     config = tiny_config(tmp_path, data=data, train=train, checkpoint={"every": 1})
-    monkeypatch.setattr(run_log, "open_appending", lambda path: (_ for _ in ()).throw(denied(str(path))))
-    monkeypatch.setattr(metrics, "open_appending", lambda path: (_ for _ in ()).throw(denied(str(path))))
+    # train.log and metrics.csv, which the run appends to through files.append_to_record (the run folder's
+    # claim has opened them already, through its own name for open_appending)
+    monkeypatch.setattr(files, "open_appending", lambda path: (_ for _ in ()).throw(denied(str(path))))
     opening = io.open
 
     def tensorboard_read_only(file, *args, **kwargs):

@@ -18,7 +18,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from facetrain.checkpoint.run_dir import METRICS_COLUMNS as COLUMNS
-from facetrain.files import open_appending, write_failure_advice
+from facetrain.files import append_to_record, write_failure_advice
 from facetrain.logger import logger
 from facetrain.train.trackers import open_trackers, tracker_failed
 
@@ -44,7 +44,7 @@ class MetricsLog:
         self.enabled = enabled
         self.path = run_dir / "metrics.csv"
         self.trackers = []
-        self.refused = False  # metrics.csv's last write failed, and that was said
+        self.failing: set[Path] = set()  # metrics.csv, while its writes fail (said once)
         if not enabled:
             return
         if not self.path.exists():
@@ -67,18 +67,12 @@ class MetricsLog:
         self._to_trackers(lambda tracker: tracker.close())
 
     def _append(self, values: list) -> None:
-        try:
-            with open_appending(self.path) as handle:
-                csv.writer(handle).writerow(values)
-        except OSError as error:
-            if not self.refused:
-                self.refused = True
-                logger.warning(
-                    f"warning: cannot write {self.path}: {error.strerror or error}; training goes on, its rows "
-                    f"unrecorded until you {write_failure_advice(error)}"
-                )
-            return
-        self.refused = False
+        error = append_to_record(self.path, lambda handle: csv.writer(handle).writerow(values), self.failing)
+        if error is not None:
+            logger.warning(
+                f"warning: cannot write {self.path}: {error.strerror or error}; training goes on, its rows "
+                f"unrecorded until you {write_failure_advice(error)}"
+            )
 
     def _to_trackers(self, call) -> None:
         for tracker in list(self.trackers):
